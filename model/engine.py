@@ -1,0 +1,246 @@
+"""Transaction-level golden model of the IBGDA transmit engine.
+
+``EngineModel`` executes WQEs in the order given (one global order = the model's
+send order) and predicts, per QP, the frames in order with their PSNs, and, per
+CQ, the CQEs and the CQ buffer. Frame order across QPs depends on the RTL
+scheduler, so compare per QP (``EngineResult.frames[qpn]``) or as a multiset
+(``EngineResult.frame_multiset()``). When several QPs share a CQ, rebuild the
+expected CQ for the interleaving actually observed with ``EngineModel.cq_for_order``.
+
+Rules modelled (see the brief / SPEC):
+    - NOP: no packet; CQE (REQ, byte_cnt 0) if CQ_UPDATE.
+    - RDMA_WRITE (one pointer or inline segment, or none with ds=2): packets per
+      ``model.frames.split_message``, consecutive PSNs (24-bit wrap) from the QP's
+      start_psn; CQE (REQ, byte_cnt = length) after the last packet if CQ_UPDATE.
+    - Anything else (``parse_wqe`` error): error CQE (REQ_ERR, LOCAL_QP_OP_ERR)
+      regardless of CQ_UPDATE, nothing sent, the QP enters ERR: later WQEs of
+      that QP are dropped (no packet, no CQE).
+    - A QP whose context state is not RTS drops its WQEs.
+"""
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from spec.formats import CqeOp, QpState, Syndrome, WqeOp
+from spec.params import wire_bytes
+from model.cqe import CqContext, CqeRecord, CqModel
+from model.frames import PSN_MASK, Port, QpContext, build_write_frames, parse_wqe, split_message
+
+__all__ = ["FrameRecord", "WqeResult", "Totals", "EngineResult", "EngineModel"]
+
+
+@dataclass
+class FrameRecord:
+    """One predicted frame: sending QP, PSN, BTH opcode, WQE index and the frame bytes."""
+    qpn: int
+    psn: int
+    bth_opcode: int
+    wqe_index: int
+    frame: bytes
+
+
+@dataclass
+class WqeResult:
+    """Outcome of one posted WQE.
+
+    status: "sent" (WRITE executed), "nop", "error" (error CQE written, QP now in
+    ERR) or "dropped" (QP already in ERR or not RTS).
+    """
+    qpn: int
+    wqe: object
+    status: str
+    frames: list = field(default_factory=list)
+    cqe: object = None
+
+
+@dataclass
+class Totals:
+    """Aggregate counts of a run.
+
+    messages: RDMA WRITE messages sent; payload_bytes: their total length;
+    packets / frame_bytes: frames and captured bytes (no FCS);
+    wire_bytes: sum of ``spec.params.wire_bytes`` per frame;
+    wqes_executed: NOP + WRITE WQEs executed without error;
+    cqes / error_cqes: CQEs written (all) and those with REQ_ERR.
+    """
+    messages: int = 0
+    payload_bytes: int = 0
+    packets: int = 0
+    frame_bytes: int = 0
+    wire_bytes: int = 0
+    wqes_executed: int = 0
+    cqes: int = 0
+    error_cqes: int = 0
+
+
+@dataclass
+class EngineResult:
+    """Predictions of a run.
+
+    frames: {qpn: [FrameRecord, ...]} in send order per QP.
+    cqes: {cqn: [CqeRecord, ...]} in model order (post order).
+    cq_buffers: {cqn: bytes} predicted CQ buffer contents (initially 0xFF).
+    qp_error: {qpn: bool} QP in ERR state at the end.
+    next_psn: {qpn: int} PSN the next packet of each QP would carry.
+    totals: Totals.
+    """
+    frames: dict
+    cqes: dict
+    cq_buffers: dict
+    qp_error: dict
+    next_psn: dict
+    totals: Totals
+
+    def frame_bytes(self, qpn):
+        """The frames (bytes) of one QP in order."""
+        return [r.frame for r in self.frames.get(qpn, [])]
+
+    def frame_multiset(self):
+        """collections.Counter of all frames (bytes), independent of cross-QP order."""
+        return Counter(r.frame for recs in self.frames.values() for r in recs)
+
+    def all_frames(self):
+        """Every FrameRecord, QP by QP (not a wire order)."""
+        return [r for qpn in sorted(self.frames) for r in self.frames[qpn]]
+
+
+class EngineModel:
+    """Golden model of the engine.
+
+    Parameters:
+        port: ``model.frames.Port`` (smac, sip).
+        qps: {qpn: QpContext}; the model works on copies.
+        cqs: {cqn: CqContext}.
+        read_memory: callable(addr, n) -> bytes, the GPU memory read by pointer segments.
+    """
+
+    def __init__(self, port, qps, cqs, read_memory):
+        if not isinstance(port, Port):
+            raise ValueError("port must be a model.frames.Port")
+        for qpn, ctx in qps.items():
+            if not isinstance(ctx, QpContext) or ctx.qpn != qpn:
+                raise ValueError(f"qps[{qpn}] must be a QpContext with qpn={qpn}")
+        for cqn, ctx in cqs.items():
+            if not isinstance(ctx, CqContext) or ctx.cqn != cqn:
+                raise ValueError(f"cqs[{cqn}] must be a CqContext with cqn={cqn}")
+        if not callable(read_memory):
+            raise ValueError("read_memory must be callable(addr, n) -> bytes")
+        self.port = port
+        self.qps = {qpn: replace(ctx) for qpn, ctx in qps.items()}
+        self.cq_ctx = dict(cqs)
+        self.cqs = {cqn: CqModel(ctx) for cqn, ctx in cqs.items()}
+        self.read_memory = read_memory
+        self.next_psn = {qpn: ctx.start_psn for qpn, ctx in self.qps.items()}
+        self.qp_error = {qpn: ctx.state == QpState.ERR for qpn, ctx in self.qps.items()}
+        self.frames = {qpn: [] for qpn in self.qps}
+        self.results = []
+        self.totals = Totals()
+        # per-QP CQE requests in order: (opcode, wqe_counter, byte_cnt, syndrome)
+        self._cqe_requests = {qpn: [] for qpn in self.qps}
+
+    def _cq(self, qp):
+        if qp.cqn not in self.cqs:
+            raise ValueError(f"QP {qp.qpn} completes to CQ {qp.cqn}, which is not in cqs")
+        return self.cqs[qp.cqn]
+
+    def _complete(self, qp, opcode, index, byte_cnt=0, syndrome=0):
+        rec = self._cq(qp).push(opcode, qp.qpn, index, byte_cnt, syndrome)
+        self._cqe_requests[qp.qpn].append((opcode, index, byte_cnt, syndrome))
+        self.totals.cqes += 1
+        self.totals.error_cqes += opcode == CqeOp.REQ_ERR
+        return rec
+
+    def post(self, qpn, wqe_bytes):
+        """Execute one WQE of QP ``qpn`` now (after everything posted before).
+
+        Parameters:
+            qpn: QP the WQE was posted to (must be in ``qps``).
+            wqe_bytes: the raw WQE bytes (see ``model.frames.parse_wqe``).
+
+        Returns a WqeResult.
+        """
+        if qpn not in self.qps:
+            raise ValueError(f"unknown QP {qpn}")
+        qp = self.qps[qpn]
+        wqe = parse_wqe(wqe_bytes)
+        if self.qp_error[qpn] or qp.state != QpState.RTS:
+            res = WqeResult(qpn, wqe, "dropped")
+        elif not wqe.valid:
+            self.qp_error[qpn] = True
+            qp.state = QpState.ERR
+            cqe = self._complete(qp, CqeOp.REQ_ERR, wqe.index, 0, Syndrome.LOCAL_QP_OP_ERR)
+            res = WqeResult(qpn, wqe, "error", cqe=cqe)
+        elif wqe.opcode == WqeOp.NOP:
+            self.totals.wqes_executed += 1
+            cqe = self._complete(qp, CqeOp.REQ, wqe.index, 0) if wqe.cq_update else None
+            res = WqeResult(qpn, wqe, "nop", cqe=cqe)
+        else:  # RDMA_WRITE
+            if wqe.kind == "pointer":
+                payload = b"" if wqe.length == 0 else bytes(self.read_memory(wqe.addr, wqe.length))
+                if len(payload) != wqe.length:
+                    raise ValueError(f"read_memory({wqe.addr:#x}, {wqe.length}) returned {len(payload)} bytes")
+            else:
+                payload = wqe.inline_data
+            psn0 = self.next_psn[qpn]
+            raw = build_write_frames(qp, self.port, wqe.raddr, wqe.rkey, payload, psn0)
+            ops = split_message(len(payload), qp.mtu)
+            recs = [FrameRecord(qpn, (psn0 + i) & PSN_MASK, op, wqe.index, f)
+                    for i, ((op, _, _), f) in enumerate(zip(ops, raw))]
+            self.next_psn[qpn] = (psn0 + len(raw)) & PSN_MASK
+            self.frames[qpn].extend(recs)
+            t = self.totals
+            t.messages += 1
+            t.payload_bytes += len(payload)
+            t.packets += len(raw)
+            t.frame_bytes += sum(len(f) for f in raw)
+            t.wire_bytes += sum(wire_bytes(len(f)) for f in raw)
+            t.wqes_executed += 1
+            cqe = self._complete(qp, CqeOp.REQ, wqe.index, len(payload)) if wqe.cq_update else None
+            res = WqeResult(qpn, wqe, "sent", recs, cqe)
+        self.results.append(res)
+        return res
+
+    def run(self, posts):
+        """Execute ``posts``, an ordered iterable of ``(qpn, wqe_bytes)``; returns ``result()``."""
+        for qpn, wqe_bytes in posts:
+            self.post(qpn, wqe_bytes)
+        return self.result()
+
+    def result(self):
+        """EngineResult of everything posted so far."""
+        return EngineResult(
+            frames={q: list(v) for q, v in self.frames.items()},
+            cqes={c: list(m.records) for c, m in self.cqs.items()},
+            cq_buffers={c: m.buffer() for c, m in self.cqs.items()},
+            qp_error=dict(self.qp_error),
+            next_psn=dict(self.next_psn),
+            totals=replace(self.totals),
+        )
+
+    def cq_for_order(self, cqn, qpn_order):
+        """Expected CQ for an observed interleaving of QPs sharing CQ ``cqn``.
+
+        Parameters:
+            cqn: the CQ.
+            qpn_order: the QPN of each CQE in the order the CQEs were written
+                (e.g. the order of the QPs' last packets on the wire). Each QP's
+                own CQEs keep the model's per-QP order.
+
+        Returns a fresh CqModel holding the CQEs pushed in that order (its
+        ``records`` and ``buffer()`` are the prediction). ValueError if the
+        per-QP counts do not match the model's.
+        """
+        if cqn not in self.cq_ctx:
+            raise ValueError(f"unknown CQ {cqn}")
+        qpns = [q for q, ctx in self.qps.items() if ctx.cqn == cqn]
+        want = Counter({q: len(self._cqe_requests[q]) for q in qpns if self._cqe_requests[q]})
+        got = Counter(qpn_order)
+        if want != got:
+            raise ValueError(f"CQ {cqn}: CQE count per QP in qpn_order {dict(got)} != model {dict(want)}")
+        cq = CqModel(self.cq_ctx[cqn])
+        pos = {q: 0 for q in qpns}
+        for q in qpn_order:
+            opcode, index, byte_cnt, syndrome = self._cqe_requests[q][pos[q]]
+            pos[q] += 1
+            cq.push(opcode, q, index, byte_cnt, syndrome)
+        return cq

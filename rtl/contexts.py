@@ -1,0 +1,50 @@
+"""Per-QP and per-CQ context layouts, held in ``lib.memory`` RAMs (never per-QP flip-flops)."""
+from amaranth.hdl import unsigned
+from amaranth.lib import data
+
+__all__ = ["QpConfig", "QpDynamic", "QpEntry", "CqConfig", "CqEntry", "qp_bits", "cq_bits"]
+
+
+def qp_bits(num_qps):
+    return max(1, (num_qps - 1).bit_length())
+
+
+def cq_bits(num_cqs):
+    return max(1, (num_cqs - 1).bit_length())
+
+
+def QpConfig(num_cqs):
+    """What the CPU writes when it creates or modifies a QP."""
+    return data.StructLayout({
+        "sq_base":    unsigned(64),
+        "log_depth":  unsigned(4),      # SQ depth = 2**log_depth WQEBBs
+        "cqn":        unsigned(cq_bits(num_cqs)),
+        "remote_qpn": unsigned(24),
+        "dmac":       unsigned(48),
+        "dip":        unsigned(32),
+        "mtu":        unsigned(3),      # ibv_mtu code 1..5 (256..4096 bytes)
+        "state":      unsigned(3),      # ibv_qp_state
+    })
+
+
+# What the engine itself moves: producer index from doorbells, consumer index
+# and next PSN from the WQE parser, and whether the QP sits in the active queue.
+QpDynamic = data.StructLayout({
+    "pi":     unsigned(16),
+    "ci":     unsigned(16),
+    "psn":    unsigned(24),
+    "queued": unsigned(1),
+})
+
+
+def QpEntry(num_cqs):
+    return data.StructLayout({"cfg": QpConfig(num_cqs), "dyn": QpDynamic})
+
+
+CqConfig = data.StructLayout({
+    "base":      unsigned(64),
+    "log_depth": unsigned(4),
+    "collapsed": unsigned(1),
+})
+
+CqEntry = data.StructLayout({"cfg": CqConfig, "count": unsigned(24)})

@@ -1,0 +1,116 @@
+"""CPU control path: the AXI4-Lite register file (map in docs/interfaces.md)."""
+from amaranth.hdl import *
+from amaranth.lib import wiring, data
+from amaranth.lib.wiring import In, Out
+
+from .axi import AxiLiteSignature
+from .contexts import QpConfig, CqConfig, qp_bits, cq_bits
+
+__all__ = ["ControlRegisters", "COUNTERS", "ID_VALUE"]
+
+ID_VALUE = 0x49424741       # "IBGA"
+# Counter names in register order from 0x040.
+COUNTERS = ("doorbells", "doorbells_dropped", "wqes", "packets", "cqes", "error_cqes")
+
+
+class ControlRegisters(wiring.Component):
+    """AXI4-Lite slave holding the port identity, the QP/CQ staging registers and counters.
+
+    Parameters
+    ----------
+    num_qps, num_cqs : int
+        Sizes of the QP and CQ tables (reported in PARAMS, bound QP_NUM and CQ_NUM).
+
+    Members
+    -------
+    bus : In(AxiLiteSignature)
+        The control path.
+    port_mac, port_ip : Out
+        Source MAC and IPv4 address of this port.
+    qp_commit : Out(1)
+        One-cycle strobe: write ``qp_cfg`` (and reset the QP's indices, PSN = ``qp_start_psn``)
+        into QP ``qp_num``. Held until ``qp_commit_ack``.
+    cq_commit : Out(1)
+        Likewise for CQ ``cq_num`` with ``cq_cfg``.
+    counter_inc : In
+        One strobe per counter of ``COUNTERS``.
+    """
+    def __init__(self, *, num_qps, num_cqs):
+        self.num_qps, self.num_cqs = num_qps, num_cqs
+        super().__init__({
+            "bus": In(AxiLiteSignature(addr_width=16, data_width=32)),
+            "port_mac": Out(48), "port_ip": Out(32),
+            "qp_num": Out(qp_bits(num_qps)), "qp_cfg": Out(QpConfig(num_cqs)),
+            "qp_start_psn": Out(24),
+            "qp_commit": Out(1), "qp_commit_ack": In(1),
+            "cq_num": Out(cq_bits(num_cqs)), "cq_cfg": Out(CqConfig),
+            "cq_commit": Out(1), "cq_commit_ack": In(1),
+            "counter_inc": In(len(COUNTERS)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.bus
+        qp, cq = self.qp_cfg, self.cq_cfg
+        counters = [Signal(32, name=f"cnt_{n}") for n in COUNTERS]
+        for i, c in enumerate(counters):
+            with m.If(self.counter_inc[i]):
+                m.d.sync += c.eq(c + 1)
+
+        # Registers: address -> (signal, bit slice) for writes; reads return the same.
+        rw = {
+            0x010: self.port_mac[:32], 0x014: self.port_mac[32:48], 0x018: self.port_ip,
+            0x100: self.qp_num,
+            0x104: qp.sq_base[:32], 0x108: qp.sq_base[32:],
+            0x10C: qp.log_depth, 0x110: qp.cqn, 0x114: qp.remote_qpn,
+            0x118: self.qp_start_psn, 0x11C: qp.dmac[:32], 0x120: qp.dmac[32:],
+            0x124: qp.dip, 0x128: qp.mtu, 0x12C: qp.state,
+            0x200: self.cq_num, 0x204: cq.base[:32], 0x208: cq.base[32:],
+            0x20C: cq.log_depth, 0x210: cq.collapsed,
+        }
+        ro = {0x000: Const(ID_VALUE, 32),
+              0x004: Cat(Const(self.num_qps, 16), Const(self.num_cqs, 16))}
+        for i, c in enumerate(counters):
+            ro[0x040 + 4 * i] = c
+
+        # Write: take AW and W together, answer B.
+        with m.If(self.qp_commit_ack):
+            m.d.sync += self.qp_commit.eq(0)
+        with m.If(self.cq_commit_ack):
+            m.d.sync += self.cq_commit.eq(0)
+        busy = Signal()
+        m.d.comb += busy.eq(self.qp_commit | self.cq_commit)
+        do_write = Signal()
+        m.d.comb += [
+            do_write.eq(bus.awvalid & bus.wvalid & ~bus.bvalid & ~busy),
+            bus.awready.eq(do_write), bus.wready.eq(do_write),
+        ]
+        with m.If(bus.bvalid & bus.bready):
+            m.d.sync += bus.bvalid.eq(0)
+        with m.If(do_write):
+            m.d.sync += [bus.bvalid.eq(1), bus.bresp.eq(0)]
+            addr = bus.awaddr & 0xFFFC
+            with m.Switch(addr):
+                for a, reg in rw.items():
+                    with m.Case(a):
+                        m.d.sync += reg.eq(bus.wdata[:len(reg)])
+                with m.Case(0x130):
+                    m.d.sync += self.qp_commit.eq(1)
+                with m.Case(0x214):
+                    m.d.sync += self.cq_commit.eq(1)
+                with m.Default():
+                    m.d.sync += bus.bresp.eq(0b10)          # SLVERR: no such register
+
+        # Read: one cycle.
+        with m.If(bus.rvalid & bus.rready):
+            m.d.sync += bus.rvalid.eq(0)
+        m.d.comb += bus.arready.eq(~bus.rvalid)
+        with m.If(bus.arvalid & ~bus.rvalid):
+            m.d.sync += [bus.rvalid.eq(1), bus.rresp.eq(0), bus.rdata.eq(0)]
+            with m.Switch(bus.araddr & 0xFFFC):
+                for a, reg in {**rw, **ro}.items():
+                    with m.Case(a):
+                        m.d.sync += bus.rdata.eq(reg)
+                with m.Default():
+                    m.d.sync += bus.rresp.eq(0b10)
+        return m

@@ -1,0 +1,95 @@
+"""UAR doorbell decoder: 8-byte doorbell writes on the AXI4 slave -> (QP, producer limit)."""
+from amaranth.hdl import *
+from amaranth.lib import wiring, data, stream
+from amaranth.lib.wiring import In, Out
+
+from spec import formats as F
+from .axi import AxiWriteSignature
+from .contexts import qp_bits
+
+__all__ = ["DoorbellDecoder", "DoorbellEvent"]
+
+
+def DoorbellEvent(num_qps):
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "limit": unsigned(16)})
+
+
+class DoorbellDecoder(wiring.Component):
+    """Decodes doorbell writes into the UAR BAR.
+
+    QP n owns the page at ``n << 12``; its doorbell register sits at offset 0x800
+    (0x900, BlueFlame's other half, is accepted too). The 8 bytes written are the
+    first 8 of a control segment, ``{BE32(index << 8 | opcode), BE32(qpn << 8 | ds)}``;
+    every WQEBB before ``index + ceil(ds / 4)`` is then ready. This one rule covers
+    rdma-core (last WQE's ctrl words) and NVSHMEM (next free index, ds = 0).
+
+    A write elsewhere in the page, a partial write, a QPN that does not match the
+    page or a page beyond the QP table is dropped and reported on ``dropped``.
+    Backpressure from ``events`` stalls W, so no doorbell is ever lost.
+
+    Parameters
+    ----------
+    num_qps : int
+        Number of QPs (pages) decoded.
+
+    Members
+    -------
+    bus : In(AxiWriteSignature(addr 32, data 64))
+    events : Out(stream.Signature(DoorbellEvent))
+    accepted, dropped : Out(1)
+        One-cycle strobes for the counters.
+    """
+    def __init__(self, *, num_qps, id_width=4):
+        if num_qps < 1 or num_qps > (1 << 20):
+            raise ValueError(f"num_qps must be 1..2**20, not {num_qps}")
+        self.num_qps = num_qps
+        super().__init__({
+            "bus": In(AxiWriteSignature(addr_width=32, data_width=64, id_width=id_width)),
+            "events": Out(stream.Signature(DoorbellEvent(num_qps))),
+            "accepted": Out(1), "dropped": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.bus
+        addr = Signal(32)
+        bid = Signal.like(bus.awid)
+
+        wdata = bus.wdata
+        byte = [wdata.word_select(i, 8) for i in range(8)]
+        index = Cat(byte[2], byte[1])
+        qpn_field = Cat(byte[6], byte[5], byte[4])
+        ds = byte[7][:6]
+        page = addr[F.UAR_PAGE_SHIFT:]
+        offset = addr[:F.UAR_PAGE_SHIFT]
+        good = Signal()
+        m.d.comb += good.eq((bus.wstrb == 0xFF)
+                            & ((offset == F.UAR_DB_OFFSET) | (offset == F.UAR_DB_OFFSET_ALT))
+                            & (page < self.num_qps) & (qpn_field == page))
+        m.d.comb += [
+            self.events.p.qpn.eq(page),
+            self.events.p.limit.eq(index + ((ds + 3) >> 2)),
+        ]
+
+        with m.FSM():
+            with m.State("ADDR"):
+                m.d.comb += bus.awready.eq(1)
+                with m.If(bus.awvalid):
+                    m.d.sync += [addr.eq(bus.awaddr), bid.eq(bus.awid)]
+                    m.next = "DATA"
+            with m.State("DATA"):
+                # A good beat waits for the event queue; others pass at once.
+                m.d.comb += [
+                    self.events.valid.eq(bus.wvalid & good),
+                    bus.wready.eq(~good | self.events.ready),
+                ]
+                with m.If(bus.wvalid & bus.wready):
+                    m.d.comb += [self.accepted.eq(good), self.dropped.eq(~good)]
+                    m.d.sync += addr.eq(addr + 8)
+                    with m.If(bus.wlast):
+                        m.next = "RESP"
+            with m.State("RESP"):
+                m.d.comb += [bus.bvalid.eq(1), bus.bid.eq(bid), bus.bresp.eq(0)]
+                with m.If(bus.bready):
+                    m.next = "ADDR"
+        return m

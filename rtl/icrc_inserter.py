@@ -1,0 +1,127 @@
+"""ICRC unit: computes each frame's invariant CRC and writes it into the frame's last 4 bytes."""
+from functools import reduce
+from operator import xor
+
+from amaranth.hdl import *
+from amaranth.lib import wiring, stream
+from amaranth.lib.wiring import In, Out
+
+from spec import formats as F
+from . import icrc_math
+from .tx_beat import TxBeat
+
+__all__ = ["IcrcInserter"]
+
+BEAT = 128
+
+
+def _apply(m, cols, value, width):
+    """GF(2) matrix (columns as 32-bit masks) times ``value``."""
+    out = []
+    for i in range(32):
+        taps = [value[j] for j in range(width) if (cols[j] >> i) & 1]
+        out.append(Cat(*taps).xor() if taps else C(0, 1))
+    return Cat(*out)
+
+
+class IcrcInserter(wiring.Component):
+    """Fills in the RoCEv2 ICRC, one beat per cycle.
+
+    The CRC-32 (zlib) of SPEC section 5 runs over the frame from byte 6 with bytes
+    6-13 forced to 0xFF (the 8-byte 0xFF prefix) and the variant fields (IPv4 TOS,
+    TTL, checksum, UDP checksum, BTH byte 4) forced to 0xFF, through the payload.
+    A 1024-bit parallel CRC takes a beat per cycle. The register starts at zero and
+    the first four message bytes are inverted instead of loading all ones, so bytes
+    in front of the message cost nothing; bytes after its end are fed as zeros and
+    removed with the inverse zero-byte step (7 conditional 32x32 matrices, one per
+    bit of the count). The result goes into the 4 bytes the builder reserved at the
+    frame's end, even when they straddle two beats.
+
+    Members
+    -------
+    i : In(stream.Signature(TxBeat))
+    o : Out(stream.Signature(TxBeat))
+        The same beats one cycle later, ICRC filled in.
+    """
+    def __init__(self, *, num_qps, num_cqs):
+        layout = TxBeat(num_qps, num_cqs)
+        super().__init__({"i": In(stream.Signature(layout)), "o": Out(stream.Signature(layout))})
+
+    def elaborate(self, platform):
+        m = Module()
+        a_cols, b_cols = icrc_math.update_matrices(8 * BEAT)
+        beat = self.i.p
+        flen = beat.flen
+        msg_end = Signal(16)
+        m.d.comb += msg_end.eq(flen - F.ICRC_LEN)
+
+        index = Signal(range(512))      # beat number within the frame
+        state = Signal(32)
+        pending = Signal(32)            # ICRC bytes that spill into the next beat
+
+        # Mask the beat down to the message bytes.
+        start = 8 * F.ICRC_START
+        fixed = Const(0, 8 * BEAT)
+        keep_mask = Signal(8 * BEAT)
+        count = Signal(range(BEAT + 1))        # message bytes of this beat from lane 0
+        with m.If(msg_end >= (index + 1) * BEAT):
+            m.d.comb += count.eq(BEAT)
+        with m.Elif(msg_end > index * BEAT):
+            m.d.comb += count.eq(msg_end - index * BEAT)
+        shamt = Signal(range(8 * BEAT + 1))
+        m.d.comb += shamt.eq((BEAT - count) * 8)
+        m.d.comb += keep_mask.eq(Const((1 << (8 * BEAT)) - 1, 8 * BEAT) >> shamt)
+        first_mask = (1 << (8 * BEAT)) - 1
+        first_mask &= ~((1 << start) - 1)                     # bytes before the message
+        ones = 0
+        ones |= 0xFFFFFFFF << (8 * (F.ICRC_START + 4))        # prefix bytes 4..7 stay 0xFF
+        for off, width in F.ICRC_MASKED:
+            ones |= ((1 << (8 * width)) - 1) << (8 * off)
+        # prefix bytes 0..3: 0xFF xor the initial all-ones register = 0x00
+        first_zero = ((1 << 32) - 1) << start
+        masked = Signal(8 * BEAT)
+        with m.If(index == 0):
+            m.d.comb += masked.eq(((beat.data & first_mask & ~first_zero) | ones) & keep_mask)
+        with m.Else():
+            m.d.comb += masked.eq(beat.data & keep_mask)
+
+        has_msg = Signal()
+        m.d.comb += has_msg.eq(count != 0)
+        s_in = Mux(index == 0, 0, state)
+        s_new = Signal(32)
+        m.d.comb += s_new.eq(_apply(m, a_cols, s_in, 32) ^ _apply(m, b_cols, masked, 8 * BEAT))
+
+        # Final CRC when this beat holds the last message byte.
+        ends_msg = Signal()
+        m.d.comb += ends_msg.eq(has_msg & (msg_end <= (index + 1) * BEAT))
+        k = Signal(7)
+        m.d.comb += k.eq((index + 1) * BEAT - msg_end)
+        s = s_new
+        for bit in range(7):        # a Signal per stage keeps the expression a DAG
+            nxt = Signal(32, name=f"unshift{bit}")
+            m.d.comb += nxt.eq(Mux(k[bit], _apply(m, icrc_math.unshift_matrix(1 << bit), s, 32), s))
+            s = nxt
+        icrc = Signal(32)
+        m.d.comb += icrc.eq(~s)
+        ins = Signal(8 * BEAT + 32)
+        qshift = Signal(range(8 * BEAT + 1))
+        m.d.comb += qshift.eq((BEAT - k) * 8)
+        m.d.comb += ins.eq(icrc << qshift)
+
+        # One register stage.
+        m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += [self.o.valid.eq(1), self.o.p.eq(beat)]
+            with m.If(beat.frame):
+                m.d.sync += index.eq(Mux(beat.last, 0, index + 1))
+                with m.If(has_msg):
+                    m.d.sync += state.eq(s_new)
+                with m.If(ends_msg):
+                    m.d.sync += [self.o.p.data.eq(beat.data | ins[:8 * BEAT]), pending.eq(ins[8 * BEAT:])]
+                with m.Elif(index != 0):
+                    # a beat with only (the rest of) the ICRC
+                    with m.If(~has_msg):
+                        m.d.sync += [self.o.p.data.eq(beat.data | pending), pending.eq(0)]
+        return m

@@ -1,0 +1,38 @@
+"""The message descriptor that flows from the WQE parser to the packet builder."""
+from amaranth.hdl import unsigned
+from amaranth.lib import data, enum
+
+from .contexts import QpConfig, qp_bits
+
+__all__ = ["MessageKind", "Message", "Completion"]
+
+
+class MessageKind(enum.Enum, shape=2):
+    WRITE = 0      # RDMA WRITE: packets, then a CQE if signaled
+    NOP = 1        # no packets, a CQE if signaled
+    ERROR = 2      # malformed or unsupported WQE: no packets, an error CQE, QP to error
+
+
+def Message(num_qps, num_cqs):
+    return data.StructLayout({
+        "qpn":      unsigned(qp_bits(num_qps)),
+        "cfg":      QpConfig(num_cqs),
+        "kind":     MessageKind,
+        "signaled": unsigned(1),
+        "index":    unsigned(16),     # WQE index = CQE wqe_counter
+        "raddr":    unsigned(64),
+        "rkey":     unsigned(32),
+        "length":   unsigned(32),
+        "inline":   unsigned(1),      # payload from the WQE itself (inline segment)
+        "addr":     unsigned(64),     # payload address in GPU memory (data segment)
+        "psn":      unsigned(24),     # PSN of the first packet
+    })
+
+
+def Completion(num_qps, num_cqs):
+    """What the CQE writer needs, carried alongside a message's last beat."""
+    from .contexts import cq_bits
+    return data.StructLayout({
+        "qpn": unsigned(qp_bits(num_qps)), "cqn": unsigned(cq_bits(num_cqs)),
+        "index": unsigned(16), "byte_cnt": unsigned(32), "error": unsigned(1),
+    })

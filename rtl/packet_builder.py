@@ -1,0 +1,217 @@
+"""Packet builder: messages -> RoCEv2 RDMA WRITE frames (ICRC left as zeros)."""
+from amaranth.hdl import *
+from amaranth.lib import wiring, data, stream
+from amaranth.lib.wiring import In, Out
+
+from spec import formats as F
+from .headers import RoceWriteHeader, be, ipv4_checksum
+from .message import Message, MessageKind
+from .tx_beat import TxBeat
+
+__all__ = ["PacketBuilder"]
+
+BEAT = 128
+
+
+class PacketBuilder(wiring.Component):
+    """Splits each WRITE at the path MTU and builds its frames.
+
+    Packets: ONLY (length <= MTU) or FIRST, MIDDLE..., LAST, one PSN each, the RETH
+    on FIRST/ONLY, AckReq on LAST/ONLY. The payload comes from the payload fetch
+    (raw beats, the data starting at ``addr % 128``) or from the WQE (inline beats,
+    starting at byte 36). An aligner cuts the raw beats into chunks at packet
+    boundaries and a packer shifts each chunk behind the header, so every frame
+    leaves as full 128-byte beats and a partial last beat; 4 zero bytes are
+    reserved at the end for the ICRC, which the next block fills in.
+
+    NOP and ERROR messages produce a marker beat (``frame = 0``) that carries their
+    completion through the same ordered path, so CQEs never overtake packets.
+
+    Members
+    -------
+    messages : In(stream.Signature(Message))
+    payload, inline : In(stream.Signature(1024))
+    port_mac, port_ip : In
+    frames : Out(stream.Signature(TxBeat))
+    """
+    def __init__(self, *, num_qps, num_cqs):
+        self.num_qps, self.num_cqs = num_qps, num_cqs
+        super().__init__({
+            "messages": In(stream.Signature(Message(num_qps, num_cqs))),
+            "payload": In(stream.Signature(8 * BEAT)),
+            "inline": In(stream.Signature(8 * BEAT)),
+            "port_mac": In(48), "port_ip": In(32),
+            "frames": Out(stream.Signature(TxBeat(num_qps, num_cqs))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        msg = Signal.like(self.messages.p)
+        out = self.frames
+
+        mtu = Signal(13)
+        m.d.comb += mtu.eq(128 << msg.cfg.mtu)
+        msg_left = Signal(32)        # payload bytes of the message not yet packed
+        pkt_left = Signal(13)        # payload bytes of the current packet not yet packed
+        pkt_len = Signal(13)
+        pkt_first = Signal()         # first packet of the message
+        pkt_start = Signal()         # no byte of the current packet packed yet
+        psn = Signal(24)
+        pos = Signal(range(BEAT))    # read position in the current raw beat
+
+        # ---- header of the current packet --------------------------------------------
+        is_last_pkt = Signal()       # registered at each packet's start
+        rest = Signal(32)            # message bytes after the current packet
+        opcode = Signal(8)
+        with m.If(pkt_first & is_last_pkt):
+            m.d.comb += opcode.eq(F.Op.WRITE_ONLY)
+        with m.Elif(pkt_first):
+            m.d.comb += opcode.eq(F.Op.WRITE_FIRST)
+        with m.Elif(is_last_pkt):
+            m.d.comb += opcode.eq(F.Op.WRITE_LAST)
+        with m.Else():
+            m.d.comb += opcode.eq(F.Op.WRITE_MIDDLE)
+        hlen = Signal(8)
+        m.d.comb += hlen.eq(Mux(pkt_first, F.HDR_LEN_RETH, F.HDR_LEN_NO_RETH))
+        flen = Signal(16)
+        m.d.comb += flen.eq(hlen + pkt_len + F.ICRC_LEN)
+
+        hdr = Signal(RoceWriteHeader)
+        ip = Signal.like(hdr.ip)     # the IP header with a zero checksum field
+        m.d.comb += [
+            hdr.eth.dmac.eq(be(msg.cfg.dmac, 6)), hdr.eth.smac.eq(be(self.port_mac, 6)),
+            hdr.eth.ethertype.eq(be(F.ETHERTYPE_IPV4, 2)),
+            ip.ver_ihl.eq(be(F.IPV4_VER_IHL, 1)), ip.tos.eq(0), ip.total_len.eq(be(flen - F.ETH_LEN, 2)),
+            ip.ident.eq(0), ip.flags_frag.eq(be(F.IPV4_FLAGS_DF, 2)), ip.ttl.eq(be(F.IPV4_TTL, 1)),
+            ip.proto.eq(be(F.IP_PROTO_UDP, 1)), ip.sip.eq(be(self.port_ip, 4)), ip.dip.eq(be(msg.cfg.dip, 4)),
+            hdr.udp.sport.eq(be(F.ROCE_SPORT_BASE | (msg.qpn & 0x3FFF), 2)),
+            hdr.udp.dport.eq(be(F.ROCEV2_UDP_PORT, 2)), hdr.udp.length.eq(be(flen - F.OFF_UDP, 2)),
+            hdr.udp.checksum.eq(0),
+            hdr.bth.opcode.eq(opcode), hdr.bth.flags.eq(0), hdr.bth.pkey.eq(be(F.DEFAULT_PKEY, 2)),
+            hdr.bth.fecn_becn.eq(0), hdr.bth.dqpn.eq(be(msg.cfg.remote_qpn, 3)),
+            hdr.bth.ackreq.eq(Mux(is_last_pkt, 0x80, 0)), hdr.bth.psn.eq(be(psn, 3)),
+            hdr.reth.va.eq(be(msg.raddr, 8)), hdr.reth.rkey.eq(be(msg.rkey, 4)),
+            hdr.reth.dma_len.eq(be(msg.length, 4)),
+        ]
+        m.d.comb += [hdr.ip.eq(ip), hdr.ip.checksum.eq(be(ipv4_checksum(ip.as_value()), 2))]
+        hdr_bytes = Signal(8 * BEAT)
+        m.d.comb += hdr_bytes.eq(Mux(pkt_first, hdr.as_value(), hdr.as_value()[:8 * F.HDR_LEN_NO_RETH]))
+
+        # ---- aligner: next chunk of the current packet ---------------------------------
+        raw_valid = Signal()
+        raw_data = Signal(8 * BEAT)
+        raw_ready = Signal()
+        with m.If(msg.inline):
+            m.d.comb += [raw_valid.eq(self.inline.valid), raw_data.eq(self.inline.p),
+                         self.inline.ready.eq(raw_ready)]
+        with m.Else():
+            m.d.comb += [raw_valid.eq(self.payload.valid), raw_data.eq(self.payload.p),
+                         self.payload.ready.eq(raw_ready)]
+        avail = Signal(range(BEAT + 1))
+        m.d.comb += avail.eq(BEAT - pos)
+        n = Signal(range(BEAT + 1))
+        m.d.comb += n.eq(Mux(pkt_left < avail, pkt_left, avail))
+        chunk = Signal(8 * BEAT)
+        ones = Const((1 << (8 * BEAT)) - 1, 8 * BEAT)
+        m.d.comb += chunk.eq((raw_data >> (pos * 8)) & (ones >> ((BEAT - n) * 8).as_unsigned()))
+        chunk_last = Signal()        # chunk ends the packet
+        m.d.comb += chunk_last.eq(n == pkt_left)
+
+        # ---- packer ---------------------------------------------------------------------------
+        residual = Signal(8 * BEAT)
+        rcount = Signal(range(BEAT))
+        base = Signal(8 * BEAT)
+        base_count = Signal(range(BEAT))
+        m.d.comb += [base.eq(Mux(pkt_start, hdr_bytes, residual)),
+                     base_count.eq(Mux(pkt_start, hlen, rcount))]
+        combined = Signal(16 * BEAT)
+        m.d.comb += combined.eq(base | (chunk << (base_count * 8)))
+        total = Signal(range(2 * BEAT + F.ICRC_LEN + 1))
+        m.d.comb += total.eq(base_count + n + Mux(chunk_last, F.ICRC_LEN, 0))
+
+        # Flush: bytes of a finished packet still to send.
+        flush = Signal(16 * BEAT)
+        flush_left = Signal(range(2 * BEAT + F.ICRC_LEN + 1))
+
+        cpl = out.p.cpl
+        m.d.comb += [
+            cpl.qpn.eq(msg.qpn), cpl.cqn.eq(msg.cfg.cqn), cpl.index.eq(msg.index),
+            cpl.byte_cnt.eq(msg.length), cpl.error.eq(msg.kind == MessageKind.ERROR),
+            out.p.flen.eq(flen),
+        ]
+        msg_cpl = Signal()
+        m.d.comb += msg_cpl.eq(msg.signaled | (msg.kind == MessageKind.ERROR))
+
+        def next_packet():
+            # after the last chunk of a packet has been packed
+            with m.If(is_last_pkt):
+                m.next = "MESSAGE"
+            with m.Else():
+                nxt = Mux(rest <= mtu, rest, mtu)
+                m.d.sync += [pkt_first.eq(0), psn.eq(psn + 1), pkt_start.eq(1),
+                             pkt_len.eq(nxt), pkt_left.eq(nxt), rest.eq(rest - nxt),
+                             is_last_pkt.eq(rest - nxt == 0)]
+                m.next = "PACKET"
+
+        with m.FSM():
+            with m.State("MESSAGE"):
+                m.d.comb += self.messages.ready.eq(1)
+                with m.If(self.messages.valid):
+                    p = self.messages.p
+                    first_len = Mux(p.length <= (128 << p.cfg.mtu), p.length, 128 << p.cfg.mtu)
+                    m.d.sync += [
+                        msg.eq(p), msg_left.eq(p.length), pkt_len.eq(first_len), pkt_left.eq(first_len),
+                        rest.eq(p.length - first_len), is_last_pkt.eq(p.length == first_len),
+                        pkt_first.eq(1), pkt_start.eq(1), psn.eq(p.psn),
+                        pos.eq(Mux(p.inline, 36, p.addr[:7])),
+                    ]
+                    with m.If(p.kind == MessageKind.WRITE):
+                        m.next = "PACKET"
+                    with m.Elif(p.signaled | (p.kind == MessageKind.ERROR)):
+                        m.next = "MARKER"
+            with m.State("MARKER"):
+                m.d.comb += [out.valid.eq(1), out.p.frame.eq(0), out.p.last.eq(1), out.p.cpl_valid.eq(1)]
+                with m.If(out.ready):
+                    m.next = "MESSAGE"
+            with m.State("PACKET"):
+                need_raw = pkt_left != 0
+                emit = Signal()
+                m.d.comb += emit.eq(total >= BEAT)
+                m.d.comb += [out.p.frame.eq(1), out.p.data.eq(combined[:8 * BEAT])]
+                go = Signal()
+                m.d.comb += go.eq((~need_raw | raw_valid) & (~emit | out.ready))
+                with m.If(~need_raw | raw_valid):
+                    m.d.comb += out.valid.eq(emit | chunk_last)
+                    with m.If(chunk_last & (total <= BEAT)):
+                        m.d.comb += [out.p.last.eq(1), out.p.nbytes.eq(total),
+                                     out.p.cpl_valid.eq(msg_cpl & is_last_pkt)]
+                    with m.Else():
+                        m.d.comb += out.p.nbytes.eq(BEAT)
+                with m.If(go & (~chunk_last | out.ready)):
+                    # take the chunk
+                    with m.If(need_raw & ((pos + n == BEAT) | (n == msg_left))):
+                        m.d.comb += raw_ready.eq(1)
+                    m.d.sync += [pos.eq(pos + n), msg_left.eq(msg_left - n), pkt_left.eq(pkt_left - n),
+                                 pkt_start.eq(0)]
+                    with m.If(emit):
+                        m.d.sync += [residual.eq(combined[8 * BEAT:]), rcount.eq(total - BEAT)]
+                    with m.Else():
+                        m.d.sync += [residual.eq(combined[:8 * BEAT]), rcount.eq(total)]
+                    with m.If(chunk_last):
+                        with m.If(total > BEAT):
+                            m.d.sync += [flush.eq(combined[8 * BEAT:]), flush_left.eq(total - BEAT)]
+                            m.next = "FLUSH"
+                        with m.Else():
+                            next_packet()
+            with m.State("FLUSH"):
+                m.d.comb += [out.valid.eq(1), out.p.frame.eq(1), out.p.data.eq(flush[:8 * BEAT])]
+                with m.If(flush_left <= BEAT):
+                    m.d.comb += [out.p.last.eq(1), out.p.nbytes.eq(flush_left),
+                                 out.p.cpl_valid.eq(msg_cpl & is_last_pkt)]
+                with m.Else():
+                    m.d.comb += out.p.nbytes.eq(BEAT)
+                with m.If(out.ready):
+                    m.d.sync += [flush.eq(flush >> (8 * BEAT)), flush_left.eq(flush_left - BEAT)]
+                    with m.If(flush_left <= BEAT):
+                        next_packet()
+        return m

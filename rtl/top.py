@@ -1,0 +1,167 @@
+"""``IbgdaNic``: the transmit engine, blocks wired along the data flow.
+
+    UAR writes -> DoorbellDecoder -> QpTable (RR queue) -> WqeFetch -> WqeParser
+      -> PayloadFetch -> PacketBuilder -> IcrcInserter -> MAC TX (AXI-Stream)
+      -> (last beat of a completing message) -> CqeWriter -> CQE in GPU memory
+"""
+from amaranth.hdl import *
+from amaranth.lib import wiring, stream, fifo, data
+from amaranth.lib.wiring import In, Out
+
+from spec import params as P
+from .axi import (AxiLiteSignature, AxiWriteSignature, AxiSignature, AxiStreamSignature,
+                  flat_members, connect_flat)
+from .control_registers import ControlRegisters, COUNTERS
+from .doorbell_decoder import DoorbellDecoder, DoorbellEvent
+from .qp_table import QpTable, FetchJob
+from .wqe_fetch import WqeFetch
+from .wqe_parser import WqeParser
+from .payload_fetch import PayloadFetch
+from .packet_builder import PacketBuilder
+from .icrc_inserter import IcrcInserter
+from .cqe_writer import CqeWriter
+from .dma_arbiter import DmaArbiter
+from .message import Message, Completion
+
+__all__ = ["IbgdaNic"]
+
+
+class _StreamFifo(wiring.Component):
+    """A ``lib.fifo.SyncFIFOBuffered`` with stream ports and a structured payload."""
+    def __init__(self, shape, depth):
+        self._shape, self._depth = shape, depth
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        width = Shape.cast(self._shape).width
+        m.submodules.fifo = f = fifo.SyncFIFOBuffered(width=width, depth=self._depth)
+        m.d.comb += [
+            f.w_data.eq(self.i.p), f.w_en.eq(self.i.valid), self.i.ready.eq(f.w_rdy),
+            self.o.p.eq(f.r_data), self.o.valid.eq(f.r_rdy), f.r_en.eq(self.o.ready),
+        ]
+        return m
+
+
+class IbgdaNic(wiring.Component):
+    """The RDMA engine of a 400 Gb/s RoCEv2 NIC driven by GPUs (transmit path).
+
+    Parameters
+    ----------
+    num_qps, num_cqs : int
+        Sizes of the QP and CQ tables (RAMs).
+    max_burst : int
+        WQEBBs fetched for one QP per round-robin turn.
+    wqe_buffer : int
+        WQEBB buffer = WQE reads in flight.
+    payload_buffer : int
+        Payload buffer in 128-byte beats = payload bytes in flight / 128.
+
+    Members (top-level ports, cocotbext-axi names; see docs/interfaces.md)
+    -------
+    s_axil_*    AXI4-Lite slave: control registers.
+    s_axi_db_*  AXI4 slave (write channels): UAR doorbells.
+    m_axi_*     AXI4 master: DMA to GPU memory.
+    m_axis_tx_* AXI4-Stream master: frames to the MAC.
+    """
+    def __init__(self, *, num_qps=P.NUM_QPS, num_cqs=P.NUM_CQS, max_burst=8, wqe_buffer=16,
+                 payload_buffer=64):
+        for name, value in (("num_qps", num_qps), ("num_cqs", num_cqs)):
+            if not isinstance(value, int) or value < 2 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 2, not {value!r}")
+        self.num_qps, self.num_cqs = num_qps, num_cqs
+        self.max_burst, self.wqe_buffer, self.payload_buffer = max_burst, wqe_buffer, payload_buffer
+        data_bits = 8 * P.DATA_BYTES
+        self._sigs = {
+            "s_axil": AxiLiteSignature(addr_width=P.CSR_ADDR_WIDTH, data_width=32).flip(),
+            "s_axi_db": AxiWriteSignature(addr_width=P.DB_ADDR_WIDTH, data_width=64,
+                                          id_width=P.AXI_ID_WIDTH).flip(),
+            "m_axi": AxiSignature(addr_width=P.DMA_ADDR_WIDTH, data_width=data_bits, id_width=P.AXI_ID_WIDTH),
+            "m_axis_tx": AxiStreamSignature(data_width=data_bits),
+        }
+        members = {}
+        for prefix, sig in self._sigs.items():
+            members.update(flat_members(prefix, sig))
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        nq, nc = self.num_qps, self.num_cqs
+        m.submodules.csr = csr = ControlRegisters(num_qps=nq, num_cqs=nc)
+        m.submodules.doorbell = db = DoorbellDecoder(num_qps=nq)
+        m.submodules.db_fifo = db_fifo = _StreamFifo(DoorbellEvent(nq), 16)
+        m.submodules.qp_table = qpt = QpTable(num_qps=nq, num_cqs=nc, max_burst=self.max_burst)
+        m.submodules.wqe_fetch = wf = WqeFetch(num_qps=nq, num_cqs=nc, max_burst=self.max_burst,
+                                               buffer_depth=self.wqe_buffer)
+        m.submodules.burst_fifo = burst_fifo = _StreamFifo(FetchJob(nq, nc, self.max_burst), 16)
+        m.submodules.wqe_parser = wp = WqeParser(num_qps=nq, num_cqs=nc, max_burst=self.max_burst)
+        m.submodules.inline_fifo = inline_fifo = _StreamFifo(8 * P.DATA_BYTES, 8)
+        m.submodules.payload_fetch = pf = PayloadFetch(num_qps=nq, num_cqs=nc, buffer_beats=self.payload_buffer)
+        m.submodules.msg_fifo = msg_fifo = _StreamFifo(Message(nq, nc), 16)
+        m.submodules.builder = pb = PacketBuilder(num_qps=nq, num_cqs=nc)
+        m.submodules.icrc = icrc = IcrcInserter(num_qps=nq, num_cqs=nc)
+        m.submodules.cpl_fifo = cpl_fifo = _StreamFifo(Completion(nq, nc), 16)
+        m.submodules.cqe_writer = cw = CqeWriter(num_qps=nq, num_cqs=nc)
+        m.submodules.dma = arb = DmaArbiter()
+
+        # External ports.
+        connect_flat(m, self, "s_axil", csr.bus)
+        connect_flat(m, self, "s_axi_db", db.bus)
+        connect_flat(m, self, "m_axi", arb.bus)
+
+        # Control path: commits become one-entry streams.
+        m.d.comb += [
+            qpt.commit.valid.eq(csr.qp_commit), qpt.commit.p.qpn.eq(csr.qp_num),
+            qpt.commit.p.cfg.eq(csr.qp_cfg), qpt.commit.p.psn.eq(csr.qp_start_psn),
+            csr.qp_commit_ack.eq(qpt.commit.ready),
+            cw.commit.valid.eq(csr.cq_commit), cw.commit.p.cqn.eq(csr.cq_num), cw.commit.p.cfg.eq(csr.cq_cfg),
+            csr.cq_commit_ack.eq(cw.commit.ready),
+            pb.port_mac.eq(csr.port_mac), pb.port_ip.eq(csr.port_ip),
+        ]
+
+        # Data flow.
+        wiring.connect(m, db.events, db_fifo.i)
+        wiring.connect(m, db_fifo.o, qpt.doorbells)
+        wiring.connect(m, qpt.jobs, wf.jobs)
+        wiring.connect(m, wf.bursts, burst_fifo.i)
+        wiring.connect(m, burst_fifo.o, wp.bursts)
+        wiring.connect(m, wf.wqebbs, wp.wqebbs)
+        wiring.connect(m, wp.updates, qpt.updates)
+        wiring.connect(m, wp.messages, pf.messages_in)
+        wiring.connect(m, wp.inline, inline_fifo.i)
+        wiring.connect(m, inline_fifo.o, pb.inline)
+        wiring.connect(m, pf.messages_out, msg_fifo.i)
+        wiring.connect(m, msg_fifo.o, pb.messages)
+        wiring.connect(m, pf.payload, pb.payload)
+        wiring.connect(m, pb.frames, icrc.i)
+        wiring.connect(m, wf.dma, arb.wqe)
+        wiring.connect(m, pf.dma, arb.payload)
+        wiring.connect(m, cw.dma, arb.cqe)
+        wiring.connect(m, cpl_fifo.o, cw.completions)
+
+        # MAC TX: frame beats go out; marker beats (frame = 0) are absorbed here.
+        # The last beat of a completing message hands its completion to the CQE writer,
+        # so a CQE is written only once the message's last packet has left.
+        beat = icrc.o.p
+        wants_cpl = Signal()
+        m.d.comb += wants_cpl.eq(beat.last & beat.cpl_valid)
+        ready = Signal()
+        m.d.comb += [
+            ready.eq((~beat.frame | self.m_axis_tx_tready) & (~wants_cpl | cpl_fifo.i.ready)),
+            icrc.o.ready.eq(ready),
+            self.m_axis_tx_tvalid.eq(icrc.o.valid & beat.frame & (~wants_cpl | cpl_fifo.i.ready)),
+            self.m_axis_tx_tdata.eq(beat.data),
+            self.m_axis_tx_tkeep.eq(Const((1 << P.DATA_BYTES) - 1, P.DATA_BYTES) >> (P.DATA_BYTES - beat.nbytes).as_unsigned()),
+            self.m_axis_tx_tlast.eq(beat.last),
+            cpl_fifo.i.valid.eq(icrc.o.valid & ready & wants_cpl),
+            cpl_fifo.i.p.eq(beat.cpl),
+        ]
+
+        # Counters.
+        sent = icrc.o.valid & ready & beat.frame & beat.last
+        wqe_done = Signal()
+        m.d.comb += wqe_done.eq(wp.messages.valid & wp.messages.ready)
+        incs = {"doorbells": db.accepted, "doorbells_dropped": db.dropped | qpt.db_dropped,
+                "wqes": wqe_done, "packets": sent, "cqes": cw.written, "error_cqes": cw.errors}
+        m.d.comb += csr.counter_inc.eq(Cat(*(incs[n] for n in COUNTERS)))
+        return m

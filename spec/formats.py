@@ -1,0 +1,126 @@
+"""Wire and memory formats (see ../shared/SPEC.md sections 2-5).
+
+Every header is a table of ``(name, byte_offset, byte_width)``; all fields are
+big-endian as on the wire or in mlx5 memory. The RTL builds its
+``lib.data`` layouts from these tables, the golden model packs bytes from them
+and the testbenches unpack with them, so one table fixes all three.
+"""
+
+# ---- Ethernet / IPv4 / UDP / RoCEv2 -------------------------------------------
+ETH = (("dmac", 0, 6), ("smac", 6, 6), ("ethertype", 12, 2))
+IPV4 = (("ver_ihl", 0, 1), ("tos", 1, 1), ("total_len", 2, 2), ("ident", 4, 2),
+        ("flags_frag", 6, 2), ("ttl", 8, 1), ("proto", 9, 1), ("checksum", 10, 2),
+        ("sip", 12, 4), ("dip", 16, 4))
+UDP = (("sport", 0, 2), ("dport", 2, 2), ("length", 4, 2), ("checksum", 6, 2))
+BTH = (("opcode", 0, 1), ("flags", 1, 1), ("pkey", 2, 2), ("fecn_becn", 4, 1),
+       ("dqpn", 5, 3), ("ackreq", 8, 1), ("psn", 9, 3))
+RETH = (("va", 0, 8), ("rkey", 8, 4), ("dma_len", 12, 4))
+AETH = (("syndrome", 0, 1), ("msn", 1, 3))
+
+ETH_LEN, IPV4_LEN, UDP_LEN, BTH_LEN, RETH_LEN, AETH_LEN, ICRC_LEN, FCS_LEN = 14, 20, 8, 12, 16, 4, 4, 4
+ETHERTYPE_IPV4 = 0x0800
+IP_PROTO_UDP = 17
+ROCEV2_UDP_PORT = 4791
+IPV4_VER_IHL = 0x45
+IPV4_FLAGS_DF = 0x4000
+IPV4_TTL = 64
+DEFAULT_PKEY = 0xFFFF
+ROCE_SPORT_BASE = 0xC000          # UDP source port = base | (src QPN & 0x3fff): flow entropy
+
+# Offsets of the headers inside a RoCEv2 frame.
+OFF_IP = ETH_LEN
+OFF_UDP = OFF_IP + IPV4_LEN
+OFF_BTH = OFF_UDP + UDP_LEN
+OFF_EXT = OFF_BTH + BTH_LEN       # first extension header (RETH for WRITE FIRST/ONLY)
+HDR_LEN_RETH = OFF_EXT + RETH_LEN  # 70: WRITE FIRST / ONLY
+HDR_LEN_NO_RETH = OFF_EXT          # 54: WRITE MIDDLE / LAST
+
+# ICRC: bytes of the frame replaced by all ones before the CRC (SPEC section 5),
+# as (frame offset, width): IPv4 TOS, TTL, header checksum, UDP checksum, BTH byte 4.
+ICRC_MASKED = ((OFF_IP + 1, 1), (OFF_IP + 8, 1), (OFF_IP + 10, 2), (OFF_UDP + 6, 2), (OFF_BTH + 4, 1))
+# The CRC runs over 8 bytes of 0xFF then the frame from the IP header on; the
+# 8 bytes in front of the IP header are the source MAC and the ethertype, so
+# "the frame from byte 6 with bytes 6-13 forced to 0xFF" is the same message.
+ICRC_START = OFF_IP - 8
+
+# BTH opcodes (RC)
+class Op:
+    SEND_FIRST, SEND_MIDDLE, SEND_LAST, SEND_LAST_IMM, SEND_ONLY, SEND_ONLY_IMM = 0x00, 0x01, 0x02, 0x03, 0x04, 0x05
+    WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_LAST_IMM, WRITE_ONLY, WRITE_ONLY_IMM = 0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B
+    READ_REQUEST = 0x0C
+    ACK = 0x11
+
+# ---- mlx5 send queue ------------------------------------------------------------
+WQEBB = 64
+DS_UNIT = 16
+MAX_WQEBBS = 4                     # largest WQE the engine accepts (256 bytes)
+CTRL_SEG = (("opmod_idx_opcode", 0, 4), ("qpn_ds", 4, 4), ("signature", 8, 1),
+            ("rsvd", 9, 2), ("fm_ce_se", 11, 1), ("imm", 12, 4))
+RADDR_SEG = (("raddr", 0, 8), ("rkey", 8, 4), ("rsvd", 12, 4))
+DATA_SEG = (("byte_count", 0, 4), ("lkey", 4, 4), ("addr", 8, 8))
+INLINE_FLAG = 0x80000000
+FM_CE_SE_CQ_UPDATE = 0x08
+FM_CE_SE_SOLICITED = 0x02
+
+class WqeOp:
+    NOP, RDMA_WRITE, RDMA_WRITE_IMM, SEND, SEND_IMM = 0x00, 0x08, 0x09, 0x0A, 0x0B
+    RDMA_READ, ATOMIC_CS, ATOMIC_FA, ATOMIC_MASKED_CS, ATOMIC_MASKED_FA = 0x10, 0x11, 0x12, 0x14, 0x15
+
+# ---- doorbells -------------------------------------------------------------------
+UAR_PAGE_SHIFT = 12               # one 4 KiB UAR page per QP: page number = QPN
+UAR_DB_OFFSET = 0x800             # doorbell register (BlueFlame register 0)
+UAR_DB_OFFSET_ALT = 0x900         # second BlueFlame register (alternates per post)
+
+# ---- mlx5 CQE64 ---------------------------------------------------------------
+CQE_SIZE = 64
+CQE64 = (("imm", 36, 4), ("byte_cnt", 44, 4), ("vendor_err_synd", 54, 1), ("syndrome", 55, 1),
+         ("sop_drop_qpn", 56, 4), ("wqe_counter", 60, 2), ("signature", 62, 1), ("op_own", 63, 1))
+
+class CqeOp:
+    REQ, RESP_WR_IMM, RESP_SEND, REQ_ERR, RESP_ERR, INVALID = 0, 1, 2, 13, 14, 15
+
+class Syndrome:                   # mlx5 CQE error syndromes
+    LOCAL_LENGTH_ERR = 0x01
+    LOCAL_QP_OP_ERR = 0x02
+    LOCAL_PROT_ERR = 0x04
+    WR_FLUSH_ERR = 0x05
+    BAD_RESP_ERR = 0x10
+    REMOTE_INVAL_REQ_ERR = 0x12
+    REMOTE_ACCESS_ERR = 0x13
+    REMOTE_OP_ERR = 0x14
+    TRANSPORT_RETRY_EXC_ERR = 0x15
+
+# ---- QP states (ibv_qp_state) and path MTU (ibv_mtu) ---------------------------------
+class QpState:
+    RESET, INIT, RTR, RTS, SQD, SQE, ERR = range(7)
+
+def mtu_bytes(code):
+    """ibv_mtu enum (1=256 .. 5=4096) to bytes."""
+    if not 1 <= code <= 5:
+        raise ValueError(f"path MTU code must be 1 (256 B) .. 5 (4096 B), not {code}")
+    return 128 << code
+
+def mtu_code(nbytes):
+    for c in range(1, 6):
+        if mtu_bytes(c) == nbytes:
+            return c
+    raise ValueError(f"path MTU must be 256, 512, 1024, 2048 or 4096 bytes, not {nbytes}")
+
+
+def get_field(table, name):
+    for n, off, width in table:
+        if n == name:
+            return off, width
+    raise KeyError(name)
+
+
+def pack(table, buf, base, **values):
+    """Write big-endian fields of ``table`` into ``buf`` at ``base``."""
+    for name, value in values.items():
+        off, width = get_field(table, name)
+        buf[base + off:base + off + width] = int(value).to_bytes(width, "big")
+
+
+def unpack(table, buf, base=0):
+    """Read every field of ``table`` from ``buf`` at ``base`` as a dict of ints."""
+    return {n: int.from_bytes(bytes(buf[base + o:base + o + w]), "big") for n, o, w in table}

@@ -1,0 +1,28 @@
+"""Default build and test parameters (SPEC section 8)."""
+
+CLOCK_MHZ = 500                    # core clock
+CLOCK_PERIOD_NS = 1000 / CLOCK_MHZ # 2 ns
+DATA_BYTES = 128                   # 1024-bit datapath (DMA read/write data, MAC TX)
+DB_DATA_BYTES = 8                  # doorbell/UAR AXI4 slave data width
+CSR_DATA_BYTES = 4                 # AXI4-Lite control path
+DMA_ADDR_WIDTH = 64
+DB_ADDR_WIDTH = 32
+CSR_ADDR_WIDTH = 16
+AXI_ID_WIDTH = 4
+NUM_QPS = 64
+NUM_CQS = 64
+DEFAULT_MTU = 4096
+DMA_READ_LATENCY_NS = 1000         # PCIe-like read latency to GPU memory (1 us)
+DMA_READ_LATENCY_CYCLES = int(DMA_READ_LATENCY_NS / CLOCK_PERIOD_NS)
+DMA_BYTES_PER_CYCLE = 128          # memory model bandwidth: one full beat per cycle
+
+# ---- wire arithmetic (SPEC section 6) ----------------------------------------------
+WIRE_GBPS = 400
+PREAMBLE_SFD, IFG = 8, 12
+WIRE_OVERHEAD = PREAMBLE_SFD + 4 + IFG          # + FCS: bytes a frame costs beyond its capture length
+WIRE_BYTES_PER_CYCLE = WIRE_GBPS * 1e9 / 8 / (CLOCK_MHZ * 1e6)   # 100 bytes per cycle at 500 MHz
+
+
+def wire_bytes(frame_len):
+    """Wire bytes a frame of ``frame_len`` captured bytes (no FCS) occupies."""
+    return frame_len + WIRE_OVERHEAD

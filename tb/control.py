@@ -1,0 +1,130 @@
+"""CPU control path driver: CSR writes/reads over the DUT's ``s_axil`` slave.
+
+Register map: docs/interfaces.md ("CSR map").
+"""
+
+import logging
+
+from cocotbext.axi import AxiLiteBus, AxiLiteMaster
+
+from spec.formats import QpState, mtu_bytes
+from spec.params import NUM_CQS, NUM_QPS
+
+# CSR addresses (docs/interfaces.md)
+ID, PARAMS = 0x000, 0x004
+PORT_MAC_LO, PORT_MAC_HI, PORT_IP = 0x010, 0x014, 0x018
+COUNTERS = (("doorbells_accepted", 0x040), ("doorbells_dropped", 0x044), ("wqes_executed", 0x048),
+            ("packets_sent", 0x04C), ("cqes_written", 0x050), ("error_cqes", 0x054))
+QP_NUM, QP_SQ_BASE_LO, QP_SQ_BASE_HI, QP_SQ_LOG_DEPTH = 0x100, 0x104, 0x108, 0x10C
+QP_CQN, QP_REMOTE_QPN, QP_START_PSN, QP_DMAC_LO, QP_DMAC_HI = 0x110, 0x114, 0x118, 0x11C, 0x120
+QP_DIP, QP_MTU, QP_STATE, QP_COMMIT = 0x124, 0x128, 0x12C, 0x130
+CQ_NUM, CQ_BASE_LO, CQ_BASE_HI, CQ_LOG_DEPTH, CQ_FLAGS, CQ_COMMIT = 0x200, 0x204, 0x208, 0x20C, 0x210, 0x214
+ID_VALUE = 0x49424741            # "IBGA"
+MAX_LOG_DEPTH = 15
+
+
+def _check(name, value, lo, hi):
+    """Raise ValueError unless lo <= value <= hi (value an int)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo:#x}, {hi:#x}], not {value!r}")
+
+
+def _check_base(name, addr):
+    _check(name, addr, 0, 2**64 - 1)
+    if addr % 64:
+        raise ValueError(f"{name} {addr:#x} must be 64-byte aligned")
+
+
+def mac_split(mac):
+    """(LO, HI) register values of a 48-bit MAC (LO = bytes 2..5, HI = bytes 0..1)."""
+    return mac & 0xFFFF_FFFF, mac >> 32
+
+
+class NicControl:
+    """CSR access to the NIC over AXI4-Lite.
+
+    Parameters:
+        dut: DUT handle with ``s_axil_*``, ``clk``, ``rst``.
+        num_qps, num_cqs: sizes used to validate QP/CQ numbers (build defaults).
+        prefix: AXI4-Lite signal prefix.
+    """
+
+    def __init__(self, dut, *, num_qps=NUM_QPS, num_cqs=NUM_CQS, prefix="s_axil"):
+        self.dut = dut
+        self.num_qps = num_qps
+        self.num_cqs = num_cqs
+        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, prefix), dut.clk, dut.rst)
+        for side in (self.axil.write_if, self.axil.read_if):
+            side.log.setLevel(logging.WARNING)      # cocotbext logs every access at INFO
+
+    async def write_reg(self, addr, value):
+        """Write a 32-bit CSR."""
+        _check("CSR value", value, 0, 2**32 - 1)
+        await self.axil.write_dword(addr, value)
+
+    async def read_reg(self, addr):
+        """Read a 32-bit CSR."""
+        return await self.axil.read_dword(addr)
+
+    async def read_id(self):
+        """The ID register (0x49424741 "IBGA" on a working NIC)."""
+        return await self.read_reg(ID)
+
+    async def read_params(self):
+        """(number of QPs, number of CQs) from the PARAMS register."""
+        v = await self.read_reg(PARAMS)
+        return v & 0xFFFF, v >> 16
+
+    async def set_port(self, mac, ip):
+        """Set the source MAC (48-bit int, 0xAABBCCDDEEFF) and IPv4 address (32-bit int)."""
+        _check("mac", mac, 0, 2**48 - 1)
+        _check("ip", ip, 0, 2**32 - 1)
+        lo, hi = mac_split(mac)
+        await self.write_reg(PORT_MAC_LO, lo)
+        await self.write_reg(PORT_MAC_HI, hi)
+        await self.write_reg(PORT_IP, ip)
+
+    async def create_qp(self, qpn, sq_base, log_depth, cqn, remote_qpn, start_psn, dmac, dip,
+                        mtu_code, state=QpState.RTS):
+        """Stage a QP context and commit it to ``qpn`` (indices reset to 0, PSN to start_psn).
+
+        Parameters:
+            qpn: QP number, < num_qps. sq_base: 64-byte aligned SQ address.
+            log_depth: log2 SQ depth in WQEBBs (0..15). cqn: send CQ (< num_cqs).
+            remote_qpn, start_psn: 24-bit. dmac: 48-bit. dip: IPv4 (32-bit).
+            mtu_code: ibv_mtu 1..5. state: ibv_qp_state 0..6 (only RTS sends).
+        """
+        _check("qpn", qpn, 0, self.num_qps - 1)
+        _check_base("sq_base", sq_base)
+        _check("log_depth", log_depth, 0, MAX_LOG_DEPTH)
+        _check("cqn", cqn, 0, self.num_cqs - 1)
+        _check("remote_qpn", remote_qpn, 0, 2**24 - 1)
+        _check("start_psn", start_psn, 0, 2**24 - 1)
+        _check("dmac", dmac, 0, 2**48 - 1)
+        _check("dip", dip, 0, 2**32 - 1)
+        mtu_bytes(mtu_code)             # raises ValueError on a bad code
+        _check("state", state, QpState.RESET, QpState.ERR)
+        lo, hi = mac_split(dmac)
+        for addr, value in ((QP_NUM, qpn), (QP_SQ_BASE_LO, sq_base & 0xFFFF_FFFF), (QP_SQ_BASE_HI, sq_base >> 32),
+                            (QP_SQ_LOG_DEPTH, log_depth), (QP_CQN, cqn), (QP_REMOTE_QPN, remote_qpn),
+                            (QP_START_PSN, start_psn), (QP_DMAC_LO, lo), (QP_DMAC_HI, hi), (QP_DIP, dip),
+                            (QP_MTU, mtu_code), (QP_STATE, state), (QP_COMMIT, 1)):
+            await self.write_reg(addr, value)
+
+    async def create_cq(self, cqn, base, log_depth, collapsed=False):
+        """Stage a CQ context and commit it to ``cqn`` (producer count reset to 0).
+
+        Parameters:
+            cqn: CQ number (< num_cqs). base: 64-byte aligned buffer address.
+            log_depth: log2 number of CQEs (0..15). collapsed: every CQE in slot 0.
+        """
+        _check("cqn", cqn, 0, self.num_cqs - 1)
+        _check_base("base", base)
+        _check("log_depth", log_depth, 0, MAX_LOG_DEPTH)
+        for addr, value in ((CQ_NUM, cqn), (CQ_BASE_LO, base & 0xFFFF_FFFF), (CQ_BASE_HI, base >> 32),
+                            (CQ_LOG_DEPTH, log_depth), (CQ_FLAGS, int(bool(collapsed))), (CQ_COMMIT, 1)):
+            await self.write_reg(addr, value)
+
+    async def read_counters(self):
+        """Dict of the statistics counters (doorbells_accepted, ..., error_cqes)."""
+        return {name: await self.read_reg(addr) for name, addr in COUNTERS}

@@ -1,0 +1,447 @@
+"""GPU-side model: posts mlx5 WQEs and rings doorbells as NVSHMEM IBGDA / rdma-core do.
+
+SPEC sections 2-4. The GPU writes WQEs, doorbell records and reads CQEs
+directly in :class:`~tb.memory.DmaMemory` (instant, no bus traffic); only the
+UAR doorbell stores go over the DUT's ``s_axi_db`` port.
+"""
+
+import logging
+from dataclasses import dataclass
+
+import cocotb
+from cocotb.triggers import ClockCycles, Lock, RisingEdge
+from cocotbext.axi import AxiMasterWrite, AxiWriteBus
+
+from spec.formats import (CQE64, CQE_SIZE, CTRL_SEG, DATA_SEG, DS_UNIT, FM_CE_SE_CQ_UPDATE, INLINE_FLAG,
+                          MAX_WQEBBS, RADDR_SEG, UAR_DB_OFFSET, UAR_DB_OFFSET_ALT, UAR_PAGE_SHIFT, WQEBB,
+                          CqeOp, QpState, WqeOp, pack, unpack)
+from spec.params import DB_DATA_BYTES
+
+from .clock import CycleCounter
+from .memory import sig_high
+
+HEAP_BASE = 0x1_0000_0000
+WQEBB_DS = WQEBB // DS_UNIT       # 4 ds units per WQEBB
+MAX_DS = 0x3F                     # ds is a 6-bit field
+WRITE_CYCLE_SEARCH = 4096         # how many recent AXI writes to search for a CQE's store
+
+
+def _check(name, value, lo, hi):
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo:#x}, {hi:#x}], not {value!r}")
+
+
+def be32(v):
+    return (v & 0xFFFF_FFFF).to_bytes(4, "big")
+
+
+# ---- records ------------------------------------------------------------------------
+@dataclass
+class Cqe:
+    """A CQE read from GPU memory.
+
+    Fields: opcode, owner, qpn, wqe_counter, byte_cnt, imm, syndrome,
+    vendor_err_synd, raw (64 bytes), index (CQE number k for a ring CQ,
+    count of changes seen for a collapsed CQ), seen_cycle (poll that found
+    it), write_cycle (W handshake cycle of the AXI write that stored it, or
+    None when not found in mem.writes).
+    """
+    opcode: int
+    owner: int
+    qpn: int
+    wqe_counter: int
+    byte_cnt: int
+    imm: int
+    syndrome: int
+    vendor_err_synd: int
+    raw: bytes
+    index: int
+    seen_cycle: int
+    write_cycle: int | None = None
+
+    @property
+    def is_error(self):
+        return self.opcode in (CqeOp.REQ_ERR, CqeOp.RESP_ERR)
+
+    @classmethod
+    def parse(cls, raw, index=0, seen_cycle=0):
+        f = unpack(CQE64, raw)
+        return cls(opcode=f["op_own"] >> 4, owner=f["op_own"] & 1, qpn=f["sop_drop_qpn"] & 0xFF_FFFF,
+                   wqe_counter=f["wqe_counter"], byte_cnt=f["byte_cnt"], imm=f["imm"], syndrome=f["syndrome"],
+                   vendor_err_synd=f["vendor_err_synd"], raw=bytes(raw), index=index, seen_cycle=seen_cycle)
+
+
+@dataclass
+class PostedWqe:
+    """A WQE the GPU wrote into a send queue.
+
+    Fields: qpn; index (16-bit WQE index in the ctrl segment); slot (first
+    WQEBB in the ring); wqe (bytes written, nwqebbs*64, zero padded); ds;
+    nwqebbs; signaled; opcode; raddr; rkey; payload (bytes read from GPU memory
+    at post time, or the inline bytes); length; inline; local_addr; lkey;
+    post_cycle; db_cycle (W handshake cycle of the first doorbell covering it).
+    """
+    qpn: int
+    index: int
+    slot: int
+    wqe: bytes
+    ds: int
+    nwqebbs: int
+    signaled: bool
+    opcode: int
+    raddr: int
+    rkey: int
+    payload: bytes
+    length: int
+    inline: bool
+    local_addr: int | None
+    lkey: int
+    post_cycle: int
+    db_cycle: int | None = None
+
+
+@dataclass
+class Doorbell:
+    """One UAR store: qpn (page), offset, data (8 bytes), cycle (W handshake)."""
+    qpn: int
+    offset: int
+    data: bytes
+    cycle: int
+
+
+# ---- GPU ---------------------------------------------------------------------------
+class GpuModel:
+    """GPU memory allocator, doorbell writer and factory for :class:`Qp` / :class:`Cq`.
+
+    Parameters:
+        dut: DUT handle with ``s_axi_db_aw*/w*/b*``, ``clk``, ``rst``.
+        mem: :class:`~tb.memory.DmaMemory` holding GPU memory.
+        ctl: :class:`~tb.control.NicControl` used to create QPs and CQs.
+        counter: shared :class:`~tb.clock.CycleCounter` (default: mem.counter).
+        heap_base: first address the bump allocator hands out.
+        poll_interval: cycles between CQ polls.
+        prefix: doorbell AXI signal prefix.
+    """
+
+    def __init__(self, dut, mem, ctl, counter=None, *, heap_base=HEAP_BASE, poll_interval=16, prefix="s_axi_db"):
+        if poll_interval < 1:
+            raise ValueError(f"poll_interval must be >= 1 cycle, not {poll_interval}")
+        self.dut = dut
+        self.clk = dut.clk
+        self.mem = mem
+        self.ctl = ctl
+        self.counter = counter or getattr(mem, "counter", None) or CycleCounter(dut.clk)
+        self.poll_interval = poll_interval
+        self.log = dut._log.getChild("gpu")
+        bus = AxiWriteBus.from_prefix(dut, prefix)
+        self._w = bus.w
+        self.db_master = AxiMasterWrite(bus, dut.clk, dut.rst)
+        self.db_master.log.setLevel(logging.WARNING)   # cocotbext logs every write at INFO
+        self._db_lock = Lock()
+        self._heap = heap_base
+        self.doorbells = []             # Doorbell per UAR store, in order
+        self.qps = {}
+        self.cqs = {}
+
+    # ---- memory -----------------------------------------------------------------
+    def alloc(self, size, align=64):
+        """Reserve ``size`` bytes of GPU memory aligned to ``align`` (a power of two)."""
+        if size <= 0:
+            raise ValueError(f"alloc size must be positive, not {size}")
+        if align <= 0 or align & (align - 1):
+            raise ValueError(f"alignment must be a power of two, not {align}")
+        addr = (self._heap + align - 1) & ~(align - 1)
+        self._heap = addr + size
+        return addr
+
+    def write(self, addr, data):
+        self.mem.write(addr, data)
+
+    def read(self, addr, n):
+        return self.mem.read(addr, n)
+
+    # ---- objects ------------------------------------------------------------------
+    async def create_cq(self, cqn, log_depth, collapsed=False):
+        """Allocate a CQ buffer (memset 0xFF) and create it in the NIC."""
+        cq = Cq(self, cqn, log_depth, collapsed)
+        await self.ctl.create_cq(cqn, cq.base, log_depth, collapsed)
+        self.cqs[cqn] = cq
+        return cq
+
+    async def create_qp(self, qpn, log_depth, cq, *, remote_qpn, dmac, dip, start_psn=0, mtu_code=5,
+                        state=QpState.RTS):
+        """Allocate an SQ (zeroed) and a doorbell record and create the QP in the NIC."""
+        qp = Qp(self, qpn, log_depth, cq)
+        await self.ctl.create_qp(qpn, qp.sq_base, log_depth, cq.cqn, remote_qpn, start_psn, dmac, dip,
+                                 mtu_code, state)
+        self.qps[qpn] = qp
+        return qp
+
+    # ---- doorbells --------------------------------------------------------------------
+    async def doorbell(self, qpn, data8, offset=UAR_DB_OFFSET):
+        """Store 8 bytes to the UAR page of ``qpn`` at ``offset``; return the W handshake cycle.
+
+        Stores are serialised (one in flight) so each W handshake is matched to its store.
+        """
+        _check("qpn", qpn, 0, (1 << (32 - UAR_PAGE_SHIFT)) - 1)
+        _check("offset", offset, 0, (1 << UAR_PAGE_SHIFT) - DB_DATA_BYTES)
+        data8 = bytes(data8)
+        if len(data8) != DB_DATA_BYTES:
+            raise ValueError(f"a doorbell is {DB_DATA_BYTES} bytes, not {len(data8)}")
+        async with self._db_lock:
+            watch = cocotb.start_soon(self._watch_w())
+            await self.db_master.write((qpn << UAR_PAGE_SHIFT) | offset, data8)
+            cycle = await watch
+        self.doorbells.append(Doorbell(qpn, offset, data8, cycle))
+        return cycle
+
+    async def _watch_w(self):
+        """Cycle of the next W handshake on the doorbell port."""
+        edge = RisingEdge(self.clk)
+        while True:
+            await edge
+            if sig_high(self._w.wvalid) and sig_high(self._w.wready):
+                return self.counter.now - 1
+
+
+class Cq:
+    """Completion queue in GPU memory (CQE64 ring or collapsed single slot).
+
+    Parameters:
+        gpu: owning :class:`GpuModel`. cqn: CQ number. log_depth: log2 CQEs.
+        collapsed: every CQE goes to slot 0 (NVSHMEM style).
+    """
+
+    def __init__(self, gpu, cqn, log_depth, collapsed=False):
+        _check("log_depth", log_depth, 0, 15)
+        self.gpu = gpu
+        self.cqn = cqn
+        self.log_depth = log_depth
+        self.depth = 1 << log_depth
+        self.collapsed = collapsed
+        self.base = gpu.alloc(self.depth * CQE_SIZE, align=CQE_SIZE)
+        gpu.write(self.base, b"\xff" * (self.depth * CQE_SIZE))
+        self.ci = 0                     # next CQE number (ring) / changes seen (collapsed)
+        self.cqes = []                  # every CQE returned by poll*
+        self._last_counter = None       # collapsed: wqe_counter last returned
+
+    def slot_addr(self, k):
+        return self.base if self.collapsed else self.base + (k & (self.depth - 1)) * CQE_SIZE
+
+    def _write_cycle(self, addr, raw):
+        """W handshake cycle of the newest AXI write that stored ``raw`` at ``addr``."""
+        writes = self.gpu.mem.writes
+        for w in reversed(writes[-WRITE_CYCLE_SEARCH:]):
+            if w.end_cycle is not None and w.covers(addr, CQE_SIZE):
+                off = addr - w.addr
+                if w.data[off:off + CQE_SIZE] == raw:
+                    return w.end_cycle
+        return None
+
+    def _read(self, k):
+        addr = self.slot_addr(k)
+        raw = self.gpu.read(addr, CQE_SIZE)
+        return addr, raw
+
+    def _take(self, addr, raw, index):
+        cqe = Cqe.parse(raw, index, self.gpu.counter.now)
+        cqe.write_cycle = self._write_cycle(addr, raw)
+        self.cqes.append(cqe)
+        return cqe
+
+    def try_poll(self):
+        """Return the next CQE if software owns it now, else None (no waiting)."""
+        if self.collapsed:
+            addr, raw = self._read(0)
+            f = unpack(CQE64, raw)
+            if f["op_own"] >> 4 == CqeOp.INVALID or f["wqe_counter"] == self._last_counter:
+                return None
+            self._last_counter = f["wqe_counter"]
+        else:
+            addr, raw = self._read(self.ci)
+            op_own = raw[CQE_SIZE - 1]
+            if op_own >> 4 == CqeOp.INVALID or (op_own & 1) != (self.ci >> self.log_depth) & 1:
+                return None
+        cqe = self._take(addr, raw, self.ci)
+        self.ci += 1
+        return cqe
+
+    async def poll(self, n=1, timeout_cycles=10_000):
+        """Wait for the next ``n`` CQEs (ring: owner-bit rule; collapsed: each wqe_counter change).
+
+        A collapsed CQ can overwrite slot 0 between polls, so prefer
+        :meth:`poll_counter` there. Raises TimeoutError saying how many came.
+        """
+        out = []
+        end = self.gpu.counter.now + timeout_cycles
+        while True:
+            while len(out) < n:
+                cqe = self.try_poll()
+                if cqe is None:
+                    break
+                out.append(cqe)
+            if len(out) >= n:
+                return out
+            if self.gpu.counter.now >= end:
+                raise TimeoutError(f"CQ {self.cqn}: waited {timeout_cycles} cycles for {n} CQEs, got {len(out)} "
+                                   f"(next CQE {self.ci}, slot {self.slot_addr(self.ci):#x})")
+            await ClockCycles(self.gpu.clk, self.gpu.poll_interval)
+
+    async def poll_counter(self, expected_wqe_counter, timeout_cycles=10_000):
+        """Wait until slot 0 holds a valid CQE whose wqe_counter reached ``expected_wqe_counter``.
+
+        "Reached" is modulo 2^16 (counter - expected in [0, 0x8000)). Also
+        returns early on an error CQE. Raises TimeoutError with the slot's state.
+        """
+        _check("expected_wqe_counter", expected_wqe_counter, 0, 0xFFFF)
+        end = self.gpu.counter.now + timeout_cycles
+        while True:
+            addr, raw = self._read(0)
+            f = unpack(CQE64, raw)
+            op = f["op_own"] >> 4
+            if op != CqeOp.INVALID:
+                reached = (f["wqe_counter"] - expected_wqe_counter) & 0xFFFF < 0x8000
+                if reached or op in (CqeOp.REQ_ERR, CqeOp.RESP_ERR):
+                    if f["wqe_counter"] != self._last_counter:
+                        self._last_counter = f["wqe_counter"]
+                        self.ci += 1
+                    return self._take(addr, raw, self.ci)
+            if self.gpu.counter.now >= end:
+                state = "invalid" if op == CqeOp.INVALID else f"opcode {op} wqe_counter {f['wqe_counter']:#x}"
+                raise TimeoutError(f"CQ {self.cqn}: waited {timeout_cycles} cycles for wqe_counter "
+                                   f"{expected_wqe_counter:#x}; slot 0 is {state}")
+            await ClockCycles(self.gpu.clk, self.gpu.poll_interval)
+
+
+class Qp:
+    """Send queue of an RC QP in GPU memory plus its doorbell record.
+
+    Parameters:
+        gpu: owning :class:`GpuModel`. qpn: QP number. log_depth: log2 SQ
+        depth in WQEBBs. cq: the send :class:`Cq`.
+    """
+
+    def __init__(self, gpu, qpn, log_depth, cq):
+        _check("qpn", qpn, 0, 2**24 - 1)
+        _check("log_depth", log_depth, 0, 15)
+        self.gpu = gpu
+        self.qpn = qpn
+        self.log_depth = log_depth
+        self.depth = 1 << log_depth
+        self.cq = cq
+        self.sq_base = gpu.alloc(self.depth * WQEBB, align=WQEBB)
+        gpu.write(self.sq_base, bytes(self.depth * WQEBB))
+        self.dbr_addr = gpu.alloc(4, align=8)
+        gpu.write(self.dbr_addr, bytes(4))
+        self.pi = 0                     # producer index in WQEBBs (unbounded; & 0xffff on the wire)
+        self.posted = []                # PostedWqe, in post order
+        self._unrung = 0                # posted[_unrung:] have no doorbell yet
+        self._bf_toggle = 0
+
+    # ---- WQE building ------------------------------------------------------------------
+    def _ctrl(self, opcode, ds, signaled, imm=0, opmod=0):
+        ctrl = bytearray(16)
+        pack(CTRL_SEG, ctrl, 0, opmod_idx_opcode=(opmod << 24) | ((self.pi & 0xFFFF) << 8) | opcode,
+             qpn_ds=(self.qpn << 8) | ds, fm_ce_se=FM_CE_SE_CQ_UPDATE if signaled else 0, imm=imm)
+        return ctrl
+
+    def _post(self, segs, opcode, signaled, **rec):
+        """Prefix the ctrl segment, write the WQE WQEBB by WQEBB, record it, advance pi."""
+        body = b"".join(segs)
+        ds = 1 + len(body) // DS_UNIT
+        nwqebbs = -(-ds // WQEBB_DS)
+        if nwqebbs > MAX_WQEBBS or ds > MAX_DS:
+            raise ValueError(f"WQE of {ds} ds units needs {nwqebbs} WQEBBs; at most {MAX_WQEBBS} allowed")
+        if nwqebbs > self.depth:
+            raise ValueError(f"WQE of {nwqebbs} WQEBBs does not fit an SQ of {self.depth}")
+        wqe = bytes(self._ctrl(opcode, ds, signaled, rec.pop("imm", 0))) + body
+        wqe += bytes(nwqebbs * WQEBB - len(wqe))
+        for i in range(nwqebbs):        # wraps at the ring end WQEBB by WQEBB
+            slot = (self.pi + i) & (self.depth - 1)
+            self.gpu.write(self.sq_base + slot * WQEBB, wqe[i * WQEBB:(i + 1) * WQEBB])
+        p = PostedWqe(qpn=self.qpn, index=self.pi & 0xFFFF, slot=self.pi & (self.depth - 1), wqe=wqe, ds=ds,
+                      nwqebbs=nwqebbs, signaled=bool(signaled), opcode=opcode,
+                      post_cycle=self.gpu.counter.now, **rec)
+        self.posted.append(p)
+        self.pi += nwqebbs
+        return p
+
+    def post_write(self, raddr, rkey, *, local_addr=None, length=None, lkey=0x100, inline=None, signaled=True,
+                   opcode=WqeOp.RDMA_WRITE, imm=0):
+        """Post ctrl + raddr + (data pointer | inline) segments; return the :class:`PostedWqe`.
+
+        Parameters:
+            raddr, rkey: remote address (64-bit) and key (32-bit).
+            local_addr, length, lkey: pointer segment source (payload read now).
+            inline: bytes to carry inline instead of a pointer segment.
+            signaled: set CQ_UPDATE. opcode: ctrl opcode (any 8-bit value, for
+            error tests). imm: immediate (ctrl bytes 12-15).
+        """
+        _check("raddr", raddr, 0, 2**64 - 1)
+        _check("rkey", rkey, 0, 2**32 - 1)
+        _check("opcode", opcode, 0, 0xFF)
+        _check("imm", imm, 0, 2**32 - 1)
+        raddr_seg = bytearray(16)
+        pack(RADDR_SEG, raddr_seg, 0, raddr=raddr, rkey=rkey)
+        if inline is not None:
+            if local_addr is not None or length is not None:
+                raise ValueError("give either inline data or local_addr/length, not both")
+            payload = bytes(inline)
+            seg = be32(len(payload) | INLINE_FLAG) + payload
+            seg += bytes(-len(seg) % DS_UNIT)
+            rec = dict(local_addr=None, lkey=0, inline=True)
+        else:
+            if local_addr is None or length is None:
+                raise ValueError("a pointer WQE needs local_addr and length (or pass inline=)")
+            _check("local_addr", local_addr, 0, 2**64 - 1)
+            _check("length", length, 0, 2**31 - 1)
+            _check("lkey", lkey, 0, 2**32 - 1)
+            payload = self.gpu.read(local_addr, length)
+            seg = bytearray(16)
+            pack(DATA_SEG, seg, 0, byte_count=length, lkey=lkey, addr=local_addr)
+            rec = dict(local_addr=local_addr, lkey=lkey, inline=False)
+        return self._post([bytes(raddr_seg), bytes(seg)], opcode, signaled, raddr=raddr, rkey=rkey,
+                          payload=payload, length=len(payload), imm=imm, **rec)
+
+    def post_nop(self, signaled=True):
+        """Post a NOP (ctrl segment only, ds = 1)."""
+        return self._post([], WqeOp.NOP, signaled, raddr=0, rkey=0, payload=b"", length=0,
+                          inline=False, local_addr=None, lkey=0)
+
+    # ---- doorbells ------------------------------------------------------------------------
+    def write_dbr(self):
+        """Doorbell record: BE32(pi & 0xffff)."""
+        self.gpu.write(self.dbr_addr, be32(self.pi & 0xFFFF))
+
+    async def _ring(self, data8, offset=UAR_DB_OFFSET):
+        self.write_dbr()
+        cycle = await self.gpu.doorbell(self.qpn, data8, offset)
+        for p in self.posted[self._unrung:]:
+            p.db_cycle = cycle
+        self._unrung = len(self.posted)
+        return cycle
+
+    async def ring_nvshmem(self):
+        """NVSHMEM form: {BE32(pi << 8), BE32(qpn << 8)}; returns the W handshake cycle."""
+        return await self._ring(be32((self.pi & 0xFFFF) << 8) + be32(self.qpn << 8))
+
+    async def ring_rdma_core(self, alternate=False):
+        """rdma-core form: the first 8 bytes of the last posted WQE's ctrl segment.
+
+        ``alternate=True`` alternates between the two BlueFlame registers
+        (0x800/0x900) per ring, as mlx5 does.
+        """
+        if not self.posted:
+            raise ValueError(f"QP {self.qpn}: nothing posted to ring for")
+        offset = UAR_DB_OFFSET
+        if alternate:
+            offset = (UAR_DB_OFFSET, UAR_DB_OFFSET_ALT)[self._bf_toggle]
+            self._bf_toggle ^= 1
+        return await self._ring(self.posted[-1].wqe[:8], offset)
+
+    async def ring_raw(self, data8, offset=UAR_DB_OFFSET):
+        """Store arbitrary 8 bytes to this QP's doorbell (malformed doorbell tests).
+
+        Does not touch the doorbell record or the posts' db_cycle.
+        """
+        return await self.gpu.doorbell(self.qpn, data8, offset)

@@ -1,0 +1,346 @@
+"""GPU memory model: an AXI4 slave on the DUT's DMA master port (``m_axi``).
+
+Timing convention: see :mod:`tb.clock` (a handshake "in cycle c" means valid
+and ready were both high during cycle c).
+"""
+
+from collections import deque
+from dataclasses import dataclass
+
+import cocotb
+from cocotb.triggers import RisingEdge
+from cocotbext.axi import AxiBus
+
+from spec.params import DATA_BYTES, DMA_BYTES_PER_CYCLE, DMA_READ_LATENCY_CYCLES
+
+from .clock import CycleCounter
+
+PAGE = 4096
+AXI_BURST_INCR = 1
+AXI_MAX_ID = 16          # 4-bit ids (interfaces.md)
+AXI_MAX_LEN = 255        # arlen/awlen: beats - 1
+
+
+class AxiProtocolError(Exception):
+    """The DUT broke an AXI rule the memory model relies on."""
+
+
+def sig_uint(sig):
+    """Integer value of a signal; X/Z bits read as 0 (slow path only then)."""
+    v = sig.value
+    try:
+        return int(v)
+    except ValueError:
+        return int(str(v).lower().replace("x", "0").replace("z", "0"), 2)
+
+
+def sig_high(sig):
+    """True when a 1-bit signal is 1 (X/Z count as low)."""
+    return sig.value == 1
+
+
+class SparseMemory:
+    """Byte-addressed sparse memory of 4 KiB pages; unwritten bytes read as 0."""
+
+    def __init__(self):
+        self.pages = {}
+
+    def write(self, addr, data):
+        """Store ``data`` (bytes-like) at byte address ``addr``."""
+        if addr < 0:
+            raise ValueError(f"negative address {addr:#x}")
+        data = memoryview(bytes(data))
+        pos = 0
+        while pos < len(data):
+            a = addr + pos
+            page, off = divmod(a, PAGE)
+            n = min(PAGE - off, len(data) - pos)
+            buf = self.pages.get(page)
+            if buf is None:
+                buf = self.pages[page] = bytearray(PAGE)
+            buf[off:off + n] = data[pos:pos + n]
+            pos += n
+
+    def read(self, addr, n):
+        """Return ``n`` bytes from byte address ``addr``."""
+        if addr < 0 or n < 0:
+            raise ValueError(f"bad read addr={addr:#x} n={n}")
+        out = bytearray()
+        while len(out) < n:
+            a = addr + len(out)
+            page, off = divmod(a, PAGE)
+            k = min(PAGE - off, n - len(out))
+            buf = self.pages.get(page)
+            out += buf[off:off + k] if buf is not None else bytes(k)
+        return bytes(out)
+
+
+@dataclass
+class AxiAccess:
+    """One AXI burst seen by :class:`DmaMemory`.
+
+    Fields: ``id``; ``addr`` (first byte address); ``length`` (bytes covered,
+    from addr to the end of the last beat's container); ``beats``; ``size``
+    (bytes per beat); ``start_cycle`` (AR/AW handshake); ``end_cycle`` (last
+    R/W handshake, None while in flight); ``data`` (writes only: the bytes of
+    [addr, addr+length) right after the write landed).
+    """
+    id: int
+    addr: int
+    length: int
+    beats: int
+    size: int
+    start_cycle: int
+    end_cycle: int | None = None
+    data: bytes | None = None
+
+    def covers(self, addr, n=1):
+        """True when [addr, addr+n) lies inside this burst."""
+        return self.addr <= addr and addr + n <= self.addr + self.length
+
+
+class _Burst:
+    """A burst in progress: address arithmetic of AXI INCR bursts."""
+
+    __slots__ = ("rec", "beat", "ready_cycle")
+
+    def __init__(self, rec, ready_cycle=0):
+        self.rec = rec
+        self.beat = 0
+        self.ready_cycle = ready_cycle
+
+    def beat_addr(self):
+        r = self.rec
+        if self.beat == 0:
+            return r.addr
+        return (r.addr & ~(r.size - 1)) + self.beat * r.size
+
+    @property
+    def last(self):
+        return self.beat == self.rec.beats - 1
+
+
+class DmaMemory:
+    """AXI4 slave model of GPU memory.
+
+    Parameters:
+        dut: DUT handle; signals ``<prefix>_ar*/r*/aw*/w*/b*``, ``clk``, ``rst``.
+        counter: shared :class:`~tb.clock.CycleCounter` (one is made if None).
+        read_latency: cycles from the AR handshake (cycle c) to the earliest
+            cycle the first data beat is valid (c + read_latency); >= 1.
+        read_bytes_per_cycle: read bandwidth, 1..128 bytes per cycle; each
+            beat costs a full bus width (64 -> one beat every 2 cycles).
+        prefix: AXI signal prefix.
+        strict: raise :class:`AxiProtocolError` on protocol errors (else only
+            count them in ``protocol_errors`` and log).
+
+    All reads are accepted at once (arready stays high) and answered in AR
+    order; writes are accepted at once, B follows one cycle after wlast.
+    Narrow beats carry the whole 128-byte line containing the beat address,
+    so every lane holds the byte at its own address.
+    """
+
+    def __init__(self, dut, counter=None, *, read_latency=DMA_READ_LATENCY_CYCLES,
+                 read_bytes_per_cycle=DMA_BYTES_PER_CYCLE, prefix="m_axi", strict=True):
+        if int(read_latency) != read_latency or read_latency < 1:
+            raise ValueError(f"read_latency must be an integer >= 1 cycle, not {read_latency}")
+        if not 0 < read_bytes_per_cycle <= DATA_BYTES:
+            raise ValueError(f"read_bytes_per_cycle must be in (0, {DATA_BYTES}], not {read_bytes_per_cycle}")
+        self.dut = dut
+        self.clk = dut.clk
+        self.rst = getattr(dut, "rst", None)
+        self.counter = counter if counter is not None else CycleCounter(dut.clk)
+        self.read_latency = int(read_latency)
+        self.read_bytes_per_cycle = read_bytes_per_cycle
+        self.strict = strict
+        self.log = dut._log.getChild("dma_mem")
+
+        self.mem = SparseMemory()
+        self.bus = AxiBus.from_prefix(dut, prefix)
+        ar, r = self.bus.read.ar, self.bus.read.r
+        aw, w, b = self.bus.write.aw, self.bus.write.w, self.bus.write.b
+        self._ar, self._r, self._aw, self._w, self._b = ar, r, aw, w, b
+        self._rresp = getattr(r, "rresp", None)
+        self._bresp = getattr(b, "bresp", None)
+        self._wstrb = getattr(w, "wstrb", None)
+        self.bus_bytes = len(r.rdata) // 8
+        if self.bus_bytes != DATA_BYTES:
+            raise ValueError(f"{prefix}_rdata is {self.bus_bytes} bytes wide, expected {DATA_BYTES}")
+
+        self.reads = []                 # AxiAccess per AR, in AR order
+        self.writes = []                # AxiAccess per AW, in AW order
+        self.max_reads_in_flight = 0
+        self.protocol_errors = 0
+        self.crossings_4k = 0           # bursts crossing a 4 KiB boundary (AXI violation, not fatal)
+
+        self._rq = deque()              # reads waiting for / sending data
+        self._r_on = False              # rvalid driven this cycle
+        self._credit = 0
+        self._awq = deque()             # accepted AWs waiting for W beats
+        self._wq = deque()              # W beats (data, strb, last, cycle) waiting for an AW
+        self._bq = deque()              # ids of B responses to send
+        self._b_on = False
+
+        for sig, v in ((ar.arready, 1), (aw.awready, 1), (w.wready, 1), (r.rvalid, 0), (b.bvalid, 0)):
+            sig.value = v
+        self._task = cocotb.start_soon(self._run())
+
+    # ---- backing store ---------------------------------------------------------
+    def write(self, addr, data):
+        """Store bytes at ``addr`` (instant, no bus traffic)."""
+        self.mem.write(addr, data)
+
+    def read(self, addr, n):
+        """Return ``n`` bytes at ``addr`` (instant; unwritten bytes are 0)."""
+        return self.mem.read(addr, n)
+
+    @property
+    def reads_in_flight(self):
+        """Reads accepted whose last beat has not been handed over yet."""
+        return len(self._rq)
+
+    def writes_covering(self, addr, n=1):
+        """Completed write bursts that covered [addr, addr+n), oldest first."""
+        return [w for w in self.writes if w.end_cycle is not None and w.covers(addr, n)]
+
+    # ---- per-cycle behaviour -----------------------------------------------------
+    def _error(self, msg):
+        self.protocol_errors += 1
+        self.log.error(msg)
+        if self.strict:
+            raise AxiProtocolError(msg)
+
+    def _new_access(self, kind, aid, addr, alen, asize, aburst, cycle):
+        if aid >= AXI_MAX_ID:
+            raise AxiProtocolError(f"{kind} id {aid} >= {AXI_MAX_ID} (addr {addr:#x}, cycle {cycle})")
+        if alen > AXI_MAX_LEN:
+            raise AxiProtocolError(f"{kind} len {alen} > {AXI_MAX_LEN} (addr {addr:#x}, cycle {cycle})")
+        size = 1 << asize
+        if size > self.bus_bytes:
+            raise AxiProtocolError(f"{kind} size {size} B exceeds the {self.bus_bytes}-byte bus (addr {addr:#x})")
+        if aburst != AXI_BURST_INCR:
+            raise AxiProtocolError(f"{kind} burst type {aburst} unsupported, only INCR (1) (addr {addr:#x})")
+        beats = alen + 1
+        length = (addr & ~(size - 1)) + beats * size - addr
+        if addr // PAGE != (addr + length - 1) // PAGE:
+            # AXI forbids it; served anyway, counted so a test can assert on it
+            self.crossings_4k += 1
+            if self.crossings_4k == 1:
+                self.log.warning(f"{kind} burst {addr:#x}+{length} crosses a 4 KiB boundary (cycle {cycle})")
+        return AxiAccess(id=aid, addr=addr, length=length, beats=beats, size=size, start_cycle=cycle)
+
+    def _reset(self):
+        self._rq.clear()
+        self._awq.clear()
+        self._wq.clear()
+        self._bq.clear()
+        self._credit = 0
+        if self._r_on:
+            self._r.rvalid.value = 0
+            self._r_on = False
+        if self._b_on:
+            self._b.bvalid.value = 0
+            self._b_on = False
+
+    async def _run(self):
+        edge = RisingEdge(self.clk)
+        ar, r, aw, w, b = self._ar, self._r, self._aw, self._w, self._b
+        full = (1 << self.bus_bytes) - 1
+        while True:
+            await edge
+            now = self.counter.now
+            c = now - 1                 # cycle the sampled values belong to
+            if self.rst is not None and sig_high(self.rst):
+                self._reset()
+                continue
+
+            # read data handed over in cycle c
+            r_free = not self._r_on
+            if self._r_on and sig_high(r.rready):
+                bst = self._rq[0]
+                if bst.last:
+                    bst.rec.end_cycle = c
+                    self._rq.popleft()
+                else:
+                    bst.beat += 1
+                r_free = True
+            # new read in cycle c
+            if sig_high(ar.arvalid):
+                rec = self._new_access("read", sig_uint(ar.arid), sig_uint(ar.araddr), sig_uint(ar.arlen),
+                                       sig_uint(ar.arsize), sig_uint(ar.arburst), c)
+                self.reads.append(rec)
+                self._rq.append(_Burst(rec, c + self.read_latency))
+                self.max_reads_in_flight = max(self.max_reads_in_flight, len(self._rq))
+            # bandwidth: a beat needs a full bus width of credit; cap stops idle bursts
+            self._credit = min(self._credit + self.read_bytes_per_cycle, self.bus_bytes)
+            if r_free and self._rq and self._rq[0].ready_cycle <= now and self._credit >= self.bus_bytes:
+                self._credit -= self.bus_bytes
+                bst = self._rq[0]
+                line = bst.beat_addr() & ~(self.bus_bytes - 1)
+                r.rdata.value = int.from_bytes(self.mem.read(line, self.bus_bytes), "little")
+                r.rid.value = bst.rec.id
+                r.rlast.value = int(bst.last)
+                if self._rresp is not None:
+                    self._rresp.value = 0
+                r.rvalid.value = 1
+                self._r_on = True
+            elif r_free and self._r_on:
+                r.rvalid.value = 0
+                self._r_on = False
+
+            # write response handed over in cycle c
+            b_free = not self._b_on
+            if self._b_on and sig_high(b.bready):
+                self._bq.popleft()
+                b_free = True
+            if sig_high(aw.awvalid):
+                rec = self._new_access("write", sig_uint(aw.awid), sig_uint(aw.awaddr), sig_uint(aw.awlen),
+                                       sig_uint(aw.awsize), sig_uint(aw.awburst), c)
+                self.writes.append(rec)
+                self._awq.append(_Burst(rec))
+            if sig_high(w.wvalid):
+                strb = sig_uint(self._wstrb) if self._wstrb is not None else full
+                data = sig_uint(w.wdata) if strb else 0
+                self._wq.append((data, strb, sig_high(w.wlast), c))
+            while self._awq and self._wq:
+                self._apply_w_beat(*self._wq.popleft())
+            if b_free and self._bq:
+                b.bid.value = self._bq[0]
+                if self._bresp is not None:
+                    self._bresp.value = 0
+                b.bvalid.value = 1
+                self._b_on = True
+            elif b_free and self._b_on:
+                b.bvalid.value = 0
+                self._b_on = False
+
+    def _apply_w_beat(self, data, strb, last, cycle):
+        bst = self._awq[0]
+        rec = bst.rec
+        if last != bst.last:
+            self._error(f"write id {rec.id} addr {rec.addr:#x}: wlast={int(last)} on beat {bst.beat} "
+                        f"of {rec.beats} (cycle {cycle})")
+        if strb:
+            line = bst.beat_addr() & ~(self.bus_bytes - 1)
+            raw = data.to_bytes(self.bus_bytes, "little")
+            if strb == (1 << self.bus_bytes) - 1:
+                self.mem.write(line, raw)
+            else:
+                lane = 0
+                while strb:
+                    if strb & 1:
+                        run = (~strb & (strb + 1)).bit_length() - 1  # length of the run of ones
+                        self.mem.write(line + lane, raw[lane:lane + run])
+                        strb >>= run
+                        lane += run
+                    else:
+                        skip = (strb & -strb).bit_length() - 1
+                        strb >>= skip
+                        lane += skip
+        if bst.last or last:
+            self._awq.popleft()
+            rec.end_cycle = max(cycle, rec.start_cycle)
+            rec.data = self.mem.read(rec.addr, rec.length)
+            self._bq.append(rec.id)     # B goes out at the next edge: one cycle after wlast
+        else:
+            bst.beat += 1

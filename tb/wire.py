@@ -1,0 +1,226 @@
+"""MAC TX + 400 Gb/s wire model on the DUT's ``m_axis_tx`` stream.
+
+Pacing rule (docs/interfaces.md, "MAC TX and the wire"): wire time runs in
+byte units, cycle c spans [100c, 100c+100). A frame of L captured bytes costs
+``wire_bytes(L)`` = L + 24. A first beat is accepted in cycle c only when the
+previous frame's wire end <= 100*(c+1); it starts at max(100c, previous end).
+Beats after the first are always accepted.
+"""
+
+import struct
+from dataclasses import dataclass
+
+import cocotb
+from cocotb.triggers import ClockCycles, Event, First, RisingEdge
+from cocotbext.axi import AxiStreamBus
+
+from spec.params import DATA_BYTES, WIRE_BYTES_PER_CYCLE, WIRE_GBPS, wire_bytes
+
+from .clock import CycleCounter
+from .memory import sig_high, sig_uint
+
+BYTES_PER_CYCLE = int(WIRE_BYTES_PER_CYCLE)
+NS_PER_BYTE = 8 / WIRE_GBPS              # 0.02 ns at 400 Gb/s
+PCAP_MAGIC_NS = 0xA1B23C4D
+LINKTYPE_ETHERNET = 1
+
+
+class WireProtocolError(Exception):
+    """The DUT broke an AXI4-Stream rule of the MAC TX port."""
+
+
+@dataclass
+class WireFrame:
+    """One frame as sent on the wire.
+
+    Fields: ``data`` (captured bytes, no FCS); ``first_cycle``/``last_cycle``
+    (cycles of the first and last beat handshakes); ``start_bytes``/``end_bytes``
+    (wire time in byte units, end = start + wire_bytes(len)).
+    """
+    data: bytes
+    first_cycle: int
+    last_cycle: int
+    start_bytes: int
+    end_bytes: int
+
+    @property
+    def start_ns(self):
+        """Wire start time in ns (1 byte = 0.02 ns)."""
+        return self.start_bytes * NS_PER_BYTE
+
+    @property
+    def end_ns(self):
+        return self.end_bytes * NS_PER_BYTE
+
+    def __len__(self):
+        return len(self.data)
+
+
+def write_pcap(path, frames):
+    """Write ``frames`` (objects with ``data`` and ``start_ns``) as a nanosecond pcap.
+
+    Parameters:
+        path: output file path.
+        frames: iterable of frames; timestamps are start_ns rounded to integer ns.
+    """
+    with open(path, "wb") as f:
+        f.write(struct.pack("<IHHiIII", PCAP_MAGIC_NS, 2, 4, 0, 0, 65535, LINKTYPE_ETHERNET))
+        for fr in frames:
+            ts = int(round(fr.start_ns))
+            sec, nsec = divmod(ts, 1_000_000_000)
+            f.write(struct.pack("<IIII", sec, nsec, len(fr.data), len(fr.data)))
+            f.write(fr.data)
+
+
+class Wire400G:
+    """Drives ``tready`` of the MAC TX stream by the 400G wire rule and records frames.
+
+    Parameters:
+        dut: DUT handle with ``<prefix>_tdata/tkeep/tvalid/tready/tlast``, ``clk``, ``rst``.
+        counter: shared :class:`~tb.clock.CycleCounter` (one is made if None).
+        prefix: stream signal prefix.
+        strict: raise :class:`WireProtocolError` on a bad tkeep (else log and
+            count in ``protocol_errors``).
+    """
+
+    def __init__(self, dut, counter=None, *, prefix="m_axis_tx", strict=True):
+        self.dut = dut
+        self.clk = dut.clk
+        self.rst = getattr(dut, "rst", None)
+        self.counter = counter if counter is not None else CycleCounter(dut.clk)
+        self.strict = strict
+        self.log = dut._log.getChild("wire")
+        self.bus = AxiStreamBus.from_prefix(dut, prefix)
+        for name in ("tvalid", "tready", "tlast"):
+            if not hasattr(self.bus, name):
+                raise ValueError(f"{prefix}_{name} is missing")
+        self._tkeep = getattr(self.bus, "tkeep", None)
+        self.bus_bytes = len(self.bus.tdata) // 8
+        if self.bus_bytes != DATA_BYTES:
+            raise ValueError(f"{prefix}_tdata is {self.bus_bytes} bytes wide, expected {DATA_BYTES}")
+
+        self.frames = []
+        self.protocol_errors = 0
+        self.prev_end = 0               # wire end (bytes) of the last frame
+        self._cur = None                # bytearray of the frame being received
+        self._first_cycle = 0
+        self._start = 0
+        self._event = Event()
+        self._ready = 0
+        self.bus.tready.value = 0
+        self._task = cocotb.start_soon(self._run())
+
+    def _error(self, msg):
+        self.protocol_errors += 1
+        self.log.error(msg)
+        if self.strict:
+            raise WireProtocolError(msg)
+
+    def _drive_ready(self, v):
+        if v != self._ready:
+            self.bus.tready.value = v
+            self._ready = v
+
+    async def _run(self):
+        edge = RisingEdge(self.clk)
+        bus = self.bus
+        full = (1 << self.bus_bytes) - 1
+        while True:
+            await edge
+            now = self.counter.now
+            c = now - 1
+            if self.rst is not None and sig_high(self.rst):
+                self._cur = None
+                self._drive_ready(0)
+                continue
+            if self._ready and sig_high(bus.tvalid):
+                keep = sig_uint(self._tkeep) if self._tkeep is not None else full
+                last = sig_high(bus.tlast)
+                if not last and keep != full:
+                    self._error(f"tkeep {keep:#x} not all ones on a non-last beat (cycle {c})")
+                elif keep == 0 or keep & (keep + 1):
+                    self._error(f"tkeep {keep:#x} on the last beat is not contiguous from lane 0 (cycle {c})")
+                nbytes = keep.bit_length()
+                data = sig_uint(bus.tdata).to_bytes(self.bus_bytes, "little")[:nbytes]
+                if self._cur is None:
+                    self._cur = bytearray(data)
+                    self._first_cycle = c
+                    self._start = max(BYTES_PER_CYCLE * c, self.prev_end)
+                else:
+                    self._cur += data
+                if last:
+                    frame = WireFrame(bytes(self._cur), self._first_cycle, c, self._start,
+                                      self._start + wire_bytes(len(self._cur)))
+                    self.frames.append(frame)
+                    self.prev_end = frame.end_bytes
+                    self._cur = None
+                    self._event.set()
+            # mid-frame beats always go; a first beat only when the wire frees up in this cycle
+            if self._cur is not None:
+                self._drive_ready(1)
+            else:
+                self._drive_ready(int(self.prev_end <= BYTES_PER_CYCLE * (now + 1)))
+
+    async def wait_frames(self, n, timeout_cycles=100_000):
+        """Wait until at least ``n`` frames were received in total.
+
+        Raises TimeoutError (saying how many came) after ``timeout_cycles``.
+        """
+        end = self.counter.now + timeout_cycles
+        while len(self.frames) < n:
+            left = end - self.counter.now
+            if left <= 0:
+                raise TimeoutError(f"wire: waited {timeout_cycles} cycles for {n} frames, "
+                                   f"got {len(self.frames)}")
+            self._event.clear()
+            await First(self._event.wait(), ClockCycles(self.clk, left))
+        return self.frames[:n]
+
+    # ---- statistics -----------------------------------------------------------------
+    def _slice(self, first, last):
+        frames = self.frames[first:last]
+        if not frames:
+            raise ValueError(f"no frames in [{first}:{last}] (have {len(self.frames)})")
+        return frames
+
+    @property
+    def total_bytes(self):
+        """Captured bytes of all frames (no FCS)."""
+        return sum(len(f.data) for f in self.frames)
+
+    @property
+    def total_wire_bytes(self):
+        return sum(wire_bytes(len(f.data)) for f in self.frames)
+
+    @property
+    def first_start_ns(self):
+        return self.frames[0].start_ns if self.frames else None
+
+    @property
+    def last_start_ns(self):
+        return self.frames[-1].start_ns if self.frames else None
+
+    def throughput(self, first=0, last=None, *, wire=False):
+        """Gb/s over frames[first:last], from the first start to the last end.
+
+        ``wire=False`` counts captured frame bytes; ``wire=True`` counts wire
+        bytes (frame + 24), which gives 400.0 on a saturated wire.
+        """
+        frames = self._slice(first, last)
+        span = frames[-1].end_bytes - frames[0].start_bytes
+        total = sum(wire_bytes(len(f.data)) if wire else len(f.data) for f in frames)
+        return total * WIRE_GBPS / span
+
+    def packet_rate(self, first=0, last=None):
+        """Million frames per second over frames[first:last] (first start to last end)."""
+        frames = self._slice(first, last)
+        span_ns = frames[-1].end_ns - frames[0].start_ns
+        return len(frames) / span_ns * 1e3
+
+    def utilization(self, first=0, last=None):
+        """Fraction of wire time used over frames[first:last]."""
+        return self.throughput(first, last, wire=True) / WIRE_GBPS
+
+    def write_pcap(self, path):
+        """Write all frames to a nanosecond pcap (Ethernet, no FCS, ts = start_ns)."""
+        write_pcap(path, self.frames)
