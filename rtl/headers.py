@@ -26,9 +26,11 @@ def header_layout(table):
 
 def be(value, nbytes):
     """Big-endian byte array of ``value``: byte 0 (bits [7:0]) is the most significant."""
-    value = Value.cast(value)
+    if isinstance(value, int):
+        value = Const(value, 8 * nbytes)
+    value = Value.cast(value).as_unsigned()
     if len(value) < 8 * nbytes:
-        value = value.as_unsigned()
+        value = Cat(value, Const(0, 8 * nbytes - len(value)))
     return Cat(*(value.word_select(nbytes - 1 - i, 8) for i in range(nbytes)))
 
 

@@ -1,0 +1,225 @@
+"""System testbench environment: the NIC with its GPU, memory and wire around it.
+
+``NicEnv`` starts the clock, resets the DUT, attaches the models (GPU memory on
+``m_axi``, the 400G wire on ``m_axis_tx``, the CPU on ``s_axil``, the GPU's
+doorbells on ``s_axi_db``) and checks a run against the golden model: every frame
+(bytes, parsed by scapy with checksum and ICRC recomputed), every CQE, the
+counters, and the cycle of each doorbell-to-wire and doorbell-to-CQE event.
+"""
+import logging
+
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, RisingEdge
+
+from model.cqe import CqContext
+from model.engine import EngineModel
+from model.frames import Port, QpContext
+from model import timing
+from spec import params as P
+from spec.formats import CQE_SIZE, mtu_bytes, mtu_code, unpack, CQE64
+from tb.clock import CycleCounter
+from tb.control import NicControl
+from tb.gpu import GpuModel
+from tb.memory import DmaMemory
+from tb.roce_check import check_frame, diff_cqe, diff_frames
+from tb.wire import Wire400G
+
+from amaranth.lib import wiring
+from rtl.top import IbgdaNic
+
+PORT_MAC = 0x02_00_00_00_00_01
+PORT_IP = 0xC0A8_0001            # 192.168.0.1
+
+
+def _input_ports():
+    return [n for n, m in IbgdaNic().signature.members.items() if m.flow == wiring.In]
+
+
+def peer_mac(qpn):
+    return 0x02_00_00_01_00_00 | qpn
+
+
+def peer_ip(qpn):
+    return 0xC0A8_0100 | (qpn & 0xFF)
+
+
+class NicEnv:
+    """The NIC under test and everything around it.
+
+    Parameters
+    ----------
+    dut : the cocotb handle of ``ibgda_nic``.
+    dma_latency : int
+        GPU memory read latency in cycles (default: SPEC, 1 us = 500 cycles).
+    dma_bytes_per_cycle : int
+        GPU memory read bandwidth.
+    """
+    def __init__(self, dut, *, dma_latency=P.DMA_READ_LATENCY_CYCLES, dma_bytes_per_cycle=P.DMA_BYTES_PER_CYCLE,
+                 poll_interval=16):
+        self.dut = dut
+        self.dma_latency = dma_latency
+        self.dma_bytes_per_cycle = dma_bytes_per_cycle
+        self.poll_interval = poll_interval
+        self.log = dut._log
+
+    async def start(self):
+        dut = self.dut
+        Clock(dut.clk, P.CLOCK_PERIOD_NS, unit="ns").start()
+        dut.rst.value = 1
+        for name in _input_ports():          # no X into the design before the models drive
+            getattr(dut, name).value = 0
+        for name in ("s_axil", "s_axi_db", "m_axi", "m_axis_tx"):
+            logging.getLogger(f"cocotb.{dut._name}.{name}").setLevel(logging.WARNING)
+        self.counter = CycleCounter(dut.clk)
+        self.mem = DmaMemory(dut, self.counter, read_latency=self.dma_latency,
+                             read_bytes_per_cycle=self.dma_bytes_per_cycle)
+        self.wire = Wire400G(dut, self.counter)
+        self.ctl = NicControl(dut)
+        self.gpu = GpuModel(dut, self.mem, self.ctl, self.counter, poll_interval=self.poll_interval)
+        await ClockCycles(dut.clk, 8)
+        dut.rst.value = 0
+        await RisingEdge(dut.clk)
+        await self.ctl.set_port(PORT_MAC, PORT_IP)
+        self.qps, self.cqs = {}, {}
+        return self
+
+    async def cq(self, cqn, log_depth=6, collapsed=False):
+        cq = await self.gpu.create_cq(cqn, log_depth, collapsed)
+        self.cqs[cqn] = cq
+        return cq
+
+    async def qp(self, qpn, cq, *, log_depth=8, mtu=P.DEFAULT_MTU, start_psn=None):
+        start_psn = (0x100 * qpn + 7) & 0xFFFFFF if start_psn is None else start_psn
+        qp = await self.gpu.create_qp(qpn, log_depth, cq, remote_qpn=0x1000 + qpn, dmac=peer_mac(qpn),
+                                      dip=peer_ip(qpn), start_psn=start_psn, mtu_code=mtu_code(mtu))
+        qp.mtu, qp.start_psn = mtu, start_psn
+        self.qps[qpn] = qp
+        return qp
+
+    def payload(self, length, align=128, offset=0, seed=0):
+        """Allocate a payload buffer in GPU memory filled with a known pattern."""
+        addr = self.gpu.alloc(length + offset + 1, align) + offset
+        data = bytes((seed * 31 + i * 7 + (i >> 8)) & 0xFF for i in range(length))
+        self.gpu.write(addr, data)
+        return addr, data
+
+    # ---- waiting --------------------------------------------------------------------
+    async def wait_for(self, predicate, timeout_cycles, what):
+        for _ in range(timeout_cycles // 16):
+            if predicate():
+                return
+            await ClockCycles(self.dut.clk, 16)
+        raise TimeoutError(f"timed out after {timeout_cycles} cycles waiting for {what}")
+
+    async def drain(self, timeout_cycles=200_000):
+        """Wait until the model's frames and CQEs have all appeared, then a little more."""
+        pred = self.predict()
+        want_frames = pred.totals.packets
+        want_cqes = pred.totals.cqes
+        await self.wait_for(lambda: len(self.wire.frames) >= want_frames
+                            and len(self.cqe_writes()) >= want_cqes,
+                            timeout_cycles, f"{want_frames} frames and {want_cqes} CQEs "
+                            f"(got {len(self.wire.frames)} and {len(self.cqe_writes())})")
+        await ClockCycles(self.dut.clk, 2 * self.dma_latency + 200)   # nothing extra may follow
+        return pred
+
+    # ---- golden model ------------------------------------------------------------------
+    def model(self):
+        qps = {q: QpContext(qpn=q, remote_qpn=0x1000 + q, dmac=peer_mac(q), dip=peer_ip(q),
+                            sq_base=qp.sq_base, log_depth=qp.log_depth, cqn=qp.cq.cqn,
+                            start_psn=qp.start_psn, mtu=qp.mtu)
+               for q, qp in self.qps.items()}
+        cqs = {c: CqContext(cqn=c, log_depth=cq.log_depth, base=cq.base, collapsed=cq.collapsed)
+               for c, cq in self.cqs.items()}
+        return EngineModel(Port(PORT_MAC, PORT_IP), qps, cqs, self.mem.read)
+
+    def predict(self):
+        engine = self.model()
+        for qpn, qp in self.qps.items():
+            for w in qp.posted:
+                engine.post(qpn, w.wqe)
+        self.engine = engine
+        return engine.result()
+
+    def cqe_writes(self):
+        """(cqn, slot, 64 bytes, cycle) of every CQE write seen on the DMA bus, in order."""
+        out = []
+        for w in self.mem.writes:
+            if w.end_cycle is None:
+                continue
+            for cqn, cq in self.cqs.items():
+                if cq.base <= w.addr < cq.base + cq.depth * CQE_SIZE:
+                    off = w.addr - cq.base
+                    out.append((cqn, off // CQE_SIZE, bytes(w.data[:CQE_SIZE]), w.end_cycle))
+        return out
+
+    # ---- checks ----------------------------------------------------------------------
+    def check(self, pred=None):
+        """Hold the run to the golden model: frames, CQEs, counters. Returns the prediction."""
+        pred = pred or self.predict()
+        frames = self.wire.frames
+        assert self.wire.protocol_errors == 0, "AXI-Stream protocol errors on the MAC port"
+        by_qp = {}
+        for i, f in enumerate(frames):
+            try:
+                fields = check_frame(f.data)               # scapy: headers, checksum, ICRC
+            except AssertionError as e:
+                guess = self._closest(pred, f.data)
+                raise AssertionError(f"wire frame {i}: {e}\n" + (diff_frames(f.data, guess) if guess else "")) from None
+            qpn = fields["dqpn"] - 0x1000
+            assert qpn in self.qps, f"frame for unknown destination QP {fields['dqpn']:#x}"
+            by_qp.setdefault(qpn, []).append(f.data)
+        for qpn in self.qps:
+            want = [r.frame for r in pred.frames.get(qpn, [])]
+            got = by_qp.get(qpn, [])
+            assert len(got) == len(want), f"QP {qpn}: {len(got)} frames on the wire, model predicts {len(want)}"
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert g == w, f"QP {qpn} frame {i}: {diff_frames(g, w)}"
+        # CQEs: per CQ, in the order written, against the model replayed in that order.
+        writes = self.cqe_writes()
+        for cqn, cq in self.cqs.items():
+            mine = [(slot, raw) for c, slot, raw, _ in writes if c == cqn]
+            order = [unpack(CQE64, raw)["sop_drop_qpn"] & 0xFFFFFF for _, raw in mine]
+            expect = self.engine.cq_for_order(cqn, order)
+            assert len(mine) == len(expect.records), \
+                f"CQ {cqn}: {len(mine)} CQEs written, model predicts {len(expect.records)}"
+            for k, ((slot, raw), rec) in enumerate(zip(mine, expect.records)):
+                assert slot == expect.slot_of(k), f"CQ {cqn} CQE {k}: slot {slot}, expected {expect.slot_of(k)}"
+                assert raw == rec.cqe, f"CQ {cqn} CQE {k}: {diff_cqe(raw, rec.cqe)}"
+            depth = 1 if cq.collapsed else cq.depth
+            assert self.mem.read(cq.base, depth * CQE_SIZE) == expect.buffer()[:depth * CQE_SIZE], \
+                f"CQ {cqn}: buffer differs from the model"
+        return pred
+
+    @staticmethod
+    def _closest(pred, data):
+        best, score = None, -1
+        for f in pred.all_frames():
+            f = getattr(f, "frame", f)
+            same = sum(a == b for a, b in zip(f, data))
+            if same > score:
+                best, score = f, same
+        return best
+
+    async def check_counters(self, pred):
+        c = await self.ctl.read_counters()
+        t = pred.totals
+        assert c["packets_sent"] == t.packets == len(self.wire.frames), c
+        assert c["cqes_written"] == t.cqes, c
+        assert c["error_cqes"] == t.error_cqes, c
+        return c
+
+    def check_timing(self, posted):
+        """Doorbell-to-first-byte and doorbell-to-CQE cycles of isolated WQEs against the model."""
+        rows = []
+        for w in posted:
+            pred = timing.isolated_write(w, self.gpu.qps[w.qpn], dma_latency=self.dma_latency)
+            first = next(f for f in self.wire.frames
+                         if f.first_cycle >= w.db_cycle and check_frame(f.data)["dqpn"] == 0x1000 + w.qpn)
+            cqe_cycle = next(cyc for c, slot, raw, cyc in self.cqe_writes() if cyc >= w.db_cycle
+                             and unpack(CQE64, raw)["wqe_counter"] == w.index)
+            got = {"db_to_first_beat": first.first_cycle - w.db_cycle, "db_to_cqe": cqe_cycle - w.db_cycle}
+            for key, want in pred.items():
+                assert got[key] == want, f"{key}: RTL {got[key]} cycles, model {want} (WQE {w.index}, QP {w.qpn})"
+            rows.append(got)
+        return rows

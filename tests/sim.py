@@ -1,0 +1,87 @@
+"""Build the engine once per simulator and run cocotb modules against it."""
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from cocotb_tools.runner import get_runner
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rtl.build import generate, TOP_NAME       # noqa: E402
+
+SIMULATORS = ("icarus", "verilator")
+VERILATOR_CACHE = Path(os.environ.get("IBGDA_CACHE", Path.home() / ".cache" / "ibgda-nic"))
+
+
+def find_verilator():
+    """Path to a Verilator >= 5.036: the one `make setup` built, else the one on PATH."""
+    for cand in sorted(VERILATOR_CACHE.glob("verilator-*/bin"), reverse=True):
+        if (cand / "verilator").exists():
+            return cand
+    which = shutil.which("verilator")
+    return Path(which).parent if which else None
+
+
+def require(sim):
+    """Fail (not skip) with a clear message when a simulator is missing."""
+    if sim == "icarus":
+        if not shutil.which("iverilog"):
+            raise RuntimeError("Icarus Verilog (iverilog) is not installed: run `make setup`")
+    elif sim == "verilator":
+        path = find_verilator()
+        if path is None:
+            raise RuntimeError("Verilator >= 5.036 is not installed: run `make setup`")
+        if str(path) not in os.environ["PATH"].split(os.pathsep):
+            os.environ["PATH"] = f"{path}{os.pathsep}{os.environ['PATH']}"
+    else:
+        raise ValueError(f"unknown simulator {sim!r}; use one of {SIMULATORS}")
+
+
+def build_dir(sim, waves=False):
+    return ROOT / "build" / f"sim_{sim}{'_waves' if waves else ''}"
+
+
+_KICK = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\S+)\s+= 0;$", re.M)
+
+
+def icarus_kick(path):
+    """Make Icarus run every combinational block once at start-up.
+
+    Yosys guards each ``always @*`` with a dummy register initialised to 0 so that
+    simulators evaluate the block at time 0; Icarus sees no event on it and leaves
+    such outputs X until an input changes. Toggling the register at 1 ns wakes them.
+    """
+    text = path.read_text()
+    text = _KICK.sub(lambda m: f"{m.group(1)}reg {m.group(2)}  = 0;\n"
+                               f"{m.group(1)}initial #1 {m.group(2)}  = 1;", text)
+    path.write_text(text)
+
+
+def build(sim, *, waves=False):
+    """Generate the Verilog and compile it for ``sim`` (skipped when up to date)."""
+    require(sim)
+    bdir = build_dir(sim, waves)
+    verilog = generate(bdir / "rtl")
+    if sim == "icarus":
+        icarus_kick(verilog)
+    runner = get_runner(sim)
+    args = []
+    if sim == "verilator":
+        args = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O3", "--x-assign", "fast", "--x-initial", "fast"]
+        if waves:
+            args += ["--trace-fst", "--trace-structs"]
+    runner.build(sources=[verilog], hdl_toplevel=TOP_NAME, build_dir=bdir, build_args=args,
+                 timescale=("1ns", "1ps"), waves=waves, always=False)
+    return runner, bdir
+
+
+def run(sim, module, testcase=None, *, waves=False, extra_env=None, test_dir=None):
+    runner, bdir = build(sim, waves=waves)
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.update(extra_env or {})
+    return runner.test(hdl_toplevel=TOP_NAME, test_module=module, testcase=testcase, build_dir=bdir,
+                       test_dir=test_dir or bdir, waves=waves, extra_env=env)
