@@ -48,6 +48,7 @@ class CqeWriter(wiring.Component):
         dma = self.dma
         m.submodules.ram = ram = Memory(shape=CqEntry, depth=self.num_cqs, init=[])
         rd, wr = ram.read_port(), ram.write_port()
+        m.d.comb += rd.en.eq(0)          # read ports default to always enabled; hold the data instead
         cpl = Signal.like(self.completions.p)
         entry = Signal(CqEntry)
         m.d.comb += entry.eq(rd.data)

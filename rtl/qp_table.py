@@ -74,6 +74,7 @@ class QpTable(wiring.Component):
         layout = QpEntry(self.num_cqs)
         m.submodules.ram = ram = Memory(shape=layout, depth=self.num_qps, init=[])
         rd = ram.read_port()
+        m.d.comb += rd.en.eq(0)          # read ports default to always enabled; hold the data instead
         wr = ram.write_port()
         m.submodules.active = active = fifo.SyncFIFOBuffered(width=qp_bits(self.num_qps),
                                                              depth=self.num_qps)

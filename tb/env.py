@@ -172,9 +172,9 @@ class NicEnv:
         for qpn in self.qps:
             want = [r.frame for r in pred.frames.get(qpn, [])]
             got = by_qp.get(qpn, [])
-            assert len(got) == len(want), f"QP {qpn}: {len(got)} frames on the wire, model predicts {len(want)}"
             for i, (g, w) in enumerate(zip(got, want)):
                 assert g == w, f"QP {qpn} frame {i}: {diff_frames(g, w)}"
+            assert len(got) == len(want), f"QP {qpn}: {len(got)} frames on the wire, model predicts {len(want)}"
         # CQEs: per CQ, in the order written, against the model replayed in that order.
         writes = self.cqe_writes()
         for cqn, cq in self.cqs.items():
