@@ -50,6 +50,7 @@ class QpTable(wiring.Component):
     doorbells : In(stream.Signature(DoorbellEvent))
     updates : In(stream.Signature(QpUpdate))
     jobs : Out(stream.Signature(FetchJob))
+        Its consumer must keep ``ready`` high once high until it takes a job (a FIFO).
     db_dropped : Out(1)
         Strobe: a doorbell for a QP that is not in RTS was ignored.
     """
@@ -106,7 +107,9 @@ class QpTable(wiring.Component):
                     m.d.comb += [self.doorbells.ready.eq(1), rd.addr.eq(self.doorbells.p.qpn), rd.en.eq(1)]
                     m.d.sync += [op.eq(2), qpn.eq(self.doorbells.p.qpn), limit.eq(self.doorbells.p.limit)]
                     m.next = "EXEC"
-                with m.Elif(active.r_rdy):
+                with m.Elif(active.r_rdy & self.jobs.ready):
+                    # Schedule only when the job can leave at once: the sequencer must never
+                    # wait on the fetch side, which waits on our updates (deadlock otherwise).
                     m.d.comb += [active.r_en.eq(1), rd.addr.eq(active.r_data), rd.en.eq(1)]
                     m.d.sync += [op.eq(3), qpn.eq(active.r_data)]
                     m.next = "EXEC"

@@ -91,6 +91,7 @@ class IbgdaNic(wiring.Component):
         m.submodules.doorbell = db = DoorbellDecoder(num_qps=nq)
         m.submodules.db_fifo = db_fifo = _StreamFifo(DoorbellEvent(nq), 16)
         m.submodules.qp_table = qpt = QpTable(num_qps=nq, num_cqs=nc, max_burst=self.max_burst)
+        m.submodules.job_fifo = job_fifo = _StreamFifo(FetchJob(nq, nc, self.max_burst), 4)
         m.submodules.wqe_fetch = wf = WqeFetch(num_qps=nq, num_cqs=nc, max_burst=self.max_burst,
                                                buffer_depth=self.wqe_buffer)
         m.submodules.burst_fifo = burst_fifo = _StreamFifo(FetchJob(nq, nc, self.max_burst), 16)
@@ -122,7 +123,8 @@ class IbgdaNic(wiring.Component):
         # Data flow.
         wiring.connect(m, db.events, db_fifo.i)
         wiring.connect(m, db_fifo.o, qpt.doorbells)
-        wiring.connect(m, qpt.jobs, wf.jobs)
+        wiring.connect(m, qpt.jobs, job_fifo.i)
+        wiring.connect(m, job_fifo.o, wf.jobs)
         wiring.connect(m, wf.bursts, burst_fifo.i)
         wiring.connect(m, burst_fifo.o, wp.bursts)
         wiring.connect(m, wf.wqebbs, wp.wqebbs)

@@ -1,6 +1,7 @@
 import cocotb
 from cocotb.triggers import ClockCycles
 from tb.test_nic import env_with
+from tb.env import NicEnv
 from spec.formats import WqeOp
 from tb.roce_check import check_frame
 
@@ -23,11 +24,26 @@ async def dbg_error(dut):
 
 @cocotb.test()
 async def dbg_many(dut):
-    env, qps = await env_with(dut, 4, cq_depth=2, sq_depth=4)
+    env = await NicEnv(dut).start()
+    qps = []
+    for q in range(64):
+        cq = await env.cq(q, 2)
+        qps.append(await env.qp(q, cq, log_depth=4))
+        dut._log.info("created %d at %d", q, env.counter.now)
     for qp in qps:
         qp.post_write(0x2000 * qp.qpn + 64, qp.qpn, inline=bytes([qp.qpn]) * 8)
+    async def mon():
+        while True:
+            await ClockCycles(dut.clk, 200)
+            dut._log.info("c=%d qpt=%s wf=%s wp=%s pf=%s bld=%s cw=%s dbfifo_v=%s frames=%d", env.counter.now, dut.qp_table.fsm_state.value,
+                dut.wqe_fetch.fsm_state.value, dut.wqe_parser.fsm_state.value, dut.payload_fetch.fsm_state.value, dut.builder.fsm_state.value,
+                dut.cqe_writer.fsm_state.value, dut.db_fifo.o__valid.value, len(env.wire.frames))
+            wp = dut.wqe_parser
+            dut._log.info("need=%s got=%s left=%s wqebbs_v=%s job=%x wqe=%x", wp.need.value, wp.got.value, wp.left.value, wp.wqebbs__valid.value, wp.job.value.to_unsigned() & 0xffffffffffffffffffff, wp.wqe.value.to_unsigned() & ((1<<128)-1))
+    cocotb.start_soon(mon())
     for qp in qps:
         await qp.ring_nvshmem()
+        dut._log.info("rang %d", qp.qpn)
     await ClockCycles(dut.clk, 3000)
     dut._log.info("frames %d", len(env.wire.frames))
     dut._log.info("counters %s", await env.ctl.read_counters())
