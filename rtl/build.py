@@ -15,7 +15,8 @@ def generate(outdir="build/verilog", **params):
     top = IbgdaNic(**params)
     text = verilog.convert(top, name=TOP_NAME, emit_src=False)
     path = out / f"{TOP_NAME}.v"
-    path.write_text(text)
+    if not path.exists() or path.read_text() != text:      # keep the mtime: simulators rebuild on change
+        path.write_text(text)
     return path
 
 
