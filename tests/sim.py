@@ -1,4 +1,6 @@
 """Build the engine once per simulator and run cocotb modules against it."""
+import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -58,24 +60,50 @@ def icarus_kick(path):
     text = path.read_text()
     text = _KICK.sub(lambda m: f"{m.group(1)}reg {m.group(2)}  = 0;\n"
                                f"{m.group(1)}initial #1 {m.group(2)}  = 1;", text)
-    path.write_text(text)
+    out = path.with_name(path.stem + "_icarus.v")
+    if not out.exists() or out.read_text() != text:
+        out.write_text(text)
+    return out
+
+
+def _source_hash():
+    h = hashlib.sha256()
+    for d in ("rtl", "spec"):
+        for f in sorted((ROOT / d).glob("*.py")):
+            h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def _generate_once(outdir):
+    """Elaborate the design only when its sources changed (elaboration takes seconds)."""
+    stamp = outdir / ".source-hash"
+    digest = _source_hash()
+    verilog = outdir / f"{TOP_NAME}.v"
+    if not (verilog.exists() and stamp.exists() and stamp.read_text() == digest):
+        verilog = generate(outdir)
+        stamp.write_text(digest)
+    return verilog
 
 
 def build(sim, *, waves=False):
     """Generate the Verilog and compile it for ``sim`` (skipped when up to date)."""
     require(sim)
     bdir = build_dir(sim, waves)
-    verilog = generate(bdir / "rtl")
-    if sim == "icarus":
-        icarus_kick(verilog)
-    runner = get_runner(sim)
-    args = []
-    if sim == "verilator":
-        args = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O3", "--x-assign", "fast", "--x-initial", "fast"]
-        if waves:
-            args += ["--trace-fst", "--trace-structs"]
-    runner.build(sources=[verilog], hdl_toplevel=TOP_NAME, build_dir=bdir, build_args=args,
-                 timescale=("1ns", "1ps"), waves=waves, always=False)
+    bdir.mkdir(parents=True, exist_ok=True)
+    with open(bdir.parent / f".{bdir.name}.lock", "w") as lock:   # pytest-xdist workers build once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        verilog = _generate_once(bdir / "rtl")
+        if sim == "icarus":
+            verilog = icarus_kick(verilog)
+        runner = get_runner(sim)
+        args = []
+        if sim == "verilator":
+            args = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O3", "--x-assign", "fast",
+                    "--x-initial", "fast"]
+            if waves:
+                args += ["--trace-fst", "--trace-structs"]
+        runner.build(sources=[verilog], hdl_toplevel=TOP_NAME, build_dir=bdir, build_args=args,
+                     timescale=("1ns", "1ps"), waves=waves, always=False)
     return runner, bdir
 
 
@@ -83,5 +111,7 @@ def run(sim, module, testcase=None, *, waves=False, extra_env=None, test_dir=Non
     runner, bdir = build(sim, waves=waves)
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.update(extra_env or {})
+    test_dir = Path(test_dir) if test_dir else bdir / "runs" / (testcase or module.rsplit(".", 1)[-1])
+    test_dir.mkdir(parents=True, exist_ok=True)
     return runner.test(hdl_toplevel=TOP_NAME, test_module=module, testcase=testcase, build_dir=bdir,
-                       test_dir=test_dir or bdir, waves=waves, extra_env=env)
+                       test_dir=test_dir, waves=waves, extra_env=env)
