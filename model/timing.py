@@ -47,7 +47,7 @@ class Latencies:
     tx_to_cqe: int = 3
 
 
-def _bursts(addr, length, max_burst=32):
+def _bursts(addr, length, max_burst=P.PAYLOAD_MAX_BURST_BEATS):
     """Payload read bursts (beats each) covering [addr, addr + length), as the fetch cuts them."""
     if length == 0:
         return []
@@ -96,7 +96,7 @@ class _Wire:
         return c
 
 
-def isolated_write(posted, qp, *, dma_latency, payload_buffer=64, lat=Latencies()):
+def isolated_write(posted, qp, *, dma_latency, payload_buffer=P.PAYLOAD_BUFFER_BEATS, lat=Latencies()):
     """Predicted ``db_to_first_beat`` and ``db_to_cqe`` cycles of an RDMA WRITE on an idle engine.
 
     Parameters

@@ -64,8 +64,8 @@ class IbgdaNic(wiring.Component):
     m_axi_*     AXI4 master: DMA to GPU memory.
     m_axis_tx_* AXI4-Stream master: frames to the MAC.
     """
-    def __init__(self, *, num_qps=P.NUM_QPS, num_cqs=P.NUM_CQS, max_burst=8, wqe_buffer=16,
-                 payload_buffer=64):
+    def __init__(self, *, num_qps=P.NUM_QPS, num_cqs=P.NUM_CQS, max_burst=P.MAX_BURST_WQEBBS,
+                 wqe_buffer=P.WQE_BUFFER_WQEBBS, payload_buffer=P.PAYLOAD_BUFFER_BEATS):
         for name, value in (("num_qps", num_qps), ("num_cqs", num_cqs)):
             if not isinstance(value, int) or value < 2 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= 2, not {value!r}")

@@ -12,6 +12,13 @@ AXI_ID_WIDTH = 4
 NUM_QPS = 64
 NUM_CQS = 64
 DEFAULT_MTU = 4096
+# Engine build defaults (rtl/top.py) that the cycle model must know too.
+MAX_BURST_WQEBBS = 8               # WQEBBs fetched per QP per round-robin turn
+WQE_BUFFER_WQEBBS = 16             # WQEBB buffer = WQE reads in flight
+# Payload buffer: 1 us x 400 Gb/s = 50 KB must be in flight to keep the wire busy
+# from GPU memory; 512 beats of 128 B = 64 KiB (512 Kbit of RAM).
+PAYLOAD_BUFFER_BEATS = 512
+PAYLOAD_MAX_BURST_BEATS = 32       # 4 KiB AXI bursts
 DMA_READ_LATENCY_NS = 1000         # PCIe-like read latency to GPU memory (1 us)
 DMA_READ_LATENCY_CYCLES = int(DMA_READ_LATENCY_NS / CLOCK_PERIOD_NS)
 DMA_BYTES_PER_CYCLE = 128          # memory model bandwidth: one full beat per cycle

@@ -51,8 +51,9 @@ async def default_scenario(dut):
         cq = await env.cq(q, 0 if nvshmem else 6, collapsed=nvshmem)
         qps.append((await env.qp(q, cq, log_depth=8), nvshmem))
     t0 = env.counter.now
-    for qp, nvshmem in qps:
-        cocotb.start_soon(_post_all(env, qp, nvshmem))
+    posting = [cocotb.start_soon(_post_all(env, qp, nvshmem)) for qp, nvshmem in qps]
+    for task in posting:
+        await task
     pred = env.check(await env.drain(500_000))
     await env.check_counters(pred)
     summary = _summary(env, pred, t0)
