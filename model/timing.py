@@ -118,43 +118,60 @@ def isolated_write(posted, qp, *, dma_latency, payload_buffer=P.PAYLOAD_BUFFER_B
         source = _PayloadBeats(_bursts(posted.local_addr, length), wqe_data + lat.wqe_to_payload_read + gather,
                                dma_latency, payload_buffer, lat.payload_to_chunk)
 
-    wire = _Wire()
-    t = at_builder - 1            # cycle of the builder's last chunk or flush
-    tx_prev = -1                  # handshake cycle of the previous beat (frees the ICRC register)
-    first_tx = None
-    msg_left = length
-    packets = _chunks(offset, length, qp.mtu)
-    for p, chunks in enumerate(packets):
-        hlen = F.HDR_LEN_RETH if p == 0 else F.HDR_LEN_NO_RETH
-        flen = hlen + sum(n for _, n, _ in chunks) + F.ICRC_LEN
-        base, beats = hlen, 0
+    builder = _Builder(at_builder - 1, lat)
+    builder.message(offset, length, qp.mtu, source)
+    return {"db_to_first_beat": builder.frames[0][0], "db_to_cqe": builder.tx_prev + lat.tx_to_cqe}
 
-        def emit(cycle):
-            nonlocal beats, tx_prev, first_tx
-            cycle = max(cycle, tx_prev)
-            tx = cycle + lat.chunk_to_tx
-            if beats == 0:
-                tx = wire.first_beat(tx, flen)
-            beats += 1
-            tx_prev = tx
-            first_tx = tx if first_tx is None else first_tx
-            return cycle
 
-        for beat, n, last in chunks:
-            cycle = t + 1 if beat is None else max(t + 1, source.ready(beat))
-            total = base + n + (F.ICRC_LEN if last else 0)
-            if total >= BEAT or last:
-                cycle = emit(cycle)
-            base = total - BEAT if total >= BEAT else total
-            t = cycle
-            msg_left -= n
-            if beat is not None and _pops(beat, n, msg_left, offset, length):
-                source.pop(beat, cycle)
-        flush = total - BEAT if total > BEAT else 0
-        while flush > 0:
-            t = emit(t + 1)
-            flush -= BEAT
-    return {"db_to_first_beat": first_tx, "db_to_cqe": tx_prev + lat.tx_to_cqe}
+class _Builder:
+    """The packet builder, ICRC stage and MAC port: chunks, beats and the wire, cycle by cycle.
+
+    ``t`` is the cycle of the builder's last action; ``frames`` collects
+    ``(first_beat_cycle, last_beat_cycle, wire_start_bytes, length)``.
+    """
+    def __init__(self, t, lat):
+        self.t, self.lat = t, lat
+        self.tx_prev = -1             # handshake cycle of the previous beat (frees the ICRC register)
+        self.wire = _Wire()
+        self.frames = []
+
+    def message(self, offset, length, mtu, source, *, first_message=True):
+        lat = self.lat
+        if not first_message:
+            self.t += 1               # MESSAGE state: the builder takes the next descriptor
+        msg_left = length
+        for p, chunks in enumerate(_chunks(offset, length, mtu)):
+            hlen = F.HDR_LEN_RETH if p == 0 else F.HDR_LEN_NO_RETH
+            flen = hlen + sum(n for _, n, _ in chunks) + F.ICRC_LEN
+            base, beats = hlen, 0
+            first_beat = None
+
+            def emit(cycle):
+                nonlocal beats, first_beat
+                cycle = max(cycle, self.tx_prev)
+                tx = cycle + lat.chunk_to_tx
+                if beats == 0:
+                    tx = self.wire.first_beat(tx, flen)
+                    first_beat = tx
+                beats += 1
+                self.tx_prev = tx
+                return cycle
+
+            for beat, n, last in chunks:
+                cycle = self.t + 1 if beat is None else max(self.t + 1, source.ready(beat))
+                total = base + n + (F.ICRC_LEN if last else 0)
+                if total >= BEAT or last:
+                    cycle = emit(cycle)
+                base = total - BEAT if total >= BEAT else total
+                self.t = cycle
+                msg_left -= n
+                if beat is not None and _pops(beat, n, msg_left, offset, length):
+                    source.pop(beat, cycle)
+            flush = total - BEAT if total > BEAT else 0
+            while flush > 0:
+                self.t = emit(self.t + 1)
+                flush -= BEAT
+            self.frames.append((first_beat, self.tx_prev, self.wire.end - P.wire_bytes(flen), flen))
 
 
 def _pops(beat, n, msg_left, offset, length):
@@ -205,3 +222,58 @@ class _PayloadBeats:
 
     def pop(self, j, cycle):
         self.pops[j] = cycle
+
+
+def rr_order(posted_by_qp, qp_order, max_burst=P.MAX_BURST_WQEBBS):
+    """Order in which the engine takes WQEs when every QP's work is queued at once.
+
+    The QP table serves QPs round robin in doorbell order, at most ``max_burst``
+    WQEBBs per turn (a WQE that does not fit the turn waits for the next one).
+    Valid while each QP's next turn comes after its previous burst was parsed,
+    which holds when the other QPs' turns take longer than a WQE fetch.
+    """
+    queues = {q: list(posted_by_qp[q]) for q in qp_order}
+    order = []
+    while any(queues.values()):
+        for q in qp_order:
+            room = max_burst
+            while queues[q] and queues[q][0].nwqebbs <= room:
+                w = queues[q].pop(0)
+                room -= w.nwqebbs
+                order.append(w)
+    return order
+
+
+class _Prefetched:
+    """Payload that the fetch has buffered ahead of the builder."""
+    def ready(self, j):
+        return 0
+
+    def pop(self, j, cycle):
+        pass
+
+
+def stream(order, first_chunk_cycle, *, mtu, cqe_wqes=()):
+    """Cycle of every frame and CQE of a stream of WQEs whose payload the engine has prefetched.
+
+    The builder packs the WQEs in ``order`` one chunk per cycle from
+    ``first_chunk_cycle`` on (one more cycle per new message), the ICRC stage adds one,
+    and the wire rule paces every frame's first beat. Valid while the payload fetch
+    keeps its buffer ahead of the builder: with 1 us GPU memory, 64 KiB in flight
+    against 50 KB drained per microsecond at 400 Gb/s.
+
+    Returns ``(frames, cqes)``: ``frames`` a list of ``(wqe, first_beat_cycle,
+    last_beat_cycle, wire_start_bytes, length)``, ``cqes`` a dict ``id(wqe) -> cycle``.
+    """
+    lat = Latencies()
+    builder = _Builder(first_chunk_cycle - 1, lat)
+    frames, cqes = [], {}
+    want_cqe = {id(w) for w in cqe_wqes}
+    for k, w in enumerate(order):
+        offset = 36 if w.inline else w.local_addr % BEAT
+        n0 = len(builder.frames)
+        builder.message(offset, w.length, mtu, _Prefetched(), first_message=(k == 0))
+        frames += [(w, *f) for f in builder.frames[n0:]]
+        if id(w) in want_cqe:
+            cqes[id(w)] = builder.tx_prev + lat.tx_to_cqe
+    return frames, cqes

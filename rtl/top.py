@@ -98,7 +98,7 @@ class IbgdaNic(wiring.Component):
         m.submodules.wqe_parser = wp = WqeParser(num_qps=nq, num_cqs=nc, max_burst=self.max_burst)
         m.submodules.inline_fifo = inline_fifo = _StreamFifo(8 * P.DATA_BYTES, 8)
         m.submodules.payload_fetch = pf = PayloadFetch(num_qps=nq, num_cqs=nc, buffer_beats=self.payload_buffer)
-        m.submodules.msg_fifo = msg_fifo = _StreamFifo(Message(nq, nc), 16)
+        m.submodules.msg_fifo = msg_fifo = _StreamFifo(Message(nq, nc), P.MESSAGE_QUEUE_DEPTH)
         m.submodules.builder = pb = PacketBuilder(num_qps=nq, num_cqs=nc)
         m.submodules.icrc = icrc = IcrcInserter(num_qps=nq, num_cqs=nc)
         m.submodules.cpl_fifo = cpl_fifo = _StreamFifo(Completion(nq, nc), 16)

@@ -14,11 +14,14 @@ NUM_CQS = 64
 DEFAULT_MTU = 4096
 # Engine build defaults (rtl/top.py) that the cycle model must know too.
 MAX_BURST_WQEBBS = 8               # WQEBBs fetched per QP per round-robin turn
-WQE_BUFFER_WQEBBS = 16             # WQEBB buffer = WQE reads in flight
+WQE_BUFFER_WQEBBS = 64             # WQEBB buffer = WQE reads in flight: 8 QPs x 8 WQEBBs hide 1 us
 # Payload buffer: 1 us x 400 Gb/s = 50 KB must be in flight to keep the wire busy
 # from GPU memory; 512 beats of 128 B = 64 KiB (512 Kbit of RAM).
 PAYLOAD_BUFFER_BEATS = 512
 PAYLOAD_MAX_BURST_BEATS = 32       # 4 KiB AXI bursts
+# Messages parsed ahead of the builder: payload is fetched only for these, so they
+# must cover the 50 KB in flight even when messages are small.
+MESSAGE_QUEUE_DEPTH = 64
 DMA_READ_LATENCY_NS = 1000         # PCIe-like read latency to GPU memory (1 us)
 DMA_READ_LATENCY_CYCLES = int(DMA_READ_LATENCY_NS / CLOCK_PERIOD_NS)
 DMA_BYTES_PER_CYCLE = 128          # memory model bandwidth: one full beat per cycle
