@@ -43,12 +43,12 @@ async def inline_writes(dut):
 
 @cocotb.test()
 async def multi_packet_writes(dut):
-    """Messages across the path MTU: FIRST/MIDDLE/LAST, unaligned sources, every MTU."""
+    """Messages across the path MTU: FIRST/MIDDLE/LAST, unaligned sources, three MTUs, PSN wrap."""
     env = await NicEnv(dut).start()
     cq = await env.cq(0, 6)
     cases = []
     for q, mtu in enumerate((256, 1024, 4096)):
-        qp = await env.qp(q, cq, mtu=mtu)
+        qp = await env.qp(q, cq, mtu=mtu, start_psn=0xFFFFF0 if mtu == 256 else None)   # PSN wraps at 2**24
         for length, offset in ((mtu - 1, 3), (mtu, 0), (mtu + 1, 127), (3 * mtu + 5, 65), (10000, 1)):
             addr, _ = env.payload(length, offset=offset, seed=length)
             qp.post_write(0x10_0000_0000 + length, 0xBEEF, local_addr=addr, length=length)
