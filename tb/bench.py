@@ -4,7 +4,9 @@ For each payload size, ``BENCH_QPS`` QPs each post ``BENCH_MSGS`` WRITEs (inline
 <= 64 bytes, pointer otherwise) with one doorbell per batch of 32 and CQ_UPDATE on the
 batch's last WQE (NVSHMEM's moderation). Goodput and message rate are taken from the
 wire times of the first and last frame; the wire limit is the SPEC arithmetic for the
-same frames. Results go to build/bench/results.json and <point>.pcap.
+same frames; the golden model's cycle model predicts every frame's wire time, so its
+goodput and message rate are reported beside the measured ones (and must agree).
+Results go to build/bench/results.json and <point>.pcap.
 """
 import json
 import os
@@ -43,6 +45,9 @@ async def _point(dut, size):
     for t in tasks:
         await t
     pred = env.check(await env.drain(2_000_000))
+    cyc = env.check_cycles()                   # the cycle model predicts every frame: same figures
+    m_first, m_last = cyc.frames[0], cyc.frames[-1]
+    m_span_ns = (m_last[4] + P.wire_bytes(m_last[5]) - m_first[4]) * 8 / P.WIRE_GBPS
     frames = env.wire.frames
     span = frames[-1].end_bytes - frames[0].start_bytes           # wire byte-times
     span_ns = span * 8 / P.WIRE_GBPS
@@ -57,6 +62,8 @@ async def _point(dut, size):
         "messages_per_s": t.messages / span_ns * 1e9, "goodput_gbps": t.payload_bytes * 8 / span_ns,
         "wire_limit_goodput_gbps": limit_gbps,
         "ratio_to_wire_limit": (t.payload_bytes * 8 / span_ns) / limit_gbps,
+        "golden_model_goodput_gbps": t.payload_bytes * 8 / m_span_ns,
+        "golden_model_messages_per_s": t.messages / m_span_ns * 1e9,
         "golden_model_wire_bytes": t.wire_bytes, "simulated_cycles": frames[-1].last_cycle - frames[0].first_cycle,
     }
 

@@ -209,6 +209,33 @@ class NicEnv:
         assert c["error_cqes"] == t.error_cqes, c
         return c
 
+    def check_cycles(self):
+        """Every frame (first and last beat, wire start) and every CQE at the cycle of the engine's cycle model."""
+        from model.cycle_model import EngineCycleModel
+        doorbells = []
+        for d in self.gpu.doorbells:
+            index = int.from_bytes(d.data[1:3], "big")
+            ds = d.data[7] & 0x3F
+            doorbells.append((d.cycle, d.qpn, (index + (ds + 3) // 4) & 0xFFFF))
+        qps = {q: (qp.mtu, qp.depth if hasattr(qp, "depth") else 1 << qp.log_depth, qp.posted)
+               for q, qp in self.qps.items()}
+        pred = EngineCycleModel(qps, doorbells, dma_latency=self.dma_latency).run()
+        got = self.wire.frames
+        assert len(got) == len(pred.frames), f"{len(got)} frames, the cycle model has {len(pred.frames)}"
+        for k, (f, (qpn, index, c0, c1, start, length)) in enumerate(zip(got, pred.frames)):
+            where = f"frame {k} (QP {qpn} WQE {index}, {length} B)"
+            assert int.from_bytes(f.data[47:50], "big") == 0x1000 + qpn, f"{where}: the RTL sent another QP's frame"
+            assert (f.first_cycle, f.last_cycle, f.start_bytes) == (c0, c1, start), \
+                f"{where}: RTL first/last beat {f.first_cycle}/{f.last_cycle}, wire start {f.start_bytes}; " \
+                f"cycle model {c0}/{c1}, {start}"
+        written = {}
+        for _, _, raw, cyc in self.cqe_writes():
+            written[(int.from_bytes(raw[56:60], "big") & 0xFFFFFF, int.from_bytes(raw[60:62], "big"))] = cyc
+        assert set(written) == set(pred.cqes), "CQEs differ from the cycle model's"
+        for key, cyc in pred.cqes.items():
+            assert written[key] == cyc, f"CQE of QP {key[0]} WQE {key[1]}: RTL cycle {written[key]}, model {cyc}"
+        return pred
+
     def check_timing(self, posted):
         """Doorbell-to-first-byte and doorbell-to-CQE cycles of isolated WQEs against the model."""
         rows = []

@@ -24,6 +24,7 @@ async def single_pointer_write(dut):
     qp.post_write(0x7000_0000, 0x1234, local_addr=addr, length=64)
     await qp.ring_nvshmem()
     pred = env.check(await env.drain())
+    env.check_cycles()
     await env.check_counters(pred)
     assert len(env.wire.frames) == 1 and len(env.wire.frames[0].data) == 74 + 64
 
@@ -37,6 +38,7 @@ async def inline_writes(dut):
         qp.post_write(0x1000 * i, 0x55, inline=bytes((i + j) & 0xFF for j in range(n)))
         await qp.ring_nvshmem()
     pred = env.check(await env.drain())
+    env.check_cycles()
     await env.check_counters(pred)
     assert [len(f.data) for f in env.wire.frames] == [74 + n for n in sizes]
 
@@ -55,6 +57,7 @@ async def multi_packet_writes(dut):
             cases.append((q, length))
         await qp.ring_nvshmem()
     pred = env.check(await env.drain(400_000))
+    env.check_cycles()
     await env.check_counters(pred)
 
 
@@ -69,6 +72,7 @@ async def many_qps(dut):
     for qp in qps:
         await qp.ring_nvshmem()
     pred = env.check(await env.drain(400_000))
+    env.check_cycles()
     await env.check_counters(pred)
     assert len({f.data[42 + 5:42 + 8] for f in env.wire.frames}) == 64      # every destination QP
 
@@ -87,6 +91,7 @@ async def ring_wrap(dut):
         await qp.ring_nvshmem()
         await qp.cq.poll(3, timeout_cycles=20_000)
     pred = env.check(await env.drain())
+    env.check_cycles()
     await env.check_counters(pred)
     owners = [c.owner for c in qp.cq.cqes]
     assert owners == [(k >> 2) & 1 for k in range(posted)], owners
@@ -106,6 +111,7 @@ async def doorbell_coalescing(dut):
             q.post_write(0x40 * i, 7, inline=bytes([i, q.qpn]) * 4)
             await q.ring_nvshmem()
     pred = env.check(await env.drain())
+    env.check_cycles()
     c = await env.check_counters(pred)
     assert c["doorbells_accepted"] == 1 + 16 * 3
 
@@ -124,6 +130,7 @@ async def doorbell_forms(dut):
         b.post_write(0x100 * i, 2, inline=bytes(range(8)))
     await b.ring_nvshmem()
     pred = env.check(await env.drain())
+    env.check_cycles()
     await env.check_counters(pred)
 
 
@@ -139,6 +146,7 @@ async def collapsed_cq(dut):
         cqe = await qp.cq.poll_counter(w.index, timeout_cycles=20_000)
         assert cqe.opcode == CqeOp.REQ and cqe.wqe_counter == w.index
     pred = env.check(await env.drain())
+    env.check_cycles()
     await env.check_counters(pred)
 
 
@@ -195,6 +203,7 @@ async def _isolated(dut, cases, mtu, dma_latency):
         await ClockCycles(dut.clk, 50)
         posted.append(w)
     env.check(await env.drain())
+    env.check_cycles()
     rows = env.check_timing(posted)
     for (kind, n, offset), row in zip(cases, rows):
         dut._log.info("%-7s %5d B (offset %3d): doorbell->first byte %4d cycles, doorbell->CQE %4d cycles",
@@ -218,16 +227,9 @@ async def isolated_latency_small_mtu(dut):
 
 @cocotb.test()
 async def back_to_back_stream(dut):
-    """8 QPs of back-to-back WRITEs (1 us DMA): every frame and CQE at the cycle the model predicts.
-
-    The model: round robin over the QPs in doorbell order, 8 WQEBBs per turn; the
-    first frame as for an isolated WQE; then the builder packs prefetched payload
-    one chunk per cycle and the 400G wire rule paces the frames.
-    """
-    from model import timing
+    """8 QPs of back-to-back WRITEs (1 us DMA, MTU 1024): every frame and CQE at the cycle model's cycle."""
     from spec.params import wire_bytes
-    mtu = 1024
-    env, qps = await env_with(dut, 8, sq_depth=8, collapsed=True, cq_depth=0, mtu=mtu)
+    env, qps = await env_with(dut, 8, sq_depth=8, collapsed=True, cq_depth=0, mtu=1024)
     sizes = [4096, 2000, 1024, 3000, 777, 4096, 1500, 2500, 4000, 1100, 3333, 2048, 900, 4096, 1234, 3900]
     for qp in qps:
         for i, n in enumerate(sizes):
@@ -238,27 +240,10 @@ async def back_to_back_stream(dut):
         await qp.ring_nvshmem()
     pred = env.check(await env.drain())
     await env.check_counters(pred)
-
-    order = timing.rr_order({qp.qpn: qp.posted for qp in qps}, [qp.qpn for qp in qps])
-    first = order[0]
-    iso = timing.isolated_write(first, qps[0], dma_latency=env.dma_latency)
-    frames, cqes = timing.stream(order, first.db_cycle + iso["db_to_first_beat"] - 1, mtu=mtu,
-                                 cqe_wqes=[w for w in order if w.signaled])
+    env.check_cycles()
     got = env.wire.frames
-    assert len(got) == len(frames)
-    for k, (f, (w, c0, c1, start, length)) in enumerate(zip(got, frames)):
-        where = f"frame {k} (QP {w.qpn} WQE {w.index}, {length} B)"
-        assert int.from_bytes(f.data[47:50], "big") == 0x1000 + w.qpn, f"{where}: sent by another QP"
-        assert (f.first_cycle, f.last_cycle, f.start_bytes) == (c0, c1, start), \
-            f"{where}: RTL first/last beat {f.first_cycle}/{f.last_cycle}, wire start {f.start_bytes}; " \
-            f"model {c0}/{c1}, {start}"
-    written = {(int.from_bytes(raw[56:60], "big") & 0xFFFFFF, int.from_bytes(raw[60:62], "big")): cyc
-               for _, _, raw, cyc in env.cqe_writes()}
-    for w in order:
-        if w.signaled:
-            assert written[(w.qpn, w.index)] == cqes[id(w)], \
-                f"CQE of QP {w.qpn} WQE {w.index}: RTL cycle {written[(w.qpn, w.index)]}, model {cqes[id(w)]}"
     span = got[-1].end_bytes - got[0].start_bytes
     busy = sum(wire_bytes(len(f.data)) for f in got)
+    assert busy / span > 0.98, f"the wire idled: busy {busy} of {span} byte-times"
     dut._log.info("%d frames: wire busy %d of %d byte-times (%.1f%%), goodput %.1f Gb/s", len(got), busy, span,
                   100 * busy / span, pred.totals.payload_bytes * 8 / (span * 8 / 400))

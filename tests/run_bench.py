@@ -28,10 +28,11 @@ def main():
     recs = sorted((json.loads(f.read_text()) for f in out.glob("write_*.json")), key=lambda r: r["payload_bytes"])
     (out / "results.json").write_text(json.dumps(recs, indent=2))
     print(f"\n{'payload':>8} {'QPs':>4} {'msgs':>5} {'M msg/s':>9} {'goodput Gb/s':>13} "
-          f"{'wire limit':>11} {'ratio':>6}")
+          f"{'wire limit':>11} {'ratio':>6} {'model Gb/s':>11}")
     for r in recs:
         print(f"{r['payload_bytes']:>8} {r['qps']:>4} {r['messages']:>5} {r['messages_per_s'] / 1e6:>9.1f} "
-              f"{r['goodput_gbps']:>13.1f} {r['wire_limit_goodput_gbps']:>11.1f} {r['ratio_to_wire_limit']:>6.2f}")
+              f"{r['goodput_gbps']:>13.1f} {r['wire_limit_goodput_gbps']:>11.1f} {r['ratio_to_wire_limit']:>6.2f} "
+              f"{r['golden_model_goodput_gbps']:>11.1f}")
     print(f"\nresults: {out / 'results.json'} (pcaps beside it)")
 
 

@@ -1,0 +1,429 @@
+"""Cycle model of the whole transmit engine under any load.
+
+A cycle-stepped transaction model: each stage of docs/architecture.md is a small
+state machine exchanging work through queues whose depths and latencies are
+those of the design (a two-stage FIFO shows an item two cycles after it is
+written, a one-stage FIFO one cycle after). From the doorbells (cycle, QP,
+producer limit) and the posted WQEs it predicts the cycle of every frame's first
+and last beat on the MAC port, every frame's wire start, and every CQE write.
+GPU memory answers each read ``dma_latency`` cycles after it is issued, one beat
+per cycle, in issue order (the memory model of tb/memory.py).
+
+It covers RDMA WRITE (inline and pointer) and NOP WQEs on QPs in RTS.
+Tolerance: zero cycles for every event.
+"""
+from collections import deque
+from dataclasses import dataclass, field
+
+from spec import formats as F
+from spec import params as P
+from model.timing import Latencies, _bursts, _chunks
+
+BEAT = P.DATA_BYTES
+INLINE_OFFSET = 36
+
+
+class _Fifo:
+    """A FIFO whose items show ``latency`` cycles after they are written."""
+    def __init__(self, depth, latency):
+        self.depth, self.latency = depth, latency
+        self.items = deque()
+
+    def can_push(self):
+        return len(self.items) < self.depth
+
+    def push(self, t, item):
+        self.items.append((t + self.latency, item))
+
+    def head(self, t):
+        if self.items and self.items[0][0] <= t:
+            return self.items[0][1]
+        return None
+
+    def pop(self):
+        return self.items.popleft()[1]
+
+
+@dataclass
+class _Qp:
+    mtu: int
+    depth: int
+    wqes: dict                     # WQEBB index (mod 2**16) -> WQE record
+    pi: int = 0
+    ci: int = 0
+    queued: bool = False
+
+
+@dataclass
+class Prediction:
+    frames: list = field(default_factory=list)   # (qpn, wqe index, first beat, last beat, wire start, length)
+    cqes: dict = field(default_factory=dict)     # (qpn, wqe index) -> cycle of the CQE write
+    first_beat: dict = field(default_factory=dict)  # (qpn, wqe index) -> cycle of its first frame's first beat
+
+
+class EngineCycleModel:
+    """Predicts when every frame and CQE of a run leaves the engine.
+
+    Parameters
+    ----------
+    qps : {qpn: (mtu_bytes, sq_depth_wqebbs, [posted WQE records])}; a record has
+        ``index``, ``nwqebbs``, ``inline`` (bool), ``length``, ``local_addr``,
+        ``signaled`` and ``opcode``.
+    doorbells : [(cycle of the W handshake, qpn, producer limit)], in order.
+    dma_latency : GPU memory read latency in cycles.
+    """
+    def __init__(self, qps, doorbells, *, dma_latency=P.DMA_READ_LATENCY_CYCLES):
+        self.qps = {}
+        for qpn, (mtu, depth, posted) in qps.items():
+            wqes = {}
+            for w in posted:
+                if w.opcode not in (F.WqeOp.RDMA_WRITE, F.WqeOp.NOP):
+                    raise ValueError(f"the cycle model covers RDMA WRITE and NOP, not opcode {w.opcode:#x}")
+                wqes[w.index & 0xFFFF] = w
+            self.qps[qpn] = _Qp(mtu, depth, wqes)
+        self.doorbells = deque(sorted(doorbells))
+        self.latency = dma_latency
+        self.lat = Latencies()
+
+    # ------------------------------------------------------------------------------------
+    def run(self, max_cycles=2_000_000):
+        lat, L = self.lat, self.latency
+        db_fifo = _Fifo(16, 2)
+        active = _Fifo(len(self.qps) + 64, 2)
+        job_fifo = _Fifo(4, 2)
+        burst_fifo = _Fifo(16, 2)
+        wqebb_buf = _Fifo(P.WQE_BUFFER_WQEBBS, 2)
+        inline_fifo = _Fifo(8, 2)
+        msg_fifo = _Fifo(P.MESSAGE_QUEUE_DEPTH, 2)
+        payload_buf = _Fifo(P.PAYLOAD_BUFFER_BEATS, 2)
+        cpl_fifo = _Fifo(16, 2)
+        reads = deque()                       # (cycle of the beat, destination, item)
+        last_beat = -1
+
+        qpt_state, qpt_op = "IDLE", None
+        wf_state, wf_job, wf_left, wf_index, wf_credits = "IDLE", None, 0, 0, 0
+        ps = {"state": "BURST"}
+        pf_state, pf_bursts, pf_credits = "IDLE", deque(), 0
+        builder = _StreamBuilder(self, lat)
+        cw_state, cw_item = "IDLE", None
+        out = Prediction()
+
+        def read(t, dest, beats):
+            nonlocal last_beat
+            for i in range(beats):
+                c = max(t + L + i, last_beat + 1)
+                last_beat = c
+                reads.append((c, dest, i))
+
+        t = self.doorbells[0][0] if self.doorbells else 0
+        while t < max_cycles:
+            # --- start-of-cycle views -----------------------------------------------------
+            wqe_pops = payload_pops = 0
+            # doorbell decoder: the W handshake pushes the event in the same cycle
+            while self.doorbells and self.doorbells[0][0] == t:
+                _, qpn, limit = self.doorbells.popleft()
+                db_fifo.push(t, (qpn, limit))
+            # read data arriving this cycle
+            while reads and reads[0][0] == t:
+                _, dest, item = reads.popleft()
+                (wqebb_buf if dest == "wqe" else payload_buf).push(t, item)
+
+            # --- QP table ------------------------------------------------------------------
+            parser_update = ps["state"] == "UPDATE"
+            update_taken = False
+            if qpt_state == "EXEC":
+                kind, arg = qpt_op
+                q = self.qps[arg[0]]
+                if kind == "update":
+                    q.ci = arg[1]
+                    if q.pi != q.ci:
+                        active.push(t, arg[0])
+                    else:
+                        q.queued = False
+                elif kind == "doorbell":
+                    q.pi = arg[1]
+                    if not q.queued and arg[1] != q.ci:
+                        active.push(t, arg[0])
+                        q.queued = True
+                else:
+                    pending = (q.pi - q.ci) & 0xFFFF
+                    if pending:
+                        job_fifo.push(t, (arg[0], q.ci, min(pending, P.MAX_BURST_WQEBBS)))
+                    else:
+                        q.queued = False
+                qpt_state = "IDLE"
+            elif qpt_state == "IDLE":
+                if parser_update:
+                    qpt_op, update_taken = ("update", (ps["qpn"], ps["index"])), True
+                    qpt_state = "EXEC"
+                elif db_fifo.head(t) is not None:
+                    qpt_op, qpt_state = ("doorbell", db_fifo.pop()), "EXEC"
+                elif active.head(t) is not None and job_fifo.can_push():
+                    qpt_op, qpt_state = ("schedule", (active.pop(),)), "EXEC"
+
+            # --- WQE fetch -------------------------------------------------------------------
+            wqe_ar = False
+            if wf_state == "IDLE":
+                job = job_fifo.head(t)
+                if job is not None and burst_fifo.can_push():
+                    job_fifo.pop()
+                    burst_fifo.push(t, job)
+                    wf_job, wf_left, wf_index, wf_state = job, job[2], job[1], "ISSUE"
+            elif wf_state == "ISSUE":
+                if wf_left == 0:
+                    wf_state = "IDLE"
+                elif wf_credits < P.WQE_BUFFER_WQEBBS:
+                    qpn = wf_job[0]
+                    read(t, "wqe", 1)
+                    reads[-1] = (reads[-1][0], "wqe", (qpn, wf_index & 0xFFFF))
+                    wqe_ar = True
+                    wf_left -= 1
+                    wf_index += 1
+
+            # --- WQE parser ------------------------------------------------------------------
+            msg_ready = pf_state == "IDLE" and msg_fifo.can_push()
+            emitted = self._parser_step(t, ps, burst_fifo, wqebb_buf, inline_fifo, msg_ready, update_taken)
+            if emitted == "pop":
+                wqe_pops += 1
+            elif isinstance(emitted, tuple):
+                wqe_pops += emitted[1]
+                emitted = emitted[0]
+            # --- payload fetch ---------------------------------------------------------------
+            issued = 0
+            if pf_state == "IDLE":
+                if isinstance(emitted, dict):
+                    msg_fifo.push(t, emitted)
+                    w = emitted["wqe"]
+                    if w.opcode == F.WqeOp.RDMA_WRITE and not w.inline and w.length:
+                        pf_bursts = deque(_bursts(w.local_addr, w.length))
+                        pf_addr_msg = emitted
+                        pf_state = "ISSUE"
+            elif pf_state == "ISSUE":
+                if not pf_bursts:
+                    pf_state = "IDLE"
+                elif pf_credits + pf_bursts[0] <= P.PAYLOAD_BUFFER_BEATS and not wqe_ar:
+                    n = pf_bursts.popleft()
+                    start = len(reads)
+                    read(t, "payload", n)
+                    for k in range(start, len(reads)):
+                        reads[k] = (reads[k][0], "payload", (id(pf_addr_msg["wqe"]), k - start))
+                    issued = n
+
+            # --- builder, ICRC stage, MAC port -------------------------------------------------
+            payload_pops = builder.step(t, msg_fifo, payload_buf, inline_fifo, cpl_fifo, out)
+
+            # --- CQE writer ---------------------------------------------------------------------
+            if cw_state == "WRITE":
+                out.cqes[cw_item] = t
+                cw_state = "IDLE"
+            elif cw_state == "IDLE" and cpl_fifo.head(t) is not None:
+                cw_item, cw_state = cpl_fifo.pop(), "WRITE"
+
+            wf_credits += (1 if wqe_ar else 0) - wqe_pops
+            pf_credits += issued - payload_pops
+            if self._done(qpt_state, wf_state, ps, pf_state, builder, cw_state, reads, db_fifo, active,
+                          job_fifo, burst_fifo, wqebb_buf, msg_fifo, cpl_fifo):
+                return out
+            t += 1
+        raise RuntimeError(f"the cycle model did not finish in {max_cycles} cycles")
+
+    def _done(self, qpt_state, wf_state, ps, pf_state, builder, cw_state, reads, *fifos):
+        return (not self.doorbells and qpt_state == "IDLE" and wf_state == "IDLE" and ps["state"] == "BURST"
+                and pf_state == "IDLE" and builder.idle() and cw_state == "IDLE" and not reads
+                and all(not f.items for f in fifos))
+
+    # ------------------------------------------------------------------------------------
+    def _parser_step(self, t, ps, bursts, wqebbs, inline_fifo, msg_ready, update_taken):
+        """One cycle of the WQE parser; returns a message dict when one is handed on."""
+        st = ps["state"]
+        if st == "BURST":
+            job = bursts.head(t)
+            if job is not None:
+                bursts.pop()
+                ps.update(state="FIRST", qpn=job[0], index=job[1], left=job[2])
+            return None
+        if st == "FIRST":
+            if ps["left"] == 0:
+                ps["state"] = "UPDATE"
+                return None
+            bb = wqebbs.head(t)
+            if bb is None:
+                return None
+            q = self.qps[ps["qpn"]]
+            w = q.wqes[ps["index"] & 0xFFFF]
+            if w.nwqebbs > ps["left"]:
+                ps.update(state="DROP", drop=ps["left"])
+                return None
+            wqebbs.pop()
+            ps.update(wqe=w, got=1, left=ps["left"] - 1, state="EMIT" if w.nwqebbs == 1 else "REST")
+            return "pop"
+        if st == "REST":
+            if ps["got"] == ps["wqe"].nwqebbs:
+                ps["state"] = "EMIT"
+                return None
+            if wqebbs.head(t) is not None:
+                wqebbs.pop()
+                ps["got"] += 1
+                ps["left"] -= 1
+                return "pop"
+            return None
+        if st == "EMIT":
+            if not msg_ready:
+                return None
+            w = ps["wqe"]
+            q = self.qps[ps["qpn"]]
+            msg = {"qpn": ps["qpn"], "wqe": w, "mtu": q.mtu}
+            ps["index"] += w.nwqebbs
+            if w.opcode == F.WqeOp.RDMA_WRITE and w.inline and w.length:
+                ps["state"] = "INLINE0"
+                ps["two"] = INLINE_OFFSET + w.length > BEAT
+            else:
+                ps["state"] = "FIRST"
+            return msg
+        if st in ("INLINE0", "INLINE1"):
+            if inline_fifo.can_push():
+                inline_fifo.push(t, (id(ps["wqe"]), 0 if st == "INLINE0" else 1))
+                ps["state"] = "INLINE1" if st == "INLINE0" and ps["two"] else "FIRST"
+            return None
+        if st == "DROP":
+            if ps["drop"] == 0:
+                ps["state"] = "UPDATE"
+                return None
+            if wqebbs.head(t) is not None:
+                wqebbs.pop()
+                ps["drop"] -= 1
+                return "pop"
+            return None
+        if st == "UPDATE":
+            if update_taken:
+                ps["state"] = "BURST"
+            return None
+        raise AssertionError(st)
+
+
+class _StreamBuilder:
+    """Packet builder + ICRC stage + MAC port + completion hand-off, cycle by cycle."""
+    def __init__(self, model, lat):
+        self.model, self.lat = model, lat
+        self.state = "MESSAGE"
+        self.msg = None
+        self.work = deque()            # (kind, ...) steps of the current message
+        self.reg = None                # ICRC stage register: (beat info)
+        self.wire_end = 0
+
+    def idle(self):
+        return self.state == "MESSAGE" and self.reg is None
+
+    def step(self, t, msg_fifo, payload_buf, inline_fifo, cpl_fifo, out):
+        pops = 0
+        # MAC side first: does the ICRC register's beat leave this cycle?
+        reg_leaves = False
+        if self.reg is not None:
+            beat = self.reg
+            ok = True
+            if beat["cpl"] is not None and not cpl_fifo.can_push():
+                ok = False
+            if beat["frame"] and beat["first"]:
+                per = int(P.WIRE_BYTES_PER_CYCLE)
+                if not self.wire_end <= per * (t + 1):
+                    ok = False
+            if ok:
+                reg_leaves = True
+        can_take = self.reg is None or reg_leaves
+        new_beat = None
+
+        if self.state == "MESSAGE":
+            m = msg_fifo.head(t)
+            if m is not None:
+                msg_fifo.pop()
+                self.msg = m
+                w = m["wqe"]
+                if w.opcode == F.WqeOp.RDMA_WRITE:
+                    self._plan(m)
+                    self.state = "PACKET"
+                elif w.signaled:
+                    self.state = "MARKER"
+        elif self.state == "MARKER":
+            if can_take:
+                new_beat = {"frame": False, "first": False, "last": True, "cpl": self._cpl(), "len": 0}
+                self.state = "MESSAGE"
+        elif self.state == "PACKET":
+            step = self.work[0]
+            src = inline_fifo if self.msg["wqe"].inline else payload_buf
+            need = step["beat"] is not None
+            have = (not need) or src.head(t) is not None
+            if have and (not step["emit"] or can_take):
+                self.work.popleft()
+                if step["pop"]:
+                    src.pop()
+                    if src is payload_buf:
+                        pops += 1
+                if step["emit"]:
+                    new_beat = self._beat(step)
+                if step.get("flush"):
+                    self.state = "FLUSH"
+                elif step["last_chunk"]:
+                    self.state = "PACKET" if self.work else "MESSAGE"
+        elif self.state == "FLUSH":
+            if can_take:
+                step = self.work.popleft()
+                new_beat = self._beat(step)
+                if not self.work or self.work[0].get("kind") != "flush":
+                    self.state = "PACKET" if self.work else "MESSAGE"
+
+        if reg_leaves:
+            beat = self.reg
+            if beat["frame"]:
+                if beat["first"]:
+                    per = int(P.WIRE_BYTES_PER_CYCLE)
+                    start = max(per * t, self.wire_end)
+                    self.wire_end = start + P.wire_bytes(beat["len"])
+                    out.frames.append([beat["qpn"], beat["index"], t, None, start, beat["len"]])
+                    out.first_beat.setdefault((beat["qpn"], beat["index"]), t)
+                if beat["last"]:
+                    out.frames[-1][3] = t
+            if beat["cpl"] is not None:
+                cpl_fifo.push(t, beat["cpl"])
+            self.reg = None
+        if new_beat is not None:
+            self.reg = new_beat
+        return pops
+
+    def _cpl(self):
+        w = self.msg["wqe"]
+        return (self.msg["qpn"], w.index & 0xFFFF) if w.signaled else None
+
+    def _beat(self, step):
+        w = self.msg["wqe"]
+        return {"frame": True, "first": step["first_beat"], "last": step["last_beat"], "len": step["flen"],
+                "qpn": self.msg["qpn"], "index": w.index & 0xFFFF,
+                "cpl": self._cpl() if step["last_beat"] and step["last_packet"] else None}
+
+    def _plan(self, m):
+        """The builder's steps for one message: chunks (with pops and emitted beats) and flushes."""
+        w = m["wqe"]
+        offset = INLINE_OFFSET if w.inline else w.local_addr % BEAT
+        packets = _chunks(offset, w.length, m["mtu"])
+        msg_left = w.length
+        for p, chunks in enumerate(packets):
+            hlen = F.HDR_LEN_RETH if p == 0 else F.HDR_LEN_NO_RETH
+            flen = hlen + sum(n for _, n, _ in chunks) + F.ICRC_LEN
+            base, beats = hlen, 0
+            last_packet = p == len(packets) - 1
+            for beat, n, last in chunks:
+                total = base + n + (F.ICRC_LEN if last else 0)
+                emit = total >= BEAT or last
+                msg_left -= n
+                pos_after = (offset + w.length - msg_left) % BEAT
+                step = {"beat": beat, "pop": beat is not None and (pos_after == 0 or msg_left == 0),
+                        "emit": emit, "first_beat": emit and beats == 0, "flen": flen,
+                        "last_chunk": last, "last_packet": last_packet,
+                        "last_beat": last and total <= BEAT, "flush": last and total > BEAT}
+                beats += emit
+                base = total - BEAT if total >= BEAT else total
+                self.work.append(step)
+            flush = total - BEAT if total > BEAT else 0
+            while flush > 0:
+                self.work.append({"kind": "flush", "first_beat": False, "flen": flen, "last_packet": last_packet,
+                                  "last_beat": flush <= BEAT})
+                flush -= BEAT
