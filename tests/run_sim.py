@@ -30,6 +30,8 @@ def main():
     sim = args.sim or default_sim()
     out = ROOT / "build" / ("waves" if args.waves else "sim")
     out.mkdir(parents=True, exist_ok=True)
+    for old in list((out / "run").glob("*.fst")) + list((out / "run").glob("*.vcd")):
+        old.unlink()                      # never report a stale dump
     module, case = ("tb.test_nic", args.test) if args.test else ("tb.scenario", "default_scenario")
     env = {"IBGDA_SIM_OUT": str(out)}
     run(sim, module, case, waves=args.waves, extra_env=env, test_dir=out / "run")
