@@ -23,6 +23,7 @@ help:
 	@echo "make bench     throughput and latency figures of the engine"
 	@echo "make verilog   generated Verilog in build/verilog/"
 	@echo "make lint      verilator --lint-only on the generated Verilog"
+	@echo "make synth     Yosys synthesis: cells, flip-flop and RAM bits per block"
 
 setup:
 	bash scripts/setup.sh
@@ -38,6 +39,9 @@ sim: $(PY)
 
 waves: $(PY)
 	$(PY) tests/run_sim.py --waves $(if $(SIM),--sim $(SIM)) $(if $(TEST),--test $(TEST))
+
+synth: $(PY)
+	$(PY) tests/run_synth.py
 
 bench: $(PY)
 	$(PY) tests/run_bench.py $(if $(SIM),--sim $(SIM))
