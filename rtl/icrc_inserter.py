@@ -15,7 +15,7 @@ __all__ = ["IcrcInserter"]
 BEAT = 128
 
 
-def _apply(m, cols, value, width):
+def _apply(cols, value, width):
     """GF(2) matrix (columns as 32-bit masks) times ``value``."""
     out = []
     for i in range(32):
@@ -61,7 +61,6 @@ class IcrcInserter(wiring.Component):
 
         # Mask the beat down to the message bytes.
         start = 8 * F.ICRC_START
-        fixed = Const(0, 8 * BEAT)
         keep_mask = Signal(8 * BEAT)
         count = Signal(range(BEAT + 1))        # message bytes of this beat from lane 0
         with m.If(msg_end >= (index + 1) * BEAT):
@@ -89,7 +88,7 @@ class IcrcInserter(wiring.Component):
         m.d.comb += has_msg.eq(count != 0)
         s_in = Mux(index == 0, 0, state)
         s_new = Signal(32)
-        m.d.comb += s_new.eq(_apply(m, a_cols, s_in, 32) ^ _apply(m, b_cols, masked, 8 * BEAT))
+        m.d.comb += s_new.eq(_apply(a_cols, s_in, 32) ^ _apply(b_cols, masked, 8 * BEAT))
 
         # Final CRC when this beat holds the last message byte.
         ends_msg = Signal()
@@ -99,7 +98,7 @@ class IcrcInserter(wiring.Component):
         s = s_new
         for bit in range(7):        # a Signal per stage keeps the expression a DAG
             nxt = Signal(32, name=f"unshift{bit}")
-            m.d.comb += nxt.eq(Mux(k[bit], _apply(m, icrc_math.unshift_matrix(1 << bit), s, 32), s))
+            m.d.comb += nxt.eq(Mux(k[bit], _apply(icrc_math.unshift_matrix(1 << bit), s, 32), s))
             s = nxt
         icrc = Signal(32)
         m.d.comb += icrc.eq(~s)
