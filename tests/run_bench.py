@@ -1,4 +1,9 @@
-"""`make bench`: run the throughput points of tb/bench.py and print the table."""
+"""`make bench` (QUICK=1 for a small subset): sweeps of the engine on the simulated 400G wire.
+
+Sweeps: payload size 8 B..64 KiB (8 QPs); QPs 1..64 (8-byte inline); doorbell batch
+1, 4, 32; GPU-memory latency 0.25, 1, 2 us. Prints a table, writes
+build/bench/results.json (one record per point), a pcap per point and two plots.
+"""
 import argparse
 import json
 import os
@@ -11,29 +16,84 @@ sys.path.insert(0, str(ROOT))
 from tests.run_sim import default_sim        # noqa: E402
 from tests.sim import SIMULATORS, run        # noqa: E402
 
+SIZES = [8, 64, 256, 1024, 4096, 16384, 65536]
+QPS = [1, 2, 4, 8, 16, 32, 64]
+
+
+def points(quick):
+    def pt(size, qps=8, batch=32, latency_ns=1000):
+        msgs = max(4, min(32, (256 * 1024) // max(size, 1) // qps)) if quick else \
+            max(8, min(64, (2 * 1024 * 1024) // size // qps))
+        return {"size": size, "qps": qps, "batch": batch, "latency_ns": latency_ns, "msgs": msgs}
+    if quick:
+        out = [pt(s) for s in (8, 1024, 16384)] + [pt(8, q) for q in (1, 16)] + [pt(8, batch=4)] \
+            + [pt(4096, latency_ns=250)]
+    else:
+        out = [pt(s) for s in SIZES] + [pt(8, q) for q in QPS if q != 8] \
+            + [pt(8, batch=b) for b in (1, 4)] + [pt(4096, latency_ns=l) for l in (250, 2000)]
+    return out
+
+
+def plots(recs, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    size = sorted((r for r in recs if r["qps"] == 8 and r["doorbell_batch"] == 32 and r["dma_latency_ns"] == 1000),
+                  key=lambda r: r["payload_bytes"])
+    if size:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.semilogx([r["payload_bytes"] for r in size], [r["goodput_gbps"] for r in size], "o-", label="ibgda-nic")
+        ax.semilogx([r["payload_bytes"] for r in size], [r["wire_limit_goodput_gbps"] for r in size], "k--",
+                    label="400G wire limit")
+        ax.set_xlabel("RDMA WRITE payload (bytes)")
+        ax.set_ylabel("goodput (Gb/s)")
+        ax.set_title("Goodput vs payload size (8 QPs, 1 us GPU memory)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "goodput_vs_size.png", dpi=120)
+    qps = sorted((r for r in recs if r["payload_bytes"] == 8 and r["doorbell_batch"] == 32
+                  and r["dma_latency_ns"] == 1000), key=lambda r: r["qps"])
+    if qps:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.semilogx([r["qps"] for r in qps], [r["messages_per_s"] / 1e6 for r in qps], "o-", base=2,
+                    label="ibgda-nic, 8 B inline")
+        ax.axhline(471.7, color="k", ls="--", label="400G wire limit (471.7 M/s)")
+        ax.set_xlabel("QPs")
+        ax.set_ylabel("messages/s (millions)")
+        ax.set_title("Message rate vs QPs")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "msgrate_vs_qps.png", dpi=120)
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sim", default=os.environ.get("SIM") or None, choices=SIMULATORS)
+    ap.add_argument("--quick", action="store_true", default=bool(os.environ.get("QUICK")))
     args = ap.parse_args()
     sim = args.sim or default_sim()
     out = ROOT / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    for f in out.glob("*.json"):
+    for f in list(out.glob("*.json")) + list(out.glob("*.pcap")) + list(out.glob("*.png")):
         f.unlink()
-    sizes = os.environ.get("BENCH_SIZES", "8,64,256,1024,4096,16384")
-    env = {"IBGDA_BENCH_OUT": str(out), "BENCH_SIZES": sizes}
-    print(f"running {len(sizes.split(','))} points on {sim} ...", flush=True)
-    run(sim, "tb.bench", None, extra_env=env, test_dir=out / "run")
-    recs = sorted((json.loads(f.read_text()) for f in out.glob("write_*.json")), key=lambda r: r["payload_bytes"])
+    pts = points(args.quick)
+    print(f"running {len(pts)} points on {sim}{' (QUICK)' if args.quick else ''} ...", flush=True)
+    run(sim, "tb.bench", None, extra_env={"IBGDA_BENCH_OUT": str(out), "BENCH_POINTS": json.dumps(pts)},
+        test_dir=out / "run")
+    recs = [json.loads(f.read_text()) for f in sorted(out.glob("write_*.json"))]
+    recs.sort(key=lambda r: (r["dma_latency_ns"], r["doorbell_batch"], r["qps"], r["payload_bytes"]))
     (out / "results.json").write_text(json.dumps(recs, indent=2))
-    print(f"\n{'payload':>8} {'QPs':>4} {'msgs':>5} {'M msg/s':>9} {'goodput Gb/s':>13} "
-          f"{'wire limit':>11} {'ratio':>6} {'model Gb/s':>11}")
+    print(f"\n{'payload':>8} {'QPs':>4} {'batch':>5} {'DMA ns':>6} {'msgs':>6} {'M msg/s':>8} {'Gb/s':>7} "
+          f"{'limit':>7} {'ratio':>6} {'model Gb/s':>10}")
     for r in recs:
-        print(f"{r['payload_bytes']:>8} {r['qps']:>4} {r['messages']:>5} {r['messages_per_s'] / 1e6:>9.1f} "
-              f"{r['goodput_gbps']:>13.1f} {r['wire_limit_goodput_gbps']:>11.1f} {r['ratio_to_wire_limit']:>6.2f} "
-              f"{r['golden_model_goodput_gbps']:>11.1f}")
-    print(f"\nresults: {out / 'results.json'} (pcaps beside it)")
+        print(f"{r['payload_bytes']:>8} {r['qps']:>4} {r['doorbell_batch']:>5} {r['dma_latency_ns']:>6} "
+              f"{r['messages']:>6} {r['messages_per_s'] / 1e6:>8.1f} {r['goodput_gbps']:>7.1f} "
+              f"{r['wire_limit_goodput_gbps']:>7.1f} {r['ratio_to_wire_limit']:>6.2f} "
+              f"{r['golden_model_goodput_gbps']:>10.1f}")
+    plots(recs, out)
+    print(f"\nresults: {out / 'results.json'}; plots and one pcap per point beside it")
 
 
 if __name__ == "__main__":
