@@ -89,7 +89,7 @@ class EngineCycleModel:
     def run(self, max_cycles=2_000_000):
         lat, L = self.lat, self.latency
         db_fifo = _Fifo(16, 2)
-        active = _Fifo(len(self.qps) + 64, 2)
+        active = _Fifo(P.NUM_QPS, 2)
         job_fifo = _Fifo(4, 2)
         burst_fifo = _Fifo(16, 2)
         wqebb_buf = _Fifo(P.WQE_BUFFER_WQEBBS, 2)

@@ -9,7 +9,7 @@ DMA_ADDR_WIDTH = 64
 DB_ADDR_WIDTH = 32
 CSR_ADDR_WIDTH = 16
 AXI_ID_WIDTH = 4
-NUM_QPS = 64
+NUM_QPS = 1024                     # QP contexts in RAM (issue 3: 1024 and more)
 NUM_CQS = 64
 DEFAULT_MTU = 4096
 # Engine build defaults (rtl/top.py) that the cycle model must know too.

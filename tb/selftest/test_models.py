@@ -16,7 +16,7 @@ from cocotbext.axi import AxiLiteBus, AxiLiteRam, AxiMasterWrite, AxiRamWrite, A
 from cocotbext.axi.sparse_memory import SparseMemory as AxiSparseMemory
 
 from spec.formats import CQE64, CTRL_SEG, DATA_SEG, RADDR_SEG, CqeOp, WqeOp, pack, unpack
-from spec.params import wire_bytes
+from spec.params import NUM_QPS, wire_bytes
 from tb.clock import CycleCounter
 from tb.control import ID_VALUE, NicControl
 from tb.gpu import GpuModel, be32
@@ -391,7 +391,7 @@ async def test_control_and_gpu(dut):
     csr.write_dword(0x4C, 77)
     counters = await ctl.read_counters()
     assert counters["packets_sent"] == 77 and counters["doorbells_accepted"] == 0 and len(counters) == 6
-    for bad in (dict(qpn=64), dict(sq_base=0x1001), dict(log_depth=16), dict(mtu_code=6), dict(dmac=1 << 48)):
+    for bad in (dict(qpn=NUM_QPS), dict(sq_base=0x1001), dict(log_depth=16), dict(mtu_code=6), dict(dmac=1 << 48)):
         args = dict(qpn=1, sq_base=0x1000, log_depth=4, cqn=0, remote_qpn=2, start_psn=0, dmac=1, dip=2, mtu_code=5)
         args.update(bad)
         with pytest.raises(ValueError):
