@@ -1,6 +1,6 @@
 """`make bench` (QUICK=1 for a small subset): sweeps of the engine on the simulated 400G wire.
 
-Sweeps: payload size 8 B..64 KiB (8 QPs); QPs 1..64 (8-byte inline); doorbell batch
+Sweeps: payload size 8 B..64 KiB (8 QPs); QPs 1..1024 (8-byte inline); doorbell batch
 1, 4, 32; GPU-memory latency 0.25, 1, 2 us. Prints a table, writes
 build/bench/results.json (one record per point), a pcap per point and two plots.
 """
@@ -17,13 +17,13 @@ from tests.run_sim import default_sim        # noqa: E402
 from tests.sim import SIMULATORS, run        # noqa: E402
 
 SIZES = [8, 64, 256, 1024, 4096, 16384, 65536]
-QPS = [1, 2, 4, 8, 16, 32, 64]
+QPS = [1, 2, 4, 8, 16, 32, 64, 256, 1024]
 
 
 def points(quick):
     def pt(size, qps=8, batch=32, latency_ns=1000):
         msgs = max(4, min(32, (256 * 1024) // max(size, 1) // qps)) if quick else \
-            max(8, min(64, (2 * 1024 * 1024) // size // qps))
+            max(8, min(64, (2 * 1024 * 1024) // size // qps, 4096 // qps))
         return {"size": size, "qps": qps, "batch": batch, "latency_ns": latency_ns, "msgs": msgs}
     if quick:
         out = [pt(s) for s in (8, 1024, 16384)] + [pt(8, q) for q in (1, 16)] + [pt(8, batch=4)] \
