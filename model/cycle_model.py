@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from spec import formats as F
 from spec import params as P
-from model.timing import Latencies, _bursts, _chunks
+from model.timing import Latencies, _bursts, plan_message
 
 BEAT = P.DATA_BYTES
 INLINE_OFFSET = 36
@@ -360,16 +360,11 @@ class _StreamBuilder:
                         pops += 1
                 if step["emit"]:
                     new_beat = self._beat(step)
-                if step.get("flush"):
-                    self.state = "FLUSH"
-                elif step["last_chunk"]:
-                    self.state = "PACKET" if self.work else "MESSAGE"
+                self.state = self._next_state()
         elif self.state == "FLUSH":
             if can_take:
-                step = self.work.popleft()
-                new_beat = self._beat(step)
-                if not self.work or self.work[0].get("kind") != "flush":
-                    self.state = "PACKET" if self.work else "MESSAGE"
+                new_beat = self._beat(self.work.popleft())
+                self.state = self._next_state()
 
         if reg_leaves:
             beat = self.reg
@@ -389,6 +384,11 @@ class _StreamBuilder:
             self.reg = new_beat
         return pops
 
+    def _next_state(self):
+        if not self.work:
+            return "MESSAGE"
+        return "FLUSH" if self.work[0]["kind"] == "flush" else "PACKET"
+
     def _cpl(self):
         w = self.msg["wqe"]
         return (self.msg["qpn"], w.index & 0xFFFF) if w.signaled else None
@@ -400,30 +400,7 @@ class _StreamBuilder:
                 "cpl": self._cpl() if step["last_beat"] and step["last_packet"] else None}
 
     def _plan(self, m):
-        """The builder's steps for one message: chunks (with pops and emitted beats) and flushes."""
+        """The builder's steps for one message (shared with the closed-form model)."""
         w = m["wqe"]
         offset = INLINE_OFFSET if w.inline else w.local_addr % BEAT
-        packets = _chunks(offset, w.length, m["mtu"])
-        msg_left = w.length
-        for p, chunks in enumerate(packets):
-            hlen = F.HDR_LEN_RETH if p == 0 else F.HDR_LEN_NO_RETH
-            flen = hlen + sum(n for _, n, _ in chunks) + F.ICRC_LEN
-            base, beats = hlen, 0
-            last_packet = p == len(packets) - 1
-            for beat, n, last in chunks:
-                total = base + n + (F.ICRC_LEN if last else 0)
-                emit = total >= BEAT or last
-                msg_left -= n
-                pos_after = (offset + w.length - msg_left) % BEAT
-                step = {"beat": beat, "pop": beat is not None and (pos_after == 0 or msg_left == 0),
-                        "emit": emit, "first_beat": emit and beats == 0, "flen": flen,
-                        "last_chunk": last, "last_packet": last_packet,
-                        "last_beat": last and total <= BEAT, "flush": last and total > BEAT}
-                beats += emit
-                base = total - BEAT if total >= BEAT else total
-                self.work.append(step)
-            flush = total - BEAT if total > BEAT else 0
-            while flush > 0:
-                self.work.append({"kind": "flush", "first_beat": False, "flen": flen, "last_packet": last_packet,
-                                  "last_beat": flush <= BEAT})
-                flush -= BEAT
+        self.work.extend(plan_message(offset, w.length, m["mtu"]))

@@ -136,48 +136,64 @@ class _Builder:
         self.frames = []
 
     def message(self, offset, length, mtu, source, *, first_message=True):
-        lat = self.lat
         if not first_message:
             self.t += 1               # MESSAGE state: the builder takes the next descriptor
-        msg_left = length
-        for p, chunks in enumerate(_chunks(offset, length, mtu)):
-            hlen = F.HDR_LEN_RETH if p == 0 else F.HDR_LEN_NO_RETH
-            flen = hlen + sum(n for _, n, _ in chunks) + F.ICRC_LEN
-            base, beats = hlen, 0
-            first_beat = None
-
-            def emit(cycle):
-                nonlocal beats, first_beat
-                cycle = max(cycle, self.tx_prev)
-                tx = cycle + lat.chunk_to_tx
-                if beats == 0:
-                    tx = self.wire.first_beat(tx, flen)
-                    first_beat = tx
-                beats += 1
-                self.tx_prev = tx
-                return cycle
-
-            for beat, n, last in chunks:
+        beats = first_beat = None
+        for step in plan_message(offset, length, mtu):
+            if step["kind"] == "chunk":
+                beat = step["beat"]
                 cycle = self.t + 1 if beat is None else max(self.t + 1, source.ready(beat))
-                total = base + n + (F.ICRC_LEN if last else 0)
-                if total >= BEAT or last:
-                    cycle = emit(cycle)
-                base = total - BEAT if total >= BEAT else total
-                self.t = cycle
-                msg_left -= n
-                if beat is not None and _pops(beat, n, msg_left, offset, length):
-                    source.pop(beat, cycle)
-            flush = total - BEAT if total > BEAT else 0
-            while flush > 0:
-                self.t = emit(self.t + 1)
-                flush -= BEAT
-            self.frames.append((first_beat, self.tx_prev, self.wire.end - P.wire_bytes(flen), flen))
+            else:
+                cycle = self.t + 1
+            if step["emit"]:
+                cycle = max(cycle, self.tx_prev)
+                tx = cycle + self.lat.chunk_to_tx
+                if step["first_beat"]:
+                    tx = first_beat = self.wire.first_beat(tx, step["flen"])
+                self.tx_prev = tx
+            self.t = cycle
+            if step["pop"]:
+                source.pop(step["beat"], cycle)
+            if step["last_beat"]:
+                flen = step["flen"]
+                self.frames.append((first_beat, self.tx_prev, self.wire.end - P.wire_bytes(flen), flen))
 
 
-def _pops(beat, n, msg_left, offset, length):
-    """A raw beat leaves the buffer with the chunk that reaches its end or ends the message."""
-    end_of_chunk = (offset + length - msg_left) % BEAT      # position after this chunk
-    return end_of_chunk == 0 or msg_left == 0
+def plan_message(offset, length, mtu):
+    """The builder's steps for one message, in order: one per cycle it works.
+
+    A ``chunk`` step packs ``beat`` (raw payload beat index, or None for an empty
+    packet); a ``flush`` step sends what is left of a packet after its last chunk.
+    Each step says whether it hands a beat to the ICRC stage (``emit``), whether that
+    beat is its frame's first or last (``first_beat``, ``last_beat``), the frame's
+    length ``flen``, whether the raw beat leaves the buffer (``pop``: with the chunk
+    that reaches its end or ends the message) and whether the packet is the message's
+    last (``last_packet``).
+    """
+    steps = []
+    packets = _chunks(offset, length, mtu)
+    msg_left = length
+    for p, chunks in enumerate(packets):
+        hlen = F.HDR_LEN_RETH if p == 0 else F.HDR_LEN_NO_RETH
+        flen = hlen + sum(n for _, n, _ in chunks) + F.ICRC_LEN
+        last_packet = p == len(packets) - 1
+        base, beats = hlen, 0
+        for beat, n, last in chunks:
+            total = base + n + (F.ICRC_LEN if last else 0)
+            emit = total >= BEAT or last
+            msg_left -= n
+            after = (offset + length - msg_left) % BEAT          # read position after this chunk
+            steps.append({"kind": "chunk", "beat": beat, "emit": emit, "first_beat": emit and beats == 0,
+                          "last_beat": last and total <= BEAT, "flen": flen, "last_packet": last_packet,
+                          "pop": beat is not None and (after == 0 or msg_left == 0)})
+            beats += emit
+            base = total - BEAT if total >= BEAT else total
+        flush = total - BEAT if total > BEAT else 0
+        while flush > 0:
+            steps.append({"kind": "flush", "beat": None, "emit": True, "first_beat": False,
+                          "last_beat": flush <= BEAT, "flen": flen, "last_packet": last_packet, "pop": False})
+            flush -= BEAT
+    return steps
 
 
 class _InlineBeats:

@@ -34,38 +34,38 @@ def points(quick):
     return out
 
 
-def plots(recs, out):
+def _plot(path, title, xlabel, ylabel, x, series, *, base=10, hline=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, y, style in series:
+        ax.semilogx(x, y, style, base=base, label=label)
+    if hline:
+        ax.axhline(hline[0], color="k", ls="--", label=hline[1])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plots(recs, out):
     size = sorted((r for r in recs if r["qps"] == 8 and r["doorbell_batch"] == 32 and r["dma_latency_ns"] == 1000),
                   key=lambda r: r["payload_bytes"])
     if size:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        ax.semilogx([r["payload_bytes"] for r in size], [r["goodput_gbps"] for r in size], "o-", label="ibgda-nic")
-        ax.semilogx([r["payload_bytes"] for r in size], [r["wire_limit_goodput_gbps"] for r in size], "k--",
-                    label="400G wire limit")
-        ax.set_xlabel("RDMA WRITE payload (bytes)")
-        ax.set_ylabel("goodput (Gb/s)")
-        ax.set_title("Goodput vs payload size (8 QPs, 1 us GPU memory)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "goodput_vs_size.png", dpi=120)
+        _plot(out / "goodput_vs_size.png", "Goodput vs payload size (8 QPs, 1 us GPU memory)",
+              "RDMA WRITE payload (bytes)", "goodput (Gb/s)", [r["payload_bytes"] for r in size],
+              [("ibgda-nic", [r["goodput_gbps"] for r in size], "o-"),
+               ("400G wire limit", [r["wire_limit_goodput_gbps"] for r in size], "k--")])
     qps = sorted((r for r in recs if r["payload_bytes"] == 8 and r["doorbell_batch"] == 32
                   and r["dma_latency_ns"] == 1000), key=lambda r: r["qps"])
     if qps:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        ax.semilogx([r["qps"] for r in qps], [r["messages_per_s"] / 1e6 for r in qps], "o-", base=2,
-                    label="ibgda-nic, 8 B inline")
-        ax.axhline(471.7, color="k", ls="--", label="400G wire limit (471.7 M/s)")
-        ax.set_xlabel("QPs")
-        ax.set_ylabel("messages/s (millions)")
-        ax.set_title("Message rate vs QPs")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "msgrate_vs_qps.png", dpi=120)
+        _plot(out / "msgrate_vs_qps.png", "Message rate vs QPs", "QPs", "messages/s (millions)",
+              [r["qps"] for r in qps], [("ibgda-nic, 8 B inline", [r["messages_per_s"] / 1e6 for r in qps], "o-")],
+              base=2, hline=(471.7, "400G wire limit (471.7 M/s)"))
 
 
 def main():
