@@ -49,9 +49,11 @@ class _Qp:
     mtu: int
     depth: int
     wqes: dict                     # WQEBB index (mod 2**16) -> WQE record
-    pi: int = 0
-    ci: int = 0
+    weight: int = 1
+    pi: int = 0                    # QP table: producer index, fetch index, in the active FIFO
+    fi: int = 0
     queued: bool = False
+    ci: int = 0                    # parser: consumer index
 
 
 @dataclass
@@ -66,7 +68,7 @@ class EngineCycleModel:
 
     Parameters
     ----------
-    qps : {qpn: (mtu_bytes, sq_depth_wqebbs, [posted WQE records])}; a record has
+    qps : {qpn: (mtu_bytes, sq_depth_wqebbs, [posted WQE records][, weight])}; a record has
         ``index``, ``nwqebbs``, ``inline`` (bool), ``length``, ``local_addr``,
         ``signaled`` and ``opcode``.
     doorbells : [(cycle of the W handshake, qpn, producer limit)], in order.
@@ -74,13 +76,13 @@ class EngineCycleModel:
     """
     def __init__(self, qps, doorbells, *, dma_latency=P.DMA_READ_LATENCY_CYCLES):
         self.qps = {}
-        for qpn, (mtu, depth, posted) in qps.items():
+        for qpn, (mtu, depth, posted, *rest) in qps.items():
             wqes = {}
             for w in posted:
                 if w.opcode not in (F.WqeOp.RDMA_WRITE, F.WqeOp.NOP):
                     raise ValueError(f"the cycle model covers RDMA WRITE and NOP, not opcode {w.opcode:#x}")
                 wqes[w.index & 0xFFFF] = w
-            self.qps[qpn] = _Qp(mtu, depth, wqes)
+            self.qps[qpn] = _Qp(mtu, depth, wqes, weight=min(max(rest[0] if rest else 1, 1), P.MAX_WEIGHT))
         self.doorbells = deque(sorted(doorbells))
         self.latency = dma_latency
         self.lat = Latencies()
@@ -101,9 +103,9 @@ class EngineCycleModel:
         last_beat = -1
 
         qpt_state, qpt_op = "IDLE", None
-        wf_state, wf_job, wf_left, wf_index, wf_credits = "IDLE", None, 0, 0, 0
-        ps = {"state": "BURST"}
-        pf_state, pf_bursts, pf_credits = "IDLE", deque(), 0
+        wf_job, wf_left, wf_index, wf_credits = None, 0, 0, 0
+        ps = {"state": "IDLE"}
+        pf_bursts, pf_credits, pf_msg = deque(), 0, None
         builder = _StreamBuilder(self, lat)
         cw_state, cw_item = "IDLE", None
         out = Prediction()
@@ -129,32 +131,38 @@ class EngineCycleModel:
                 (wqebb_buf if dest == "wqe" else payload_buf).push(t, item)
 
             # --- QP table ------------------------------------------------------------------
-            parser_update = ps["state"] == "UPDATE"
             update_taken = False
             if qpt_state == "EXEC":
                 kind, arg = qpt_op
                 q = self.qps[arg[0]]
-                if kind == "update":
-                    q.ci = arg[1]
-                    if q.pi != q.ci:
+                if kind == "update":             # a cut WQE: fetch again from it
+                    _, ci, end, clamped = arg
+                    q.fi = ci
+                    if not q.queued and q.pi != ci and (clamped or q.pi != end):
                         active.push(t, arg[0])
-                    else:
-                        q.queued = False
+                        q.queued = True
                 elif kind == "doorbell":
                     q.pi = arg[1]
-                    if not q.queued and arg[1] != q.ci:
+                    if not q.queued and arg[1] != q.fi:
                         active.push(t, arg[0])
                         q.queued = True
                 else:
-                    pending = (q.pi - q.ci) & 0xFFFF
+                    pending = (q.pi - q.fi) & 0xFFFF
+                    quantum = q.weight * P.QUANTUM_WQEBBS
                     if pending:
-                        job_fifo.push(t, (arg[0], q.ci, min(pending, P.MAX_BURST_WQEBBS)))
+                        count = min(pending, quantum)
+                        job_fifo.push(t, (arg[0], q.fi, count, pending > quantum))
+                        q.fi = (q.fi + count) & 0xFFFF
+                        if pending > quantum:
+                            active.push(t, arg[0])
+                        else:
+                            q.queued = False
                     else:
                         q.queued = False
                 qpt_state = "IDLE"
             elif qpt_state == "IDLE":
-                if parser_update:
-                    qpt_op, update_taken = ("update", (ps["qpn"], ps["index"])), True
+                if ps["state"] == "END" and ps.get("report"):
+                    qpt_op, update_taken = ("update", ps["report"]), True
                     qpt_state = "EXEC"
                 elif db_fifo.head(t) is not None:
                     qpt_op, qpt_state = ("doorbell", db_fifo.pop()), "EXEC"
@@ -163,25 +171,25 @@ class EngineCycleModel:
 
             # --- WQE fetch -------------------------------------------------------------------
             wqe_ar = False
-            if wf_state == "IDLE":
+            fire = wf_left > 0 and wf_credits < P.WQE_BUFFER_WQEBBS
+            if fire:
+                read(t, "wqe", 1)
+                reads[-1] = (reads[-1][0], "wqe", (wf_job[0], wf_index & 0xFFFF))
+                wqe_ar = True
+                wf_left -= 1
+                wf_index += 1
+            if wf_left == 0:                     # idle, or the last read went this cycle
                 job = job_fifo.head(t)
                 if job is not None and burst_fifo.can_push():
                     job_fifo.pop()
                     burst_fifo.push(t, job)
-                    wf_job, wf_left, wf_index, wf_state = job, job[2], job[1], "ISSUE"
-            elif wf_state == "ISSUE":
-                if wf_left == 0:
-                    wf_state = "IDLE"
-                elif wf_credits < P.WQE_BUFFER_WQEBBS:
-                    qpn = wf_job[0]
-                    read(t, "wqe", 1)
-                    reads[-1] = (reads[-1][0], "wqe", (qpn, wf_index & 0xFFFF))
-                    wqe_ar = True
-                    wf_left -= 1
-                    wf_index += 1
+                    wf_job, wf_left, wf_index = job, job[2], job[1]
 
             # --- WQE parser ------------------------------------------------------------------
-            msg_ready = pf_state == "IDLE" and msg_fifo.can_push()
+            # the payload fetch passes a message on when it is free or frees up this cycle
+            msg_ready = msg_fifo.can_push() and (not pf_bursts or (
+                len(pf_bursts) == 1 and not wqe_ar
+                and pf_credits + pf_bursts[0] <= P.PAYLOAD_BUFFER_BEATS))
             emitted = self._parser_step(t, ps, burst_fifo, wqebb_buf, inline_fifo, msg_ready, update_taken)
             if emitted == "pop":
                 wqe_pops += 1
@@ -190,24 +198,22 @@ class EngineCycleModel:
                 emitted = emitted[0]
             # --- payload fetch ---------------------------------------------------------------
             issued = 0
-            if pf_state == "IDLE":
-                if isinstance(emitted, dict):
-                    msg_fifo.push(t, emitted)
-                    w = emitted["wqe"]
-                    if w.opcode == F.WqeOp.RDMA_WRITE and not w.inline and w.length:
-                        pf_bursts = deque(_bursts(w.local_addr, w.length))
-                        pf_addr_msg = emitted
-                        pf_state = "ISSUE"
-            elif pf_state == "ISSUE":
-                if not pf_bursts:
-                    pf_state = "IDLE"
-                elif pf_credits + pf_bursts[0] <= P.PAYLOAD_BUFFER_BEATS and not wqe_ar:
-                    n = pf_bursts.popleft()
-                    start = len(reads)
-                    read(t, "payload", n)
-                    for k in range(start, len(reads)):
-                        reads[k] = (reads[k][0], "payload", (id(pf_addr_msg["wqe"]), k - start))
-                    issued = n
+            free = not pf_bursts
+            if pf_bursts and pf_credits + pf_bursts[0] <= P.PAYLOAD_BUFFER_BEATS and not wqe_ar:
+                n = pf_bursts.popleft()
+                start = len(reads)
+                read(t, "payload", n)
+                for k in range(start, len(reads)):
+                    reads[k] = (reads[k][0], "payload", (id(pf_msg["wqe"]), k - start))
+                issued = n
+                free = not pf_bursts
+            if isinstance(emitted, dict):
+                assert free
+                msg_fifo.push(t, emitted)
+                w = emitted["wqe"]
+                if w.opcode == F.WqeOp.RDMA_WRITE and not w.inline and w.length:
+                    pf_bursts = deque(_bursts(w.local_addr, w.length))
+                    pf_msg = emitted
 
             # --- builder, ICRC stage, MAC port -------------------------------------------------
             payload_pops = builder.step(t, msg_fifo, payload_buf, inline_fifo, cpl_fifo, out)
@@ -221,82 +227,93 @@ class EngineCycleModel:
 
             wf_credits += (1 if wqe_ar else 0) - wqe_pops
             pf_credits += issued - payload_pops
-            if self._done(qpt_state, wf_state, ps, pf_state, builder, cw_state, reads, db_fifo, active,
+            if self._done(qpt_state, wf_left, ps, pf_bursts, builder, cw_state, reads, db_fifo, active,
                           job_fifo, burst_fifo, wqebb_buf, msg_fifo, cpl_fifo):
                 return out
             t += 1
         raise RuntimeError(f"the cycle model did not finish in {max_cycles} cycles")
 
-    def _done(self, qpt_state, wf_state, ps, pf_state, builder, cw_state, reads, *fifos):
-        return (not self.doorbells and qpt_state == "IDLE" and wf_state == "IDLE" and ps["state"] == "BURST"
-                and pf_state == "IDLE" and builder.idle() and cw_state == "IDLE" and not reads
+    def _done(self, qpt_state, wf_left, ps, pf_bursts, builder, cw_state, reads, *fifos):
+        return (not self.doorbells and qpt_state == "IDLE" and wf_left == 0 and ps["state"] == "IDLE"
+                and not pf_bursts and builder.idle() and cw_state == "IDLE" and not reads
                 and all(not f.items for f in fifos))
 
     # ------------------------------------------------------------------------------------
     def _parser_step(self, t, ps, bursts, wqebbs, inline_fifo, msg_ready, update_taken):
-        """One cycle of the WQE parser; returns a message dict when one is handed on."""
+        """One cycle of the WQE parser; returns a message dict when one is handed on,
+        "pop" when it takes a WQEBB without a message, or (message, 1)."""
         st = ps["state"]
-        if st == "BURST":
+
+        def start_burst():
             job = bursts.head(t)
             if job is not None:
                 bursts.pop()
-                ps.update(state="FIRST", qpn=job[0], index=job[1], left=job[2])
+                q = self.qps[job[0]]
+                ps.update(state="RUN", qpn=job[0], index=job[1], left=job[2], end=(job[1] + job[2]) & 0xFFFF,
+                          clamped=job[3], fresh=True, cut=False, stale=False, report=None, got=0)
+            else:
+                ps["state"] = "IDLE"
+
+        if st == "IDLE":
+            start_burst()
             return None
-        if st == "FIRST":
-            if ps["left"] == 0:
-                ps["state"] = "UPDATE"
-                return None
-            bb = wqebbs.head(t)
-            if bb is None:
-                return None
+        if st == "RUN":
             q = self.qps[ps["qpn"]]
+            if ps["fresh"] and q.ci != ps["index"]:
+                ps.update(stale=True, drop=ps["left"], state="DROP")
+                return None
+            if ps["left"] == 0:
+                ps["state"] = "END"
+                return None
+            if wqebbs.head(t) is None:
+                return None
             w = q.wqes[ps["index"] & 0xFFFF]
-            if w.nwqebbs > ps["left"]:
-                ps.update(state="DROP", drop=ps["left"])
+            if ps["got"] == 0 and w.nwqebbs > ps["left"]:
+                ps.update(cut=True, drop=ps["left"], state="DROP")
                 return None
-            wqebbs.pop()
-            ps.update(wqe=w, got=1, left=ps["left"] - 1, state="EMIT" if w.nwqebbs == 1 else "REST")
-            return "pop"
-        if st == "REST":
-            if ps["got"] == ps["wqe"].nwqebbs:
-                ps["state"] = "EMIT"
-                return None
-            if wqebbs.head(t) is not None:
+            if ps["got"] + 1 < w.nwqebbs:
                 wqebbs.pop()
                 ps["got"] += 1
                 ps["left"] -= 1
                 return "pop"
-            return None
-        if st == "EMIT":
-            if not msg_ready:
+            send_inline = w.opcode == F.WqeOp.RDMA_WRITE and w.inline and w.length
+            if not msg_ready or (send_inline and not inline_fifo.can_push()):
                 return None
-            w = ps["wqe"]
-            q = self.qps[ps["qpn"]]
+            wqebbs.pop()
             msg = {"qpn": ps["qpn"], "wqe": w, "mtu": q.mtu}
-            ps["index"] += w.nwqebbs
-            if w.opcode == F.WqeOp.RDMA_WRITE and w.inline and w.length:
-                ps["state"] = "INLINE0"
-                ps["two"] = INLINE_OFFSET + w.length > BEAT
-            else:
-                ps["state"] = "FIRST"
-            return msg
-        if st in ("INLINE0", "INLINE1"):
+            if send_inline:
+                inline_fifo.push(t, (id(w), 0))
+            ps["index"] = (ps["index"] + w.nwqebbs) & 0xFFFF
+            ps["left"] -= 1
+            ps["got"] = 0
+            ps["fresh"] = False
+            q.ci = ps["index"]                  # the parser's own copy, written at END
+            if send_inline and INLINE_OFFSET + w.length > BEAT:
+                ps["state"] = "INLINE1"
+                ps["wqe"] = w
+            elif ps["left"] == 0:
+                ps["state"] = "END"
+            return (msg, 1)
+        if st == "INLINE1":
             if inline_fifo.can_push():
-                inline_fifo.push(t, (id(ps["wqe"]), 0 if st == "INLINE0" else 1))
-                ps["state"] = "INLINE1" if st == "INLINE0" and ps["two"] else "FIRST"
+                inline_fifo.push(t, (id(ps["wqe"]), 1))
+                ps["state"] = "END" if ps["left"] == 0 else "RUN"
             return None
         if st == "DROP":
             if ps["drop"] == 0:
-                ps["state"] = "UPDATE"
+                ps["state"] = "END"
+                if ps["cut"] and not ps["stale"]:
+                    ps["report"] = (ps["qpn"], ps["index"], ps["end"], ps["clamped"])
                 return None
             if wqebbs.head(t) is not None:
                 wqebbs.pop()
                 ps["drop"] -= 1
                 return "pop"
             return None
-        if st == "UPDATE":
-            if update_taken:
-                ps["state"] = "BURST"
+        if st == "END":
+            if ps.get("report") and not update_taken:
+                return None
+            start_burst()
             return None
         raise AssertionError(st)
 
@@ -333,20 +350,11 @@ class _StreamBuilder:
         new_beat = None
 
         if self.state == "MESSAGE":
-            m = msg_fifo.head(t)
-            if m is not None:
-                msg_fifo.pop()
-                self.msg = m
-                w = m["wqe"]
-                if w.opcode == F.WqeOp.RDMA_WRITE:
-                    self._plan(m)
-                    self.state = "PACKET"
-                elif w.signaled:
-                    self.state = "MARKER"
+            self._take(t, msg_fifo)
         elif self.state == "MARKER":
             if can_take:
                 new_beat = {"frame": False, "first": False, "last": True, "cpl": self._cpl(), "len": 0}
-                self.state = "MESSAGE"
+                self._take(t, msg_fifo)
         elif self.state == "PACKET":
             step = self.work[0]
             src = inline_fifo if self.msg["wqe"].inline else payload_buf
@@ -360,11 +368,11 @@ class _StreamBuilder:
                         pops += 1
                 if step["emit"]:
                     new_beat = self._beat(step)
-                self.state = self._next_state()
+                self._next_state(t, msg_fifo)
         elif self.state == "FLUSH":
             if can_take:
                 new_beat = self._beat(self.work.popleft())
-                self.state = self._next_state()
+                self._next_state(t, msg_fifo)
 
         if reg_leaves:
             beat = self.reg
@@ -384,10 +392,25 @@ class _StreamBuilder:
             self.reg = new_beat
         return pops
 
-    def _next_state(self):
+    def _take(self, t, msg_fifo):
+        """The builder takes the next descriptor (in MESSAGE, or as a message's last beat leaves)."""
+        self.state = "MESSAGE"
+        m = msg_fifo.head(t)
+        if m is not None:
+            msg_fifo.pop()
+            self.msg = m
+            w = m["wqe"]
+            if w.opcode == F.WqeOp.RDMA_WRITE:
+                self._plan(m)
+                self.state = "PACKET"
+            elif w.signaled:
+                self.state = "MARKER"
+
+    def _next_state(self, t, msg_fifo):
         if not self.work:
-            return "MESSAGE"
-        return "FLUSH" if self.work[0]["kind"] == "flush" else "PACKET"
+            self._take(t, msg_fifo)
+        else:
+            self.state = "FLUSH" if self.work[0]["kind"] == "flush" else "PACKET"
 
     def _cpl(self):
         w = self.msg["wqe"]

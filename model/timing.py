@@ -33,14 +33,14 @@ class Latencies:
     # doorbell decoder -> doorbell FIFO -> QP table (RMW) -> active-QP FIFO -> QP table
     # (schedule) -> job FIFO -> WQE fetch issues the first WQEBB read
     db_to_wqe_read: int = 9
-    # WQEBB buffer -> parser (ctrl, size) -> message -> payload fetch issues its first read
-    wqe_to_payload_read: int = 4
+    # WQEBB buffer (two-stage FIFO) -> parser hands the message on as its last WQEBB
+    # arrives -> payload fetch issues its first read
+    wqe_to_payload_read: int = 3
     # WQEBB buffer -> parser -> message (and inline beat) -> FIFOs -> builder packs its first chunk
-    wqe_to_builder: int = 6
+    wqe_to_builder: int = 5
     # payload buffer (two-stage FIFO) -> builder packs the chunk
     payload_to_chunk: int = 2
-    # a WQE of n > 1 WQEBBs: n - 1 more WQEBBs to gather plus one cycle to see it whole
-    # (added to the two above as ``n`` cycles)
+    # a WQE of n > 1 WQEBBs: n - 1 more WQEBBs to gather (added to the two above)
     # packed beat -> ICRC stage register -> MAC handshake
     chunk_to_tx: int = 1
     # last beat's handshake -> completion FIFO -> CQ context read -> CQE write handshake
@@ -106,7 +106,7 @@ def isolated_write(posted, qp, *, dma_latency, payload_buffer=P.PAYLOAD_BUFFER_B
     dma_latency : GPU-memory read latency in cycles.
     payload_buffer : payload buffer depth in beats (the engine's build parameter).
     """
-    gather = posted.nwqebbs if posted.nwqebbs > 1 else 0
+    gather = posted.nwqebbs - 1
     wqe_data = lat.db_to_wqe_read + dma_latency             # first WQEBB back
     length = posted.length
     inline = bool(posted.inline)

@@ -24,15 +24,16 @@ def QpConfig(num_cqs):
         "dip":        unsigned(32),
         "mtu":        unsigned(3),      # ibv_mtu code 1..5 (256..4096 bytes)
         "state":      unsigned(3),      # ibv_qp_state
+        "weight":     unsigned(4),      # scheduler weight 1..15 (0 counts as 1)
     })
 
 
-# What the engine itself moves: producer index from doorbells, consumer index
-# and next PSN from the WQE parser, and whether the QP sits in the active queue.
+# What the scheduler itself moves: producer index from doorbells, fetch index
+# (WQEBBs handed to the WQE fetch), and whether the QP sits in the active queue.
+# The consumer index and next PSN belong to the WQE parser (its own RAM).
 QpDynamic = data.StructLayout({
     "pi":     unsigned(16),
-    "ci":     unsigned(16),
-    "psn":    unsigned(24),
+    "fi":     unsigned(16),
     "queued": unsigned(1),
 })
 

@@ -28,8 +28,9 @@ class ControlRegisters(wiring.Component):
     port_mac, port_ip : Out
         Source MAC and IPv4 address of this port.
     qp_commit : Out(1)
-        One-cycle strobe: write ``qp_cfg`` (and reset the QP's indices, PSN = ``qp_start_psn``)
-        into QP ``qp_num``. Held until ``qp_commit_ack``.
+        Write ``qp_cfg`` into QP ``qp_num``; held until ``qp_commit_ack``. With
+        ``qp_commit_reset`` (QP_COMMIT, create) the QP's indices are reset and its PSN
+        is ``qp_start_psn``; without (QP_MODIFY) only the configuration changes.
     cq_commit : Out(1)
         Likewise for CQ ``cq_num`` with ``cq_cfg``.
     counter_inc : In
@@ -42,7 +43,7 @@ class ControlRegisters(wiring.Component):
             "port_mac": Out(48), "port_ip": Out(32),
             "qp_num": Out(qp_bits(num_qps)), "qp_cfg": Out(QpConfig(num_cqs)),
             "qp_start_psn": Out(24),
-            "qp_commit": Out(1), "qp_commit_ack": In(1),
+            "qp_commit": Out(1), "qp_commit_reset": Out(1), "qp_commit_ack": In(1),
             "cq_num": Out(cq_bits(num_cqs)), "cq_cfg": Out(CqConfig),
             "cq_commit": Out(1), "cq_commit_ack": In(1),
             "counter_inc": In(len(COUNTERS)),
@@ -64,7 +65,7 @@ class ControlRegisters(wiring.Component):
             0x104: qp.sq_base[:32], 0x108: qp.sq_base[32:],
             0x10C: qp.log_depth, 0x110: qp.cqn, 0x114: qp.remote_qpn,
             0x118: self.qp_start_psn, 0x11C: qp.dmac[:32], 0x120: qp.dmac[32:],
-            0x124: qp.dip, 0x128: qp.mtu, 0x12C: qp.state,
+            0x124: qp.dip, 0x128: qp.mtu, 0x12C: qp.state, 0x134: qp.weight,
             0x200: self.cq_num, 0x204: cq.base[:32], 0x208: cq.base[32:],
             0x20C: cq.log_depth, 0x210: cq.collapsed,
         }
@@ -95,7 +96,9 @@ class ControlRegisters(wiring.Component):
                     with m.Case(a):
                         m.d.sync += reg.eq(bus.wdata[:len(reg)])
                 with m.Case(0x130):
-                    m.d.sync += self.qp_commit.eq(1)
+                    m.d.sync += [self.qp_commit.eq(1), self.qp_commit_reset.eq(1)]
+                with m.Case(0x138):
+                    m.d.sync += [self.qp_commit.eq(1), self.qp_commit_reset.eq(0)]
                 with m.Case(0x214):
                     m.d.sync += self.cq_commit.eq(1)
                 with m.Default():

@@ -142,10 +142,29 @@ class PacketBuilder(wiring.Component):
         msg_cpl = Signal()
         m.d.comb += msg_cpl.eq(msg.signaled | (msg.kind == MessageKind.ERROR))
 
+        def take_message():
+            # Load the next descriptor; called in MESSAGE and in the cycle a message's
+            # last beat leaves, so back-to-back one-beat frames leave one per cycle.
+            m.d.comb += self.messages.ready.eq(1)
+            m.next = "MESSAGE"
+            with m.If(self.messages.valid):
+                p = self.messages.p
+                first_len = Mux(p.length <= (128 << p.cfg.mtu), p.length, 128 << p.cfg.mtu)
+                m.d.sync += [
+                    msg.eq(p), msg_left.eq(p.length), pkt_len.eq(first_len), pkt_left.eq(first_len),
+                    rest.eq(p.length - first_len), is_last_pkt.eq(p.length == first_len),
+                    pkt_first.eq(1), pkt_start.eq(1), psn.eq(p.psn),
+                    pos.eq(Mux(p.inline, 36, p.addr[:7])),
+                ]
+                with m.If(p.kind == MessageKind.WRITE):
+                    m.next = "PACKET"
+                with m.Elif(p.signaled | (p.kind == MessageKind.ERROR)):
+                    m.next = "MARKER"
+
         def next_packet():
             # after the last chunk of a packet has been packed
             with m.If(is_last_pkt):
-                m.next = "MESSAGE"
+                take_message()
             with m.Else():
                 nxt = Mux(rest <= mtu, rest, mtu)
                 m.d.sync += [pkt_first.eq(0), psn.eq(psn + 1), pkt_start.eq(1),
@@ -155,24 +174,11 @@ class PacketBuilder(wiring.Component):
 
         with m.FSM():
             with m.State("MESSAGE"):
-                m.d.comb += self.messages.ready.eq(1)
-                with m.If(self.messages.valid):
-                    p = self.messages.p
-                    first_len = Mux(p.length <= (128 << p.cfg.mtu), p.length, 128 << p.cfg.mtu)
-                    m.d.sync += [
-                        msg.eq(p), msg_left.eq(p.length), pkt_len.eq(first_len), pkt_left.eq(first_len),
-                        rest.eq(p.length - first_len), is_last_pkt.eq(p.length == first_len),
-                        pkt_first.eq(1), pkt_start.eq(1), psn.eq(p.psn),
-                        pos.eq(Mux(p.inline, 36, p.addr[:7])),
-                    ]
-                    with m.If(p.kind == MessageKind.WRITE):
-                        m.next = "PACKET"
-                    with m.Elif(p.signaled | (p.kind == MessageKind.ERROR)):
-                        m.next = "MARKER"
+                take_message()
             with m.State("MARKER"):
                 m.d.comb += [out.valid.eq(1), out.p.frame.eq(0), out.p.last.eq(1), out.p.cpl_valid.eq(1)]
                 with m.If(out.ready):
-                    m.next = "MESSAGE"
+                    take_message()
             with m.State("PACKET"):
                 need_raw = pkt_left != 0
                 emit = Signal()

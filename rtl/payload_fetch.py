@@ -81,21 +81,24 @@ class PayloadFetch(wiring.Component):
             dma.arburst.eq(1), dma.arcache.eq(0b0011),
             self.messages_out.p.eq(msg),
         ]
-        with m.FSM():
-            with m.State("IDLE"):
-                m.d.comb += [self.messages_out.valid.eq(self.messages_in.valid),
-                             self.messages_in.ready.eq(self.messages_out.ready)]
-                with m.If(self.messages_in.valid & self.messages_out.ready & needs_dma):
-                    m.d.sync += [addr.eq(first_beat), beats.eq(nbeats)]
-                    m.next = "ISSUE"
-            with m.State("ISSUE"):
-                with m.If(beats == 0):
-                    m.next = "IDLE"
-                with m.Elif(credits + burst <= self.buffer_beats):
-                    m.d.comb += dma.arvalid.eq(1)
-                    with m.If(dma.arready):
-                        m.d.comb += issued.eq(burst)
-                        m.d.sync += [addr.eq(addr + (burst << beat_shift)), beats.eq(beats - burst)]
+        # One burst per cycle; the next message is taken in the cycle of the last burst.
+        busy = Signal()
+        fire = Signal()
+        m.d.comb += [dma.arvalid.eq(busy & (credits + burst <= self.buffer_beats)),
+                     fire.eq(dma.arvalid & dma.arready)]
+        free = Signal()
+        m.d.comb += [
+            free.eq(~busy | (fire & (beats == burst))),
+            self.messages_out.valid.eq(self.messages_in.valid & free),
+            self.messages_in.ready.eq(self.messages_out.ready & free),
+        ]
+        with m.If(fire):
+            m.d.comb += issued.eq(burst)
+            m.d.sync += [addr.eq(addr + (burst << beat_shift)), beats.eq(beats - burst)]
+            with m.If(beats == burst):
+                m.d.sync += busy.eq(0)
+        with m.If(self.messages_in.valid & self.messages_in.ready & needs_dma):
+            m.d.sync += [addr.eq(first_beat), beats.eq(nbeats), busy.eq(1)]
 
         m.d.comb += [
             dma.rready.eq(1), buf.w_en.eq(dma.rvalid), buf.w_data.eq(dma.rdata),

@@ -1,4 +1,4 @@
-"""QP context table and the round-robin queue of QPs with work."""
+"""QP context table and the weighted round-robin scheduler of QPs with work."""
 from amaranth.hdl import *
 from amaranth.lib import wiring, data, stream, fifo
 from amaranth.lib.memory import Memory
@@ -8,45 +8,64 @@ from spec.formats import QpState
 from .contexts import QpConfig, QpEntry, qp_bits
 from .doorbell_decoder import DoorbellEvent
 
-__all__ = ["QpTable", "FetchJob", "QpUpdate"]
+__all__ = ["QpTable", "FetchJob", "QpUpdate", "QpCommit"]
 
 
 def FetchJob(num_qps, num_cqs, max_burst):
-    """A burst of WQEBBs of one QP for the WQE fetch: ``count`` WQEBBs from ``ci``."""
+    """A burst of WQEBBs of one QP for the WQE fetch: ``count`` WQEBBs from ``ci``.
+
+    ``clamped``: the QP had more WQEBBs posted than its quantum, so the burst may
+    end inside a WQE.
+    """
     return data.StructLayout({
         "qpn": unsigned(qp_bits(num_qps)), "cfg": QpConfig(num_cqs),
-        "ci": unsigned(16), "count": unsigned(max_burst.bit_length()), "psn": unsigned(24),
+        "ci": unsigned(16), "count": unsigned(max_burst.bit_length()), "clamped": unsigned(1),
     })
 
 
 def QpUpdate(num_qps):
-    """End of a burst, from the WQE parser: new consumer index and PSN, or an error."""
-    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "ci": unsigned(16),
-                              "psn": unsigned(24), "error": unsigned(1)})
+    """From the WQE parser, only when a burst went wrong: a WQE was cut by the burst end
+    (fetch again from ``ci``) or a WQE was malformed (``error``: QP to the error state).
+    ``end`` is where the burst ended, ``clamped`` is the burst's flag."""
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "ci": unsigned(16), "end": unsigned(16),
+                              "clamped": unsigned(1), "error": unsigned(1)})
+
+
+def QpCommit(num_qps, num_cqs):
+    """A context write from the control path; ``reset`` also clears the indices (create)."""
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "cfg": QpConfig(num_cqs),
+                              "reset": unsigned(1)})
 
 
 class QpTable(wiring.Component):
     """Per-QP context in one RAM, updated by one read-modify-write sequencer.
 
-    The CPU commits contexts; doorbells raise the producer index; bursts go out to
-    the WQE fetch as ``jobs``; the WQE parser reports each burst's end on ``updates``.
-    A QP with work sits once in a FIFO of QP numbers, which gives round robin
-    between QPs at burst granularity (at most ``max_burst`` WQEBBs per turn) and
-    scales with RAM, not flip-flops. Only one burst per QP is in flight, so a QP's
-    WQEs stay in order.
+    The CPU commits contexts; doorbells raise the producer index ``pi``; bursts go
+    out to the WQE fetch as ``jobs`` and advance the fetch index ``fi``. A QP with
+    work sits once in a FIFO of QP numbers: each turn it gets one burst of up to
+    ``weight x quantum`` WQEBBs and, if it has more, goes to the back of the FIFO.
+    That is weighted round robin at WQEBB granularity, with state in RAM only, so it
+    scales with the RAM. Bursts of one QP may be in flight back to back: the fetch
+    and the parser keep them in order.
 
-    Every operation takes two cycles (RAM read, then write).
+    A burst normally ends at a doorbell's limit, a WQE boundary. A ``clamped`` burst
+    can end inside a WQE: the parser then reports the cut on ``updates``, ``fi``
+    goes back to the cut WQE (the unused part of the quantum is refetched in the next
+    turn) and the parser discards the bursts already in flight behind it.
+
+    Every operation takes two cycles (RAM read, then write); priority is commit,
+    update, doorbell, schedule.
 
     Parameters
     ----------
     num_qps, num_cqs : int
-    max_burst : int
-        Most WQEBBs fetched for one QP per turn.
+    quantum : int
+        WQEBBs per turn for weight 1.
+    max_weight : int
 
     Members
     -------
-    commit : In(stream.Signature(...))
-        ``payload.qpn``, ``payload.cfg``, ``payload.psn`` from the control registers.
+    commit : In(stream.Signature(QpCommit))
     doorbells : In(stream.Signature(DoorbellEvent))
     updates : In(stream.Signature(QpUpdate))
     jobs : Out(stream.Signature(FetchJob))
@@ -54,19 +73,20 @@ class QpTable(wiring.Component):
     db_dropped : Out(1)
         Strobe: a doorbell for a QP that is not in RTS was ignored.
     """
-    def __init__(self, *, num_qps, num_cqs, max_burst=8):
+    def __init__(self, *, num_qps, num_cqs, quantum=32, max_weight=15):
         if num_qps < 2:
             raise ValueError(f"num_qps must be at least 2, not {num_qps}")
-        if not 1 <= max_burst <= 64:
-            raise ValueError(f"max_burst must be 1..64 WQEBBs, not {max_burst}")
-        self.num_qps, self.num_cqs, self.max_burst = num_qps, num_cqs, max_burst
-        commit = data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "cfg": QpConfig(num_cqs),
-                                    "psn": unsigned(24)})
+        if not 1 <= quantum <= 256:
+            raise ValueError(f"quantum must be 1..256 WQEBBs, not {quantum}")
+        if not 1 <= max_weight <= 15:
+            raise ValueError(f"max_weight must be 1..15 (a 4-bit field), not {max_weight}")
+        self.num_qps, self.num_cqs, self.quantum, self.max_weight = num_qps, num_cqs, quantum, max_weight
+        self.max_burst = quantum * max_weight
         super().__init__({
-            "commit": In(stream.Signature(commit)),
+            "commit": In(stream.Signature(QpCommit(num_qps, num_cqs))),
             "doorbells": In(stream.Signature(DoorbellEvent(num_qps))),
             "updates": In(stream.Signature(QpUpdate(num_qps))),
-            "jobs": Out(stream.Signature(FetchJob(num_qps, num_cqs, max_burst))),
+            "jobs": Out(stream.Signature(FetchJob(num_qps, num_cqs, self.max_burst))),
             "db_dropped": Out(1),
         })
 
@@ -93,6 +113,14 @@ class QpTable(wiring.Component):
 
         pending = Signal(16)
         rts = Signal()
+        weight = Signal(4)
+        quantum = Signal(range(self.max_burst + 1))
+        m.d.comb += [weight.eq(Mux(entry.cfg.weight > self.max_weight, self.max_weight, entry.cfg.weight)),
+                     quantum.eq(Mux(weight == 0, 1, weight) * self.quantum)]
+
+        def enqueue():
+            m.d.comb += [active.w_en.eq(1), active.w_data.eq(qpn), new.dyn.queued.eq(1)]
+
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.commit.valid):
@@ -114,40 +142,48 @@ class QpTable(wiring.Component):
                     m.d.sync += [op.eq(3), qpn.eq(active.r_data)]
                     m.next = "EXEC"
             with m.State("EXEC"):
-                # The RAM output holds while rd.en is low, so EXEC may wait for jobs.ready.
                 m.d.comb += [new.eq(entry), rts.eq(entry.cfg.state == QpState.RTS)]
-                m.d.comb += pending.eq(entry.dyn.pi - entry.dyn.ci)
+                m.d.comb += pending.eq(entry.dyn.pi - entry.dyn.fi)
                 m.next = "IDLE"
                 with m.Switch(op):
                     with m.Case(0):
-                        m.d.comb += [new.cfg.eq(commit_p.cfg), new.dyn.pi.eq(0), new.dyn.ci.eq(0),
-                                     new.dyn.psn.eq(commit_p.psn), wr.en.eq(1)]
+                        m.d.comb += [new.cfg.eq(commit_p.cfg), wr.en.eq(1)]
+                        with m.If(commit_p.reset):
+                            m.d.comb += [new.dyn.pi.eq(0), new.dyn.fi.eq(0), new.dyn.queued.eq(0)]
                     with m.Case(1):
-                        m.d.comb += [new.dyn.ci.eq(update_p.ci), new.dyn.psn.eq(update_p.psn),
-                                     new.dyn.queued.eq(0), wr.en.eq(1)]
+                        m.d.comb += wr.en.eq(1)
                         with m.If(update_p.error):
                             m.d.comb += new.cfg.state.eq(QpState.ERR)
-                        with m.Elif(rts & (entry.dyn.pi != update_p.ci)):
-                            m.d.comb += [active.w_en.eq(1), active.w_data.eq(qpn), new.dyn.queued.eq(1)]
+                        with m.Else():
+                            m.d.comb += new.dyn.fi.eq(update_p.ci)
+                            # Fetch again at once if the cut came from the quantum or more
+                            # was posted since; a WQE cut by its own doorbell waits for the next.
+                            with m.If(rts & ~entry.dyn.queued & (entry.dyn.pi != update_p.ci)
+                                      & (update_p.clamped | (entry.dyn.pi != update_p.end))):
+                                enqueue()
                     with m.Case(2):
                         with m.If(rts):
                             m.d.comb += [new.dyn.pi.eq(limit), wr.en.eq(1)]
-                            with m.If(~entry.dyn.queued & (limit != entry.dyn.ci)):
-                                m.d.comb += [active.w_en.eq(1), active.w_data.eq(qpn),
-                                             new.dyn.queued.eq(1)]
+                            with m.If(~entry.dyn.queued & (limit != entry.dyn.fi)):
+                                enqueue()
                         with m.Else():
                             m.d.comb += self.db_dropped.eq(1)
                     with m.Case(3):
-                        # "queued" now means "waiting or in flight": cleared by the update.
+                        m.d.comb += wr.en.eq(1)
                         with m.If(rts & (pending != 0)):
+                            clamped = pending > quantum
+                            count = Mux(clamped, quantum, pending)
                             m.d.comb += [
                                 self.jobs.valid.eq(1),
                                 self.jobs.p.qpn.eq(qpn), self.jobs.p.cfg.eq(entry.cfg),
-                                self.jobs.p.ci.eq(entry.dyn.ci), self.jobs.p.psn.eq(entry.dyn.psn),
-                                self.jobs.p.count.eq(Mux(pending > self.max_burst, self.max_burst, pending)),
+                                self.jobs.p.ci.eq(entry.dyn.fi), self.jobs.p.count.eq(count),
+                                self.jobs.p.clamped.eq(clamped),
+                                new.dyn.fi.eq(entry.dyn.fi + count),
                             ]
-                            with m.If(~self.jobs.ready):
-                                m.next = "EXEC"
+                            with m.If(clamped):
+                                enqueue()               # more to do: back of the queue
+                            with m.Else():
+                                m.d.comb += new.dyn.queued.eq(0)
                         with m.Else():
-                            m.d.comb += [new.dyn.queued.eq(0), wr.en.eq(1)]
+                            m.d.comb += new.dyn.queued.eq(0)
         return m

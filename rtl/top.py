@@ -50,8 +50,8 @@ class IbgdaNic(wiring.Component):
     ----------
     num_qps, num_cqs : int
         Sizes of the QP and CQ tables (RAMs).
-    max_burst : int
-        WQEBBs fetched for one QP per round-robin turn.
+    quantum : int
+        WQEBBs fetched per scheduler turn for a QP of weight 1 (weight w: w x quantum).
     wqe_buffer : int
         WQEBB buffer = WQE reads in flight.
     payload_buffer : int
@@ -64,13 +64,13 @@ class IbgdaNic(wiring.Component):
     m_axi_*     AXI4 master: DMA to GPU memory.
     m_axis_tx_* AXI4-Stream master: frames to the MAC.
     """
-    def __init__(self, *, num_qps=P.NUM_QPS, num_cqs=P.NUM_CQS, max_burst=P.MAX_BURST_WQEBBS,
+    def __init__(self, *, num_qps=P.NUM_QPS, num_cqs=P.NUM_CQS, quantum=P.QUANTUM_WQEBBS,
                  wqe_buffer=P.WQE_BUFFER_WQEBBS, payload_buffer=P.PAYLOAD_BUFFER_BEATS):
         for name, value in (("num_qps", num_qps), ("num_cqs", num_cqs)):
             if not isinstance(value, int) or value < 2 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= 2, not {value!r}")
         self.num_qps, self.num_cqs = num_qps, num_cqs
-        self.max_burst, self.wqe_buffer, self.payload_buffer = max_burst, wqe_buffer, payload_buffer
+        self.quantum, self.wqe_buffer, self.payload_buffer = quantum, wqe_buffer, payload_buffer
         data_bits = 8 * P.DATA_BYTES
         self._sigs = {
             "s_axil": AxiLiteSignature(addr_width=P.CSR_ADDR_WIDTH, data_width=32).flip(),
@@ -90,12 +90,14 @@ class IbgdaNic(wiring.Component):
         m.submodules.csr = csr = ControlRegisters(num_qps=nq, num_cqs=nc)
         m.submodules.doorbell = db = DoorbellDecoder(num_qps=nq)
         m.submodules.db_fifo = db_fifo = _StreamFifo(DoorbellEvent(nq), 16)
-        m.submodules.qp_table = qpt = QpTable(num_qps=nq, num_cqs=nc, max_burst=self.max_burst)
-        m.submodules.job_fifo = job_fifo = _StreamFifo(FetchJob(nq, nc, self.max_burst), 4)
-        m.submodules.wqe_fetch = wf = WqeFetch(num_qps=nq, num_cqs=nc, max_burst=self.max_burst,
+        m.submodules.qp_table = qpt = QpTable(num_qps=nq, num_cqs=nc, quantum=self.quantum,
+                                              max_weight=P.MAX_WEIGHT)
+        mb = qpt.max_burst
+        m.submodules.job_fifo = job_fifo = _StreamFifo(FetchJob(nq, nc, mb), 4)
+        m.submodules.wqe_fetch = wf = WqeFetch(num_qps=nq, num_cqs=nc, max_burst=mb,
                                                buffer_depth=self.wqe_buffer)
-        m.submodules.burst_fifo = burst_fifo = _StreamFifo(FetchJob(nq, nc, self.max_burst), 16)
-        m.submodules.wqe_parser = wp = WqeParser(num_qps=nq, num_cqs=nc, max_burst=self.max_burst)
+        m.submodules.burst_fifo = burst_fifo = _StreamFifo(FetchJob(nq, nc, mb), 16)
+        m.submodules.wqe_parser = wp = WqeParser(num_qps=nq, num_cqs=nc, max_burst=mb)
         m.submodules.inline_fifo = inline_fifo = _StreamFifo(8 * P.DATA_BYTES, 8)
         m.submodules.payload_fetch = pf = PayloadFetch(num_qps=nq, num_cqs=nc, buffer_beats=self.payload_buffer)
         m.submodules.msg_fifo = msg_fifo = _StreamFifo(Message(nq, nc), P.MESSAGE_QUEUE_DEPTH)
@@ -112,8 +114,13 @@ class IbgdaNic(wiring.Component):
 
         # Control path: commits become one-entry streams.
         m.d.comb += [
-            qpt.commit.valid.eq(csr.qp_commit), qpt.commit.p.qpn.eq(csr.qp_num),
-            qpt.commit.p.cfg.eq(csr.qp_cfg), qpt.commit.p.psn.eq(csr.qp_start_psn),
+            # A create goes to the QP table and the parser (PSN, consumer index) together:
+            # the parser's ready does not depend on valid, the table's does.
+            qpt.commit.valid.eq(csr.qp_commit & (wp.commit.ready | ~csr.qp_commit_reset)),
+            qpt.commit.p.qpn.eq(csr.qp_num), qpt.commit.p.cfg.eq(csr.qp_cfg),
+            qpt.commit.p.reset.eq(csr.qp_commit_reset),
+            wp.commit.valid.eq(csr.qp_commit & csr.qp_commit_reset & qpt.commit.ready),
+            wp.commit.p.qpn.eq(csr.qp_num), wp.commit.p.psn.eq(csr.qp_start_psn),
             csr.qp_commit_ack.eq(qpt.commit.ready),
             cw.commit.valid.eq(csr.cq_commit), cw.commit.p.cqn.eq(csr.cq_num), cw.commit.p.cfg.eq(csr.cq_cfg),
             csr.cq_commit_ack.eq(cw.commit.ready),

@@ -11,7 +11,7 @@ __all__ = ["WqeFetch"]
 
 
 class WqeFetch(wiring.Component):
-    """Reads the WQEBBs of each burst, one 64-byte read per WQEBB, many in flight.
+    """Reads the WQEBBs of each burst, one 64-byte read per WQEBB per cycle, many in flight.
 
     WQEBB n of a queue lives at ``sq_base + ((n & (depth - 1)) << 6)``, so a WQE that
     wraps the ring end is read in two places without special cases. Reads are issued
@@ -65,6 +65,7 @@ class WqeFetch(wiring.Component):
         m.d.sync += credits.eq(credits + issue - (buf.r_rdy & buf.r_en))
 
         job = Signal.like(self.jobs.p)
+        have = Signal()                  # a job is loaded and has reads left
         left = Signal.like(self.jobs.p.count)
         index = Signal(16)
         addr = Signal(64)
@@ -74,23 +75,25 @@ class WqeFetch(wiring.Component):
             dma.arid.eq(0), dma.araddr.eq(addr), dma.arlen.eq(0), dma.arsize.eq(6),
             dma.arburst.eq(1), dma.arcache.eq(0b0011),
         ]
-        with m.FSM():
-            with m.State("IDLE"):
-                m.d.comb += [self.bursts.valid.eq(self.jobs.valid), self.bursts.p.eq(self.jobs.p),
-                             self.jobs.ready.eq(self.bursts.ready)]
-                with m.If(self.jobs.valid & self.bursts.ready):
-                    m.d.sync += [job.eq(self.jobs.p), left.eq(self.jobs.p.count),
-                                 index.eq(self.jobs.p.ci)]
-                    m.next = "ISSUE"
-            with m.State("ISSUE"):
-                with m.If(left == 0):
-                    m.next = "IDLE"
-                with m.Elif(credits < self.buffer_depth):
-                    m.d.comb += dma.arvalid.eq(1)
-                    with m.If(dma.arready):
-                        m.d.comb += [issue.eq(1), lane.w_en.eq(1),
-                                     lane.w_data.eq(addr[6:6 + len(lane.w_data)])]
-                        m.d.sync += [left.eq(left - 1), index.eq(index + 1)]
+        # One read per cycle; the next job is taken in the cycle of the last read, so
+        # bursts follow each other without a gap.
+        fire = Signal()
+        m.d.comb += [dma.arvalid.eq(have & (credits < self.buffer_depth)), fire.eq(dma.arvalid & dma.arready)]
+        take = Signal()
+        m.d.comb += [
+            take.eq(self.jobs.valid & self.bursts.ready & (~have | (fire & (left == 1)))),
+            self.bursts.valid.eq(self.jobs.valid & (~have | (fire & (left == 1)))),
+            self.bursts.p.eq(self.jobs.p),
+            self.jobs.ready.eq(self.bursts.ready & (~have | (fire & (left == 1)))),
+        ]
+        with m.If(fire):
+            m.d.comb += [issue.eq(1), lane.w_en.eq(1), lane.w_data.eq(addr[6:6 + len(lane.w_data)])]
+            m.d.sync += [left.eq(left - 1), index.eq(index + 1)]
+            with m.If(left == 1):
+                m.d.sync += have.eq(0)
+        with m.If(take):
+            m.d.sync += [job.eq(self.jobs.p), left.eq(self.jobs.p.count), index.eq(self.jobs.p.ci),
+                         have.eq(1)]
 
         # Read data: a buffer slot is reserved for every read, so always ready.
         m.d.comb += [

@@ -1,9 +1,11 @@
 """WQE parser: WQEBBs -> message descriptors, inline payload beats and QP updates."""
 from amaranth.hdl import *
 from amaranth.lib import wiring, data, stream
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
+from .contexts import qp_bits
 from .qp_table import FetchJob, QpUpdate
 from .message import Message, MessageKind
 
@@ -21,16 +23,24 @@ class WqeParser(wiring.Component):
 
     For each burst of a QP it reads the WQEs in order: ctrl segment first (its ds
     gives the WQE's length in WQEBBs), then the remote-address segment and either
-    one data-pointer segment or one inline segment. The PSN of each message is
-    assigned here (one per packet: ``ceil(length / MTU)``, at least one), so the
-    burst's end carries the QP's next consumer index and PSN back to the QP table.
+    one data-pointer segment or one inline segment. A WQE leaves as a message (and
+    its inline beat) in the cycle its last WQEBB arrives: one single-WQEBB WQE per
+    cycle, plus one cycle per burst to store the QP's state.
 
-    A WQE cut by the burst end is left for the next turn (its WQEBBs are dropped
-    and re-read). An unsupported opcode or malformed WQE becomes an ERROR message
-    (the builder turns it into an error CQE) and moves the QP to the error state.
+    The parser owns each QP's consumer index, next PSN (one per packet:
+    ``ceil(length / MTU)``, at least one) and error flag, in a RAM read when a burst
+    starts and written when it ends. A burst that does not start at the consumer
+    index (behind a cut WQE) or of a QP in error is discarded.
+
+    A WQE cut by the burst end is left for the next turn: its WQEBBs are dropped,
+    ``updates`` tells the QP table to fetch again from it. An unsupported opcode or
+    malformed WQE becomes an ERROR message (the builder turns it into an error CQE),
+    and ``updates`` moves the QP to the error state.
 
     Members
     -------
+    commit : In(stream.Signature(...))
+        ``qpn``, ``psn``: a QP is created; its consumer index is 0, its next PSN ``psn``.
     bursts : In(stream.Signature(FetchJob))
     wqebbs : In(stream.Signature(512))
     messages : Out(stream.Signature(Message))
@@ -44,6 +54,8 @@ class WqeParser(wiring.Component):
     def __init__(self, *, num_qps, num_cqs, max_burst):
         self.num_qps, self.num_cqs = num_qps, num_cqs
         super().__init__({
+            "commit": In(stream.Signature(data.StructLayout({"qpn": unsigned(qp_bits(num_qps)),
+                                                            "psn": unsigned(24)}))),
             "bursts": In(stream.Signature(FetchJob(num_qps, num_cqs, max_burst))),
             "wqebbs": In(stream.Signature(8 * F.WQEBB)),
             "messages": Out(stream.Signature(Message(num_qps, num_cqs))),
@@ -53,25 +65,49 @@ class WqeParser(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        ctx_layout = data.StructLayout({"index": unsigned(16), "psn": unsigned(24), "err": unsigned(1)})
+        m.submodules.ctx = ctx_ram = Memory(shape=ctx_layout, depth=self.num_qps, init=[])
+        wr = ctx_ram.write_port()
+        rd = ctx_ram.read_port(transparent_for=(wr,))   # a burst may follow its QP's previous one
+        m.d.comb += rd.en.eq(0)
+        ctx = Signal(ctx_layout)
+        m.d.comb += ctx.eq(rd.data)
+
         job = Signal.like(self.bursts.p)
         left = Signal.like(self.bursts.p.count)      # WQEBBs of the burst not yet taken
         index = Signal(16)                           # WQEBB index of the current WQE
         psn = Signal(24)
-        error = Signal()
-        wqe = Signal(8 * F.WQEBB * F.MAX_WQEBBS)
+        fresh = Signal()                             # psn not loaded yet: it is ctx.psn
+        cur_psn = Signal(24)
+        m.d.comb += cur_psn.eq(Mux(fresh, ctx.psn, psn))
+        error = Signal()                             # this burst hit a malformed WQE
+        cut = Signal()                               # this burst ended inside a WQE
+        stale = Signal()                             # this burst is discarded as a whole
+        wqe = Signal(8 * F.WQEBB * F.MAX_WQEBBS)     # WQEBBs gathered so far
         got = Signal(range(F.MAX_WQEBBS + 1))
         need = Signal(range(F.MAX_WQEBBS + 1))
         drop = Signal.like(left)
-        too_long = Signal()
 
-        # First WQEBB's ctrl segment, straight from the stream (to size the WQE).
+        # The WQE as it stands this cycle: gathered WQEBBs plus the one arriving.
+        bb = 8 * F.WQEBB
+        view = Signal.like(wqe)
+        m.d.comb += view.eq(wqe)
+        for i in range(F.MAX_WQEBBS):
+            with m.If(got == i):
+                m.d.comb += view.word_select(i, bb).eq(self.wqebbs.p)
+
+        # Ctrl segment of a first WQEBB, straight from the stream (to size the WQE).
         first = self.wqebbs.p
         ds_first = first.word_select(7, 8)[:6]
         nbb_first = Signal(4)
         m.d.comb += nbb_first.eq(Mux(ds_first == 0, 1, (ds_first + 3) >> 2))
+        too_long = Signal()
+        m.d.comb += too_long.eq((got == 0) & (nbb_first > F.MAX_WQEBBS))
+        nbb = Signal(4)
+        m.d.comb += nbb.eq(Mux(got == 0, Mux(too_long, 1, nbb_first), need))
 
-        # Fields of the assembled WQE.
-        ctrl, raddr_seg, data_seg = wqe[0:128], wqe[128:256], wqe[256:384]
+        # Fields of the WQE.
+        ctrl, raddr_seg, data_seg = view[0:128], view[128:256], view[256:384]
         opcode = _be_field(ctrl, F.CTRL_SEG, "opmod_idx_opcode")[:8]
         ds = _be_field(ctrl, F.CTRL_SEG, "qpn_ds")[:6]
         fm_ce_se = _be_field(ctrl, F.CTRL_SEG, "fm_ce_se")
@@ -111,83 +147,92 @@ class WqeParser(wiring.Component):
             self.messages.p.index.eq(index), self.messages.p.raddr.eq(raddr), self.messages.p.rkey.eq(rkey),
             self.messages.p.length.eq(Mux(kind == MessageKind.WRITE, length, 0)),
             self.messages.p.inline.eq(is_inline & (ds != 2)),
-            self.messages.p.addr.eq(seg_addr), self.messages.p.psn.eq(psn),
+            self.messages.p.addr.eq(seg_addr), self.messages.p.psn.eq(cur_psn),
             self.updates.p.qpn.eq(job.qpn), self.updates.p.ci.eq(index),
-            self.updates.p.psn.eq(psn), self.updates.p.error.eq(error),
+            self.updates.p.end.eq(job.ci + job.count), self.updates.p.clamped.eq(job.clamped),
+            self.updates.p.error.eq(error),
         ]
 
+        # Context writes: QP creation (any time but END), and the burst's end.
+        commit_ok = Signal()
+        m.d.comb += self.commit.ready.eq(commit_ok)
+        with m.If(self.commit.valid & commit_ok):
+            m.d.comb += [wr.en.eq(1), wr.addr.eq(self.commit.p.qpn), wr.data.index.eq(0),
+                         wr.data.psn.eq(self.commit.p.psn), wr.data.err.eq(0)]
+
+        def start_burst():
+            m.d.comb += [self.bursts.ready.eq(1), rd.addr.eq(self.bursts.p.qpn), rd.en.eq(1)]
+            with m.If(self.bursts.valid):
+                m.d.sync += [job.eq(self.bursts.p), left.eq(self.bursts.p.count), index.eq(self.bursts.p.ci),
+                             fresh.eq(1), error.eq(0), cut.eq(0), stale.eq(0), got.eq(0)]
+                m.next = "RUN"
+
         with m.FSM():
-            with m.State("BURST"):
-                m.d.comb += self.bursts.ready.eq(1)
-                with m.If(self.bursts.valid):
-                    m.d.sync += [job.eq(self.bursts.p), left.eq(self.bursts.p.count),
-                                 index.eq(self.bursts.p.ci), psn.eq(self.bursts.p.psn), error.eq(0)]
-                    m.next = "FIRST"
-            with m.State("FIRST"):
-                with m.If(left == 0):
-                    m.next = "UPDATE"
+            with m.State("IDLE"):
+                m.d.comb += commit_ok.eq(1)
+                start_burst()
+            with m.State("RUN"):
+                m.d.comb += commit_ok.eq(1)
+                with m.If(fresh & (ctx.err | (ctx.index != job.ci))):
+                    # Behind a cut WQE (its refetch follows) or of a QP in error.
+                    m.d.sync += [stale.eq(1), drop.eq(left)]
+                    m.next = "DROP"
+                with m.Elif(left == 0):
+                    m.next = "END"
                 with m.Elif(self.wqebbs.valid):
-                    with m.If(nbb_first > F.MAX_WQEBBS):
-                        # Longer than the engine takes: an error for this WQE.
-                        m.d.comb += self.wqebbs.ready.eq(1)
-                        m.d.sync += [wqe.eq(first), got.eq(1), need.eq(1), too_long.eq(1),
-                                     left.eq(left - 1)]
-                        m.next = "EMIT"
-                    with m.Elif(nbb_first > left):
-                        # Cut by the burst end: re-read from this WQE next turn.
-                        m.d.sync += drop.eq(left)
+                    with m.If((got == 0) & ~too_long & (nbb_first > left)):
+                        # Cut by the burst end: fetched again from this WQE.
+                        m.d.sync += [cut.eq(1), drop.eq(left)]
                         m.next = "DROP"
-                    with m.Else():
+                    with m.Elif(got + 1 < nbb):
+                        # gather
                         m.d.comb += self.wqebbs.ready.eq(1)
-                        m.d.sync += [wqe.eq(first), got.eq(1), need.eq(nbb_first), too_long.eq(0),
-                                     left.eq(left - 1)]
-                        with m.If(nbb_first == 1):
-                            m.next = "EMIT"
-                        with m.Else():
-                            m.next = "REST"
-            with m.State("REST"):
-                with m.If(got == need):
-                    m.next = "EMIT"
-                with m.Elif(self.wqebbs.valid):
-                    m.d.comb += self.wqebbs.ready.eq(1)
-                    with m.Switch(got):
-                        for i in range(1, F.MAX_WQEBBS):
-                            with m.Case(i):
-                                m.d.sync += wqe.word_select(i, 8 * F.WQEBB).eq(self.wqebbs.p)
-                    m.d.sync += [got.eq(got + 1), left.eq(left - 1)]
-            with m.State("EMIT"):
-                m.d.comb += self.messages.valid.eq(1)
-                with m.If(self.messages.ready):
-                    m.d.sync += index.eq(index + need)
-                    with m.If(kind == MessageKind.WRITE):
-                        m.d.sync += psn.eq(psn + npkts)
-                    with m.If(kind == MessageKind.ERROR):
-                        m.d.sync += [error.eq(1), drop.eq(left)]
-                        m.next = "DROP"
-                    with m.Elif(send_inline):
-                        m.next = "INLINE0"
+                        m.d.sync += [wqe.eq(view), got.eq(got + 1), left.eq(left - 1)]
+                        with m.If(got == 0):
+                            m.d.sync += need.eq(nbb_first)
                     with m.Else():
-                        m.next = "FIRST"
-            with m.State("INLINE0"):
-                m.d.comb += [self.inline.valid.eq(1), self.inline.p.eq(wqe[:1024])]
-                with m.If(self.inline.ready):
-                    with m.If(two_beats):
-                        m.next = "INLINE1"
-                    with m.Else():
-                        m.next = "FIRST"
+                        # The WQE is whole: hand it on with its inline beat.
+                        inline_ok = ~send_inline | self.inline.ready
+                        m.d.comb += [
+                            self.messages.valid.eq(inline_ok),
+                            self.inline.valid.eq(send_inline & self.messages.ready),
+                            self.inline.p.eq(view[:1024]),
+                        ]
+                        with m.If(self.messages.ready & inline_ok):
+                            m.d.comb += self.wqebbs.ready.eq(1)
+                            m.d.sync += [index.eq(index + nbb), left.eq(left - 1), got.eq(0), fresh.eq(0),
+                                         psn.eq(cur_psn + Mux(kind == MessageKind.WRITE, npkts, 0)),
+                                         wqe.eq(view)]
+                            with m.If(kind == MessageKind.ERROR):
+                                m.d.sync += [error.eq(1), drop.eq(left - 1)]
+                                m.next = "DROP"
+                            with m.Elif(send_inline & two_beats):
+                                m.next = "INLINE1"
+                            with m.Elif(left == 1):
+                                m.next = "END"
             with m.State("INLINE1"):
-                m.d.comb += [self.inline.valid.eq(1), self.inline.p.eq(wqe[1024:])]
+                m.d.comb += [commit_ok.eq(1), self.inline.valid.eq(1), self.inline.p.eq(wqe[1024:])]
                 with m.If(self.inline.ready):
-                    m.next = "FIRST"
+                    with m.If(left == 0):
+                        m.next = "END"
+                    with m.Else():
+                        m.next = "RUN"
             with m.State("DROP"):
-                # Discard the rest of the burst: after an error, or a cut WQE.
+                # Discard the rest of the burst: after an error, a cut WQE, or all of a stale burst.
+                m.d.comb += commit_ok.eq(1)
                 with m.If(drop == 0):
-                    m.next = "UPDATE"
+                    m.next = "END"
                 with m.Elif(self.wqebbs.valid):
                     m.d.comb += self.wqebbs.ready.eq(1)
                     m.d.sync += drop.eq(drop - 1)
-            with m.State("UPDATE"):
-                m.d.comb += self.updates.valid.eq(1)
-                with m.If(self.updates.ready):
-                    m.next = "BURST"
+            with m.State("END"):
+                # Store the QP's state; report a cut or an error; take the next burst.
+                report = ~stale & (cut | error)
+                m.d.comb += self.updates.valid.eq(report)
+                with m.If(~report | self.updates.ready):
+                    with m.If(~stale):
+                        m.d.comb += [wr.en.eq(1), wr.addr.eq(job.qpn), wr.data.index.eq(index),
+                                     wr.data.psn.eq(cur_psn), wr.data.err.eq(error)]
+                    m.next = "IDLE"
+                    start_burst()
         return m

@@ -13,8 +13,13 @@ NUM_QPS = 1024                     # QP contexts in RAM (issue 3: 1024 and more)
 NUM_CQS = 64
 DEFAULT_MTU = 4096
 # Engine build defaults (rtl/top.py) that the cycle model must know too.
-MAX_BURST_WQEBBS = 8               # WQEBBs fetched per QP per round-robin turn
-WQE_BUFFER_WQEBBS = 64             # WQEBB buffer = WQE reads in flight: 8 QPs x 8 WQEBBs hide 1 us
+# Scheduler quantum: a QP of weight w gets up to w x QUANTUM_WQEBBS WQEBBs per turn.
+QUANTUM_WQEBBS = 32
+MAX_WEIGHT = 15
+MAX_BURST_WQEBBS = QUANTUM_WQEBBS * MAX_WEIGHT
+# WQEBB buffer = WQE reads in flight. At one WQEBB per cycle, 1 us of latency (500
+# cycles) plus the pipeline needs about 510 reads in flight: 512 x 64 B = 32 KiB.
+WQE_BUFFER_WQEBBS = 512
 # Payload buffer: 1 us x 400 Gb/s = 50 KB must be in flight to keep the wire busy
 # from GPU memory; 512 beats of 128 B = 64 KiB (512 Kbit of RAM).
 PAYLOAD_BUFFER_BEATS = 512
