@@ -135,10 +135,10 @@ class EngineCycleModel:
             if qpt_state == "EXEC":
                 kind, arg = qpt_op
                 q = self.qps[arg[0]]
-                if kind == "update":             # a cut WQE: fetch again from it
-                    _, ci, end, clamped = arg
+                if kind == "update":             # a cut WQE: fetch again from it once more is posted
+                    _, ci, end = arg
                     q.fi = ci
-                    if not q.queued and q.pi != ci and (clamped or q.pi != end):
+                    if not q.queued and q.pi != ci and q.pi != end:
                         active.push(t, arg[0])
                         q.queued = True
                 elif kind == "doorbell":
@@ -150,9 +150,10 @@ class EngineCycleModel:
                     pending = (q.pi - q.fi) & 0xFFFF
                     quantum = q.weight * P.QUANTUM_WQEBBS
                     if pending:
-                        count = min(pending, quantum)
-                        job_fifo.push(t, (arg[0], q.fi, count, pending > quantum))
-                        q.fi = (q.fi + count) & 0xFFFF
+                        own = min(pending, quantum)
+                        over = min(pending - quantum, F.MAX_WQEBBS - 1) if pending > quantum else 0
+                        job_fifo.push(t, (arg[0], q.fi, own + over, own))
+                        q.fi = (q.fi + own) & 0xFFFF
                         if pending > quantum:
                             active.push(t, arg[0])
                         else:
@@ -248,28 +249,49 @@ class EngineCycleModel:
             job = bursts.head(t)
             if job is not None:
                 bursts.pop()
-                q = self.qps[job[0]]
-                ps.update(state="RUN", qpn=job[0], index=job[1], left=job[2], end=(job[1] + job[2]) & 0xFFFF,
-                          clamped=job[3], fresh=True, cut=False, stale=False, report=None, got=0)
+                ps.update(state="RUN", qpn=job[0], start=job[1], index=job[1], left=job[2], count=job[2],
+                          own=job[3], end=(job[1] + job[2]) & 0xFFFF, fresh=True, cut=False, stale=False,
+                          report=None, got=0)
             else:
                 ps["state"] = "IDLE"
+
+        def drop_then(n, then_run=False):
+            if n == 0:
+                ps["state"] = "RUN" if then_run else "END"
+            else:
+                ps.update(drop=n, after=then_run, state="DROP")
+
+        def end_state():
+            ps["state"] = "END"
+            if ps["cut"] and not ps["stale"]:
+                ps["report"] = (ps["qpn"], ps["index"], ps["end"])
 
         if st == "IDLE":
             start_burst()
             return None
         if st == "RUN":
             q = self.qps[ps["qpn"]]
-            if ps["fresh"] and q.ci != ps["index"]:
-                ps.update(stale=True, drop=ps["left"], state="DROP")
+            skip = (q.ci - ps["start"]) & 0xFFFF
+            if ps["fresh"] and skip > ps["count"]:
+                ps.update(stale=True, drop=ps["left"], after=False, state="DROP")
+                return None
+            if ps["fresh"] and skip and ps["index"] != q.ci:
+                ps["index"] = q.ci
+                ps["left"] -= skip
+                drop_then(skip, True)
                 return None
             if ps["left"] == 0:
-                ps["state"] = "END"
+                end_state()
+                return None
+            if ps["got"] == 0 and (ps["index"] - ps["start"]) & 0xFFFF >= ps["own"]:
+                drop_then(ps["left"])
                 return None
             if wqebbs.head(t) is None:
                 return None
             w = q.wqes[ps["index"] & 0xFFFF]
             if ps["got"] == 0 and w.nwqebbs > ps["left"]:
-                ps.update(cut=True, drop=ps["left"], state="DROP")
+                ps["cut"] = True
+                drop_then(ps["left"])
                 return None
             if ps["got"] + 1 < w.nwqebbs:
                 wqebbs.pop()
@@ -287,7 +309,7 @@ class EngineCycleModel:
             ps["left"] -= 1
             ps["got"] = 0
             ps["fresh"] = False
-            q.ci = ps["index"]                  # the parser's own copy, written at END
+            q.ci = ps["index"]                  # the parser's own copy (the RTL writes it at END)
             if send_inline and INLINE_OFFSET + w.length > BEAT:
                 ps["state"] = "INLINE1"
                 ps["wqe"] = w
@@ -300,14 +322,14 @@ class EngineCycleModel:
                 ps["state"] = "END" if ps["left"] == 0 else "RUN"
             return None
         if st == "DROP":
-            if ps["drop"] == 0:
-                ps["state"] = "END"
-                if ps["cut"] and not ps["stale"]:
-                    ps["report"] = (ps["qpn"], ps["index"], ps["end"], ps["clamped"])
-                return None
             if wqebbs.head(t) is not None:
                 wqebbs.pop()
                 ps["drop"] -= 1
+                if ps["drop"] == 0:
+                    if ps["after"]:
+                        ps["state"] = "RUN"
+                    else:
+                        end_state()
                 return "pop"
             return None
         if st == "END":

@@ -4,6 +4,7 @@ from amaranth.lib import wiring, data, stream, fifo
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from spec import formats as F
 from spec.formats import QpState
 from .contexts import QpConfig, QpEntry, qp_bits
 from .doorbell_decoder import DoorbellEvent
@@ -12,23 +13,26 @@ __all__ = ["QpTable", "FetchJob", "QpUpdate", "QpCommit"]
 
 
 def FetchJob(num_qps, num_cqs, max_burst):
-    """A burst of WQEBBs of one QP for the WQE fetch: ``count`` WQEBBs from ``ci``.
+    """A burst of one QP for the WQE fetch: ``count`` WQEBBs from ``ci``.
 
-    ``clamped``: the QP had more WQEBBs posted than its quantum, so the burst may
-    end inside a WQE.
+    The burst owns the WQEs that start in its first ``own`` WQEBBs. When the QP has
+    more posted than its quantum, up to ``MAX_WQEBBS - 1`` more are read so that the
+    last owned WQE is whole; the next burst starts at ``ci + own`` and the parser
+    skips what it already took.
     """
+    width = (max_burst + F.MAX_WQEBBS - 1).bit_length()
     return data.StructLayout({
         "qpn": unsigned(qp_bits(num_qps)), "cfg": QpConfig(num_cqs),
-        "ci": unsigned(16), "count": unsigned(max_burst.bit_length()), "clamped": unsigned(1),
+        "ci": unsigned(16), "count": unsigned(width), "own": unsigned(width),
     })
 
 
 def QpUpdate(num_qps):
-    """From the WQE parser, only when a burst went wrong: a WQE was cut by the burst end
-    (fetch again from ``ci``) or a WQE was malformed (``error``: QP to the error state).
-    ``end`` is where the burst ended, ``clamped`` is the burst's flag."""
+    """From the WQE parser, only when a burst went wrong: a WQE ran past the WQEBBs
+    posted when the burst was scheduled (fetch again from ``ci`` once more is posted:
+    ``end`` is where the burst ended) or a WQE was malformed (``error``: QP to ERR)."""
     return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "ci": unsigned(16), "end": unsigned(16),
-                              "clamped": unsigned(1), "error": unsigned(1)})
+                              "error": unsigned(1)})
 
 
 def QpCommit(num_qps, num_cqs):
@@ -48,10 +52,11 @@ class QpTable(wiring.Component):
     scales with the RAM. Bursts of one QP may be in flight back to back: the fetch
     and the parser keep them in order.
 
-    A burst normally ends at a doorbell's limit, a WQE boundary. A ``clamped`` burst
-    can end inside a WQE: the parser then reports the cut on ``updates``, ``fi``
-    goes back to the cut WQE (the unused part of the quantum is refetched in the next
-    turn) and the parser discards the bursts already in flight behind it.
+    A burst ends at a doorbell's limit (a WQE boundary) or, when the quantum cuts the
+    QP's work, reads up to three WQEBBs beyond it so that its last WQE is whole (see
+    :func:`FetchJob`). Only a WQE that runs past the doorbell's limit is cut: the
+    parser reports it on ``updates``, ``fi`` goes back to it, and it is fetched again
+    when more is posted (the parser discards the bursts in flight behind it).
 
     Every operation takes two cycles (RAM read, then write); priority is commit,
     update, doorbell, schedule.
@@ -156,10 +161,9 @@ class QpTable(wiring.Component):
                             m.d.comb += new.cfg.state.eq(QpState.ERR)
                         with m.Else():
                             m.d.comb += new.dyn.fi.eq(update_p.ci)
-                            # Fetch again at once if the cut came from the quantum or more
-                            # was posted since; a WQE cut by its own doorbell waits for the next.
+                            # Fetch the cut WQE again only once more has been posted.
                             with m.If(rts & ~entry.dyn.queued & (entry.dyn.pi != update_p.ci)
-                                      & (update_p.clamped | (entry.dyn.pi != update_p.end))):
+                                      & (entry.dyn.pi != update_p.end)):
                                 enqueue()
                     with m.Case(2):
                         with m.If(rts):
@@ -172,13 +176,15 @@ class QpTable(wiring.Component):
                         m.d.comb += wr.en.eq(1)
                         with m.If(rts & (pending != 0)):
                             clamped = pending > quantum
-                            count = Mux(clamped, quantum, pending)
+                            own = Mux(clamped, quantum, pending)
+                            extra = pending - quantum
+                            over = Mux(clamped, Mux(extra < F.MAX_WQEBBS - 1, extra, F.MAX_WQEBBS - 1), 0)
                             m.d.comb += [
                                 self.jobs.valid.eq(1),
                                 self.jobs.p.qpn.eq(qpn), self.jobs.p.cfg.eq(entry.cfg),
-                                self.jobs.p.ci.eq(entry.dyn.fi), self.jobs.p.count.eq(count),
-                                self.jobs.p.clamped.eq(clamped),
-                                new.dyn.fi.eq(entry.dyn.fi + count),
+                                self.jobs.p.ci.eq(entry.dyn.fi), self.jobs.p.own.eq(own),
+                                self.jobs.p.count.eq(own + over),
+                                new.dyn.fi.eq(entry.dyn.fi + own),
                             ]
                             with m.If(clamped):
                                 enqueue()               # more to do: back of the queue

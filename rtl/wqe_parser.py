@@ -149,7 +149,7 @@ class WqeParser(wiring.Component):
             self.messages.p.inline.eq(is_inline & (ds != 2)),
             self.messages.p.addr.eq(seg_addr), self.messages.p.psn.eq(cur_psn),
             self.updates.p.qpn.eq(job.qpn), self.updates.p.ci.eq(index),
-            self.updates.p.end.eq(job.ci + job.count), self.updates.p.clamped.eq(job.clamped),
+            self.updates.p.end.eq(job.ci + job.count),
             self.updates.p.error.eq(error),
         ]
 
@@ -167,23 +167,44 @@ class WqeParser(wiring.Component):
                              fresh.eq(1), error.eq(0), cut.eq(0), stale.eq(0), got.eq(0)]
                 m.next = "RUN"
 
+        # Where the QP's consumer index stands in this burst: WQEBBs the previous burst
+        # already took (it read past its end to finish a WQE), or beyond the burst (stale).
+        skip = Signal(16)
+        m.d.comb += skip.eq(ctx.index - job.ci)
+        rel = Signal(16)
+        m.d.comb += rel.eq(index - job.ci)
+        after_drop = Signal()                        # 0: END, 1: RUN (a skip at the burst's start)
+
+        def drop_then(n, then_run=False):
+            with m.If(n == 0):
+                m.next = "RUN" if then_run else "END"
+            with m.Else():
+                m.d.sync += [drop.eq(n), after_drop.eq(then_run)]
+                m.next = "DROP"
+
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += commit_ok.eq(1)
                 start_burst()
             with m.State("RUN"):
                 m.d.comb += commit_ok.eq(1)
-                with m.If(fresh & (ctx.err | (ctx.index != job.ci))):
+                with m.If(fresh & (ctx.err | (skip > job.count))):
                     # Behind a cut WQE (its refetch follows) or of a QP in error.
-                    m.d.sync += [stale.eq(1), drop.eq(left)]
+                    m.d.sync += [stale.eq(1), drop.eq(left), after_drop.eq(0)]
                     m.next = "DROP"
+                with m.Elif(fresh & (skip != 0) & (index != ctx.index)):
+                    m.d.sync += [index.eq(ctx.index), left.eq(left - skip)]
+                    drop_then(skip, then_run=True)
                 with m.Elif(left == 0):
                     m.next = "END"
+                with m.Elif((got == 0) & (rel >= job.own)):
+                    # Read past the burst's own WQEs: the next burst starts here.
+                    drop_then(left)
                 with m.Elif(self.wqebbs.valid):
                     with m.If((got == 0) & ~too_long & (nbb_first > left)):
-                        # Cut by the burst end: fetched again from this WQE.
-                        m.d.sync += [cut.eq(1), drop.eq(left)]
-                        m.next = "DROP"
+                        # The WQE runs past what was posted: fetched again from here.
+                        m.d.sync += cut.eq(1)
+                        drop_then(left)
                     with m.Elif(got + 1 < nbb):
                         # gather
                         m.d.comb += self.wqebbs.ready.eq(1)
@@ -204,8 +225,8 @@ class WqeParser(wiring.Component):
                                          psn.eq(cur_psn + Mux(kind == MessageKind.WRITE, npkts, 0)),
                                          wqe.eq(view)]
                             with m.If(kind == MessageKind.ERROR):
-                                m.d.sync += [error.eq(1), drop.eq(left - 1)]
-                                m.next = "DROP"
+                                m.d.sync += error.eq(1)
+                                drop_then(left - 1)
                             with m.Elif(send_inline & two_beats):
                                 m.next = "INLINE1"
                             with m.Elif(left == 1):
@@ -218,13 +239,16 @@ class WqeParser(wiring.Component):
                     with m.Else():
                         m.next = "RUN"
             with m.State("DROP"):
-                # Discard the rest of the burst: after an error, a cut WQE, or all of a stale burst.
+                # Discard WQEBBs: the burst's rest (after an error, a cut WQE, past its own
+                # WQEs, or all of a stale burst), or the head its predecessor already took.
                 m.d.comb += commit_ok.eq(1)
-                with m.If(drop == 0):
-                    m.next = "END"
-                with m.Elif(self.wqebbs.valid):
+                with m.If(self.wqebbs.valid):
                     m.d.comb += self.wqebbs.ready.eq(1)
                     m.d.sync += drop.eq(drop - 1)
+                    with m.If(drop == 1):
+                        m.next = "END"
+                        with m.If(after_drop):
+                            m.next = "RUN"
             with m.State("END"):
                 # Store the QP's state; report a cut or an error; take the next burst.
                 report = ~stale & (cut | error)

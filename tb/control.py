@@ -18,6 +18,8 @@ COUNTERS = (("doorbells_accepted", 0x040), ("doorbells_dropped", 0x044), ("wqes_
 QP_NUM, QP_SQ_BASE_LO, QP_SQ_BASE_HI, QP_SQ_LOG_DEPTH = 0x100, 0x104, 0x108, 0x10C
 QP_CQN, QP_REMOTE_QPN, QP_START_PSN, QP_DMAC_LO, QP_DMAC_HI = 0x110, 0x114, 0x118, 0x11C, 0x120
 QP_DIP, QP_MTU, QP_STATE, QP_COMMIT = 0x124, 0x128, 0x12C, 0x130
+QP_WEIGHT, QP_MODIFY = 0x134, 0x138
+MAX_WEIGHT = 15
 CQ_NUM, CQ_BASE_LO, CQ_BASE_HI, CQ_LOG_DEPTH, CQ_FLAGS, CQ_COMMIT = 0x200, 0x204, 0x208, 0x20C, 0x210, 0x214
 ID_VALUE = 0x49424741            # "IBGA"
 MAX_LOG_DEPTH = 15
@@ -56,6 +58,7 @@ class NicControl:
         self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, prefix), dut.clk, dut.rst)
         for side in (self.axil.write_if, self.axil.read_if):
             side.log.setLevel(logging.WARNING)      # cocotbext logs every access at INFO
+        self._qp_regs = {}                          # qpn -> staged context registers, for modify_qp
 
     async def write_reg(self, addr, value):
         """Write a 32-bit CSR."""
@@ -85,7 +88,7 @@ class NicControl:
         await self.write_reg(PORT_IP, ip)
 
     async def create_qp(self, qpn, sq_base, log_depth, cqn, remote_qpn, start_psn, dmac, dip,
-                        mtu_code, state=QpState.RTS):
+                        mtu_code, state=QpState.RTS, weight=1):
         """Stage a QP context and commit it to ``qpn`` (indices reset to 0, PSN to start_psn).
 
         Parameters:
@@ -93,6 +96,7 @@ class NicControl:
             log_depth: log2 SQ depth in WQEBBs (0..15). cqn: send CQ (< num_cqs).
             remote_qpn, start_psn: 24-bit. dmac: 48-bit. dip: IPv4 (32-bit).
             mtu_code: ibv_mtu 1..5. state: ibv_qp_state 0..6 (only RTS sends).
+            weight: scheduler weight 1..15 (weight x 32 WQEBBs per turn).
         """
         _check("qpn", qpn, 0, self.num_qps - 1)
         _check_base("sq_base", sq_base)
@@ -104,12 +108,32 @@ class NicControl:
         _check("dip", dip, 0, 2**32 - 1)
         mtu_bytes(mtu_code)             # raises ValueError on a bad code
         _check("state", state, QpState.RESET, QpState.ERR)
+        _check("weight", weight, 1, MAX_WEIGHT)
         lo, hi = mac_split(dmac)
-        for addr, value in ((QP_NUM, qpn), (QP_SQ_BASE_LO, sq_base & 0xFFFF_FFFF), (QP_SQ_BASE_HI, sq_base >> 32),
-                            (QP_SQ_LOG_DEPTH, log_depth), (QP_CQN, cqn), (QP_REMOTE_QPN, remote_qpn),
-                            (QP_START_PSN, start_psn), (QP_DMAC_LO, lo), (QP_DMAC_HI, hi), (QP_DIP, dip),
-                            (QP_MTU, mtu_code), (QP_STATE, state), (QP_COMMIT, 1)):
+        regs = {QP_NUM: qpn, QP_SQ_BASE_LO: sq_base & 0xFFFF_FFFF, QP_SQ_BASE_HI: sq_base >> 32,
+                QP_SQ_LOG_DEPTH: log_depth, QP_CQN: cqn, QP_REMOTE_QPN: remote_qpn, QP_START_PSN: start_psn,
+                QP_DMAC_LO: lo, QP_DMAC_HI: hi, QP_DIP: dip, QP_MTU: mtu_code, QP_STATE: state,
+                QP_WEIGHT: weight}
+        for addr, value in regs.items():
             await self.write_reg(addr, value)
+        await self.write_reg(QP_COMMIT, 1)
+        self._qp_regs[qpn] = regs
+
+    async def modify_qp(self, qpn, *, weight=None, state=None):
+        """Change a created QP's weight or state in place (QP_MODIFY: indices and PSN kept)."""
+        if qpn not in self._qp_regs:
+            raise ValueError(f"QP {qpn} was not created through this driver")
+        regs = dict(self._qp_regs[qpn])
+        if weight is not None:
+            _check("weight", weight, 1, MAX_WEIGHT)
+            regs[QP_WEIGHT] = weight
+        if state is not None:
+            _check("state", state, QpState.RESET, QpState.ERR)
+            regs[QP_STATE] = state
+        for addr, value in regs.items():
+            await self.write_reg(addr, value)
+        await self.write_reg(QP_MODIFY, 1)
+        self._qp_regs[qpn] = regs
 
     async def create_cq(self, cqn, base, log_depth, collapsed=False):
         """Stage a CQ context and commit it to ``cqn`` (producer count reset to 0).

@@ -88,13 +88,19 @@ class NicEnv:
         self.cqs[cqn] = cq
         return cq
 
-    async def qp(self, qpn, cq, *, log_depth=8, mtu=P.DEFAULT_MTU, start_psn=None):
+    async def qp(self, qpn, cq, *, log_depth=8, mtu=P.DEFAULT_MTU, start_psn=None, weight=1):
         start_psn = (0x100 * qpn + 7) & 0xFFFFFF if start_psn is None else start_psn
         qp = await self.gpu.create_qp(qpn, log_depth, cq, remote_qpn=0x1000 + qpn, dmac=peer_mac(qpn),
-                                      dip=peer_ip(qpn), start_psn=start_psn, mtu_code=mtu_code(mtu))
+                                      dip=peer_ip(qpn), start_psn=start_psn, mtu_code=mtu_code(mtu),
+                                      weight=weight)
         qp.mtu, qp.start_psn = mtu, start_psn
         self.qps[qpn] = qp
         return qp
+
+    async def set_weight(self, qp, weight):
+        """Change a QP's scheduler weight through the control path (QP_MODIFY)."""
+        await self.ctl.modify_qp(qp.qpn, weight=weight)
+        qp.weight = weight
 
     def payload(self, length, align=128, offset=0, seed=0):
         """Allocate a payload buffer in GPU memory filled with a known pattern."""
@@ -217,7 +223,7 @@ class NicEnv:
             index = int.from_bytes(d.data[1:3], "big")
             ds = d.data[7] & 0x3F
             doorbells.append((d.cycle, d.qpn, (index + (ds + 3) // 4) & 0xFFFF))
-        qps = {q: (qp.mtu, qp.depth if hasattr(qp, "depth") else 1 << qp.log_depth, qp.posted)
+        qps = {q: (qp.mtu, qp.depth if hasattr(qp, "depth") else 1 << qp.log_depth, qp.posted, qp.weight)
                for q, qp in self.qps.items()}
         pred = EngineCycleModel(qps, doorbells, dma_latency=self.dma_latency).run()
         got = self.wire.frames

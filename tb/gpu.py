@@ -169,11 +169,12 @@ class GpuModel:
         return cq
 
     async def create_qp(self, qpn, log_depth, cq, *, remote_qpn, dmac, dip, start_psn=0, mtu_code=5,
-                        state=QpState.RTS):
+                        state=QpState.RTS, weight=1):
         """Allocate an SQ (zeroed) and a doorbell record and create the QP in the NIC."""
         qp = Qp(self, qpn, log_depth, cq)
         await self.ctl.create_qp(qpn, qp.sq_base, log_depth, cq.cqn, remote_qpn, start_psn, dmac, dip,
-                                 mtu_code, state)
+                                 mtu_code, state, weight)
+        qp.weight = weight
         self.qps[qpn] = qp
         return qp
 
@@ -413,17 +414,25 @@ class Qp:
         """Doorbell record: BE32(pi & 0xffff)."""
         self.gpu.write(self.dbr_addr, be32(self.pi & 0xFFFF))
 
-    async def _ring(self, data8, offset=UAR_DB_OFFSET):
+    async def _ring(self, data8, offset=UAR_DB_OFFSET, upto=None):
         self.write_dbr()
         cycle = await self.gpu.doorbell(self.qpn, data8, offset)
-        for p in self.posted[self._unrung:]:
+        upto = len(self.posted) if upto is None else upto
+        for p in self.posted[self._unrung:upto]:
             p.db_cycle = cycle
-        self._unrung = len(self.posted)
+        self._unrung = max(self._unrung, upto)
         return cycle
 
-    async def ring_nvshmem(self):
-        """NVSHMEM form: {BE32(pi << 8), BE32(qpn << 8)}; returns the W handshake cycle."""
-        return await self._ring(be32((self.pi & 0xFFFF) << 8) + be32(self.qpn << 8))
+    async def ring_nvshmem(self, upto=None):
+        """NVSHMEM form: {BE32(pi << 8), BE32(qpn << 8)}; returns the W handshake cycle.
+
+        ``upto``: ring for the first ``upto`` posted WQEs only (a batch posted ahead).
+        """
+        if upto is None:
+            return await self._ring(be32((self.pi & 0xFFFF) << 8) + be32(self.qpn << 8))
+        _check("upto", upto, 1, len(self.posted))
+        pi = (self.posted[upto - 1].index + self.posted[upto - 1].nwqebbs) & 0xFFFF
+        return await self._ring(be32(pi << 8) + be32(self.qpn << 8), upto=upto)
 
     async def ring_rdma_core(self, alternate=False):
         """rdma-core form: the first 8 bytes of the last posted WQE's ctrl segment.

@@ -247,3 +247,68 @@ async def back_to_back_stream(dut):
     assert busy / span > 0.98, f"the wire idled: busy {busy} of {span} byte-times"
     dut._log.info("%d frames: wire busy %d of %d byte-times (%.1f%%), goodput %.1f Gb/s", len(got), busy, span,
                   100 * busy / span, pred.totals.payload_bytes * 8 / (span * 8 / 400))
+
+
+def _runs(frames):
+    """The wire's frames as runs of one QP: [(qpn, frames in a row)]."""
+    runs = []
+    for f in frames:
+        q = int.from_bytes(f.data[47:50], "big") - 0x1000
+        if runs and runs[-1][0] == q:
+            runs[-1][1] += 1
+        else:
+            runs.append([q, 1])
+    return runs
+
+
+@cocotb.test()
+async def weighted_share(dut):
+    """Weights 1:2:4 (set through QP_MODIFY): turns of 32, 64 and 128 WQEs in a row, shares 1:2:4."""
+    from spec.params import QUANTUM_WQEBBS
+    weights = (1, 2, 4)
+    rounds = 8
+    env, qps = await env_with(dut, 3, sq_depth=11, collapsed=True, cq_depth=0, dma_latency=250)
+    for qp, w in zip(qps, weights):
+        await env.set_weight(qp, w)
+        for i in range(rounds * w * QUANTUM_WQEBBS):
+            qp.post_write(0x1000 * i, 1, inline=bytes([qp.qpn, i & 0xFF] * 4), signaled=(i % 32 == 31))
+    for b in range(rounds * max(weights)):
+        for qp, w in zip(qps, weights):
+            if b < rounds * w:
+                await qp.ring_nvshmem(upto=(b + 1) * 32)     # one doorbell per batch of 32
+    pred = env.check(await env.drain())
+    env.check_cycles()
+    runs = _runs(env.wire.frames)
+    # Once every QP is backlogged the frames come in turns of weight x 32, in QP order:
+    # the longest stretch of such turns must hold at least 5 whole rounds.
+    best = cur = []
+    for q, n in runs:
+        cur = cur + [(q, n)] if n == weights[q] * QUANTUM_WQEBBS and (not cur or q == (cur[-1][0] + 1) % 3) \
+            else ([(q, n)] if n == weights[q] * QUANTUM_WQEBBS else [])
+        best = max(best, cur, key=len)
+    assert len(best) >= 15, f"no 5 whole rounds of weighted turns: runs {runs}"
+    counts = [sum(n for q, n in best if q == k) for k in range(3)]
+    dut._log.info("%d weighted turns in a row: frames per QP %s; runs %s", len(best), counts, runs)
+    for c, w in zip(counts, weights):
+        assert abs(c / counts[0] - w) / w < 0.02, counts
+
+
+@cocotb.test()
+async def straddling_wqes(dut):
+    """WQEs of 1-4 WQEBBs across quantum ends (read past the quantum, skip after), and a doorbell
+    that stops inside a WQE (the WQE waits, is fetched again after the next doorbell)."""
+    env, (qp, qp1) = await env_with(dut, 2, sq_depth=10, dma_latency=200)
+    sizes = [8, 100, 60, 180, 8, 150, 92, 220] * 12
+    for i, n in enumerate(sizes):
+        qp.post_write(0x1000 * i, 2, inline=bytes((i + j) & 0xFF for j in range(n)), signaled=(i % 16 == 15))
+    await qp.ring_nvshmem()                      # one doorbell: many quantum-clamped bursts
+    for i in range(8):
+        qp1.post_write(0x2000 * i, 3, inline=bytes(range(100)), signaled=True)     # 3 WQEBBs each
+    mid = qp1.pi - 2
+    await qp1.ring_raw(bytes([0, (mid >> 8) & 0xFF, mid & 0xFF, 0, 0, 0, 1, 0]))   # limit inside the last WQE
+    await ClockCycles(dut.clk, 1500)
+    assert len([f for f in env.wire.frames if int.from_bytes(f.data[47:50], "big") == 0x1001]) == 7
+    await qp1.ring_nvshmem()
+    pred = env.check(await env.drain())
+    env.check_cycles()
+    await env.check_counters(pred)
