@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 from spec import formats as F
 from spec import params as P
-from model.timing import Latencies, _bursts, plan_message
+from model.timing import Latencies, _bursts
 
 BEAT = P.DATA_BYTES
+SEG = P.SEGMENT_BYTES
 INLINE_OFFSET = 36
 
 
@@ -341,72 +342,191 @@ class EngineCycleModel:
 
 
 class _StreamBuilder:
-    """Packet builder + ICRC stage + MAC port + completion hand-off, cycle by cycle."""
+    """Packet builder + ICRC stage + MAC port + completion hand-off, cycle by cycle.
+
+    The builder is followed byte count by byte count, as rtl/packet_builder.py
+    packs: one chunk per cycle (a chunk ends at a raw-beat or packet boundary), 4
+    ICRC bytes at each packet's end, a last beat of at most 64 bytes held and
+    merged with the next packet's first beat (which then starts at lane 64) when
+    that chunk is there in the next cycle and fills the beat.
+    """
+    PER = int(P.WIRE_BYTES_PER_CYCLE)
+
     def __init__(self, model, lat):
         self.model, self.lat = model, lat
         self.state = "MESSAGE"
         self.msg = None
-        self.work = deque()            # (kind, ...) steps of the current message
-        self.reg = None                # ICRC stage register: (beat info)
-        self.wire_end = 0
+        self.reg = None                # ICRC stage register: the beat in it
+        self.held = None               # held last beat of a packet
+        self.wire_end = 0              # wire end of the last frame that started
+        self.done_end = 0              # wire end of the last frame that ended
+        self.open = {}                 # frame key -> index in out.frames
 
     def idle(self):
-        return self.state == "MESSAGE" and self.reg is None
+        return self.state == "MESSAGE" and self.reg is None and self.held is None
 
+    # ---- message and packet bookkeeping ------------------------------------------------
+    def _take(self, t, msg_fifo):
+        """Take the next descriptor (in MESSAGE, or as a message's last beat leaves)."""
+        self.state = "MESSAGE"
+        m = msg_fifo.head(t)
+        if m is None:
+            return
+        msg_fifo.pop()
+        self.msg = m
+        w = m["wqe"]
+        if w.opcode == F.WqeOp.RDMA_WRITE:
+            self.msg_left = w.length
+            self.rest = w.length
+            self.pkt_first = True
+            self.pos = INLINE_OFFSET if w.inline else w.local_addr % BEAT
+            self.psn_k = 0
+            self._start_packet()
+            self.state = "PACKET"
+        elif w.signaled:
+            self.state = "MARKER"
+
+    def _start_packet(self):
+        mtu = self.msg["mtu"]
+        self.pkt_len = min(self.rest, mtu)
+        self.rest -= self.pkt_len
+        self.pkt_left = self.pkt_len
+        self.is_last = self.rest == 0
+        self.pkt_start = True
+        self.emitted = 0               # beats of this packet handed on
+        hlen = F.HDR_LEN_RETH if self.pkt_first else F.HDR_LEN_NO_RETH
+        self.hlen = hlen
+        self.flen = hlen + self.pkt_len + F.ICRC_LEN
+        self.key = (self.msg["qpn"], self.msg["wqe"].index & 0xFFFF, self.psn_k)
+
+    def _next_packet(self, t, msg_fifo):
+        if self.is_last:
+            self._take(t, msg_fifo)
+        else:
+            self.pkt_first = False
+            self.psn_k += 1
+            self._start_packet()
+            self.state = "PACKET"
+
+    def _cpl(self):
+        w = self.msg["wqe"]
+        return (self.msg["qpn"], w.index & 0xFFFF) if w.signaled else None
+
+    def _frame(self):
+        return {"key": self.key, "qpn": self.msg["qpn"], "index": self.msg["wqe"].index & 0xFFFF,
+                "len": self.flen}
+
+    def _beat(self, *, last, cpl=None, hi=None):
+        """A beat of the current packet (``hi``: a frame that starts at lane 64)."""
+        b = {"frame": True, "start": self._frame() if self.emitted == 0 else None, "end": None,
+             "cpl": None, "hi": hi}
+        if last:
+            b["end"] = self.key
+            b["cpl"] = self._cpl() if self.is_last else None
+        self.emitted += 1
+        return b
+
+    def _hold(self, nbytes):
+        self.held = {"start": self._frame() if self.emitted == 0 else None, "end": self.key,
+                     "cpl": self._cpl() if self.is_last else None, "n": nbytes}
+
+    def _held_beat(self, hi=None):
+        h, self.held = self.held, None
+        return {"frame": True, "start": h["start"], "end": h["end"], "cpl": h["cpl"], "hi": hi}
+
+    # ---- one cycle -----------------------------------------------------------------------
     def step(self, t, msg_fifo, payload_buf, inline_fifo, cpl_fifo, out):
         pops = 0
         # MAC side first: does the ICRC register's beat leave this cycle?
         reg_leaves = False
         if self.reg is not None:
             beat = self.reg
-            ok = True
-            if beat["cpl"] is not None and not cpl_fifo.can_push():
+            ok = beat["cpl"] is None or cpl_fifo.can_push()
+            if beat["frame"] and not self.done_end <= self.PER * (t + 1):
                 ok = False
-            if beat["frame"] and beat["first"]:
-                per = int(P.WIRE_BYTES_PER_CYCLE)
-                if not self.wire_end <= per * (t + 1):
-                    ok = False
-            if ok:
-                reg_leaves = True
+            reg_leaves = ok
         can_take = self.reg is None or reg_leaves
         new_beat = None
 
         if self.state == "MESSAGE":
+            if self.held is not None and can_take:
+                new_beat = self._held_beat()
             self._take(t, msg_fifo)
         elif self.state == "MARKER":
-            if can_take:
-                new_beat = {"frame": False, "first": False, "last": True, "cpl": self._cpl(), "len": 0}
+            if self.held is not None:
+                if can_take:
+                    new_beat = self._held_beat()
+            elif can_take:
+                new_beat = {"frame": False, "start": None, "end": None, "cpl": self._cpl(), "hi": None}
                 self._take(t, msg_fifo)
         elif self.state == "PACKET":
-            step = self.work[0]
             src = inline_fifo if self.msg["wqe"].inline else payload_buf
-            need = step["beat"] is not None
-            have = (not need) or src.head(t) is not None
-            if have and (not step["emit"] or can_take):
-                self.work.popleft()
-                if step["pop"]:
-                    src.pop()
-                    if src is payload_buf:
-                        pops += 1
-                if step["emit"]:
-                    new_beat = self._beat(step)
-                self._next_state(t, msg_fifo)
+            need_raw = self.pkt_left != 0
+            has = (not need_raw) or src.head(t) is not None
+            n = min(self.pkt_left, BEAT - self.pos)
+            chunk_last = n == self.pkt_left
+            icrc = F.ICRC_LEN if chunk_last else 0
+            merge = (self.held is not None and self.pkt_start and has and self.flen > SEG + F.ICRC_LEN
+                     and SEG + self.hlen + n + icrc >= BEAT)
+            if self.held is not None and self.pkt_start and not merge:
+                if can_take:
+                    new_beat = self._held_beat()
+            else:
+                if not self.pkt_start:
+                    base = self.rcount
+                else:
+                    base = SEG + self.hlen if merge else self.hlen
+                total = base + n + icrc
+                emit = total >= BEAT
+                hold_now = chunk_last and total <= SEG
+                fires = emit or (chunk_last and not hold_now)
+                if has and (not fires or can_take):
+                    if fires:
+                        if merge:
+                            new_beat = self._held_beat(hi=self._frame())
+                            self.emitted += 1
+                        else:
+                            new_beat = self._beat(last=chunk_last and total <= BEAT)
+                    if need_raw and (self.pos + n == BEAT or n == self.msg_left):
+                        src.pop()
+                        if src is payload_buf:
+                            pops += 1
+                    self.pos = (self.pos + n) % BEAT
+                    self.msg_left -= n
+                    self.pkt_left -= n
+                    self.pkt_start = False
+                    self.rcount = total - BEAT if emit else total
+                    if chunk_last:
+                        if total > BEAT:
+                            self.flush_left = total - BEAT
+                            self.state = "FLUSH"
+                        else:
+                            if hold_now:
+                                self._hold(total)
+                            self._next_packet(t, msg_fifo)
         elif self.state == "FLUSH":
-            if can_take:
-                new_beat = self._beat(self.work.popleft())
-                self._next_state(t, msg_fifo)
+            final = self.flush_left <= BEAT
+            hold_now = final and self.flush_left <= SEG
+            if hold_now or can_take:
+                if hold_now:
+                    self._hold(self.flush_left)
+                else:
+                    new_beat = self._beat(last=final)
+                self.flush_left -= BEAT
+                if final:
+                    self._next_packet(t, msg_fifo)
 
         if reg_leaves:
             beat = self.reg
             if beat["frame"]:
-                if beat["first"]:
-                    per = int(P.WIRE_BYTES_PER_CYCLE)
-                    start = max(per * t, self.wire_end)
-                    self.wire_end = start + P.wire_bytes(beat["len"])
-                    out.frames.append([beat["qpn"], beat["index"], t, None, start, beat["len"]])
-                    out.first_beat.setdefault((beat["qpn"], beat["index"]), t)
-                if beat["last"]:
-                    out.frames[-1][3] = t
+                if beat["start"] is not None:
+                    self._open(t, beat["start"], out)
+                if beat["end"] is not None:
+                    k = self.open.pop(beat["end"])
+                    out.frames[k][3] = t
+                    self.done_end = out.frames[k][4] + P.wire_bytes(out.frames[k][5])
+                if beat["hi"] is not None:
+                    self._open(t, beat["hi"], out)
             if beat["cpl"] is not None:
                 cpl_fifo.push(t, beat["cpl"])
             self.reg = None
@@ -414,38 +534,9 @@ class _StreamBuilder:
             self.reg = new_beat
         return pops
 
-    def _take(self, t, msg_fifo):
-        """The builder takes the next descriptor (in MESSAGE, or as a message's last beat leaves)."""
-        self.state = "MESSAGE"
-        m = msg_fifo.head(t)
-        if m is not None:
-            msg_fifo.pop()
-            self.msg = m
-            w = m["wqe"]
-            if w.opcode == F.WqeOp.RDMA_WRITE:
-                self._plan(m)
-                self.state = "PACKET"
-            elif w.signaled:
-                self.state = "MARKER"
-
-    def _next_state(self, t, msg_fifo):
-        if not self.work:
-            self._take(t, msg_fifo)
-        else:
-            self.state = "FLUSH" if self.work[0]["kind"] == "flush" else "PACKET"
-
-    def _cpl(self):
-        w = self.msg["wqe"]
-        return (self.msg["qpn"], w.index & 0xFFFF) if w.signaled else None
-
-    def _beat(self, step):
-        w = self.msg["wqe"]
-        return {"frame": True, "first": step["first_beat"], "last": step["last_beat"], "len": step["flen"],
-                "qpn": self.msg["qpn"], "index": w.index & 0xFFFF,
-                "cpl": self._cpl() if step["last_beat"] and step["last_packet"] else None}
-
-    def _plan(self, m):
-        """The builder's steps for one message (shared with the closed-form model)."""
-        w = m["wqe"]
-        offset = INLINE_OFFSET if w.inline else w.local_addr % BEAT
-        self.work.extend(plan_message(offset, w.length, m["mtu"]))
+    def _open(self, t, f, out):
+        start = max(self.PER * t, self.wire_end)
+        self.wire_end = start + P.wire_bytes(f["len"])
+        self.open[f["key"]] = len(out.frames)
+        out.frames.append([f["qpn"], f["index"], t, None, start, f["len"]])
+        out.first_beat.setdefault((f["qpn"], f["index"]), t)

@@ -95,12 +95,15 @@ class AxiSignature(_AxiBase):
 
 
 class AxiStreamSignature(wiring.Signature):
-    """AXI4-Stream with byte keeps, master view."""
-    def __init__(self, *, data_width):
+    """AXI4-Stream with byte keeps, master view; ``user_width`` adds ``tuser``."""
+    def __init__(self, *, data_width, user_width=0):
         _check_width("data_width", data_width, _DATA_WIDTHS)
         self.data_width = data_width
-        super().__init__({"tdata": Out(data_width), "tkeep": Out(data_width // 8),
-                          "tvalid": Out(1), "tready": In(1), "tlast": Out(1)})
+        members = {"tdata": Out(data_width), "tkeep": Out(data_width // 8),
+                   "tvalid": Out(1), "tready": In(1), "tlast": Out(1)}
+        if user_width:
+            members["tuser"] = Out(user_width)
+        super().__init__(members)
 
 
 def flat_members(prefix, signature):

@@ -8,7 +8,7 @@ from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
 from . import icrc_math
-from .tx_beat import TxBeat
+from .tx_beat import TxBeat, SEGMENT as SEG
 
 __all__ = ["IcrcInserter"]
 
@@ -50,19 +50,26 @@ class IcrcInserter(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         a_cols, b_cols = icrc_math.update_matrices(8 * BEAT)
+        half = 8 * SEG
         beat = self.i.p
-        flen = beat.flen
-        msg_end = Signal(16)
-        m.d.comb += msg_end.eq(flen - F.ICRC_LEN)
 
-        index = Signal(range(512))      # beat number within the frame
+        index = Signal(range(512))      # beat number within the current frame
+        off = Signal(range(BEAT))       # lane of the current frame's byte 0 (0 or 64)
+        cur_flen = Signal(16)
         state = Signal(32)
         pending = Signal(32)            # ICRC bytes that spill into the next beat
 
-        # Mask the beat down to the message bytes.
+        # The current frame ("A"): starts in this beat at lane 0 when index is 0.
+        flen_a = Signal(16)
+        off_a = Signal(range(BEAT))
+        m.d.comb += [flen_a.eq(Mux(index == 0, beat.flen, cur_flen)), off_a.eq(Mux(index == 0, 0, off))]
+        msg_end = Signal(17)            # message end, counted from lane 0 of the frame's first beat
+        m.d.comb += msg_end.eq(flen_a - F.ICRC_LEN + off_a)
+
+        # Mask the beat down to A's message bytes.
         start = 8 * F.ICRC_START
         keep_mask = Signal(8 * BEAT)
-        count = Signal(range(BEAT + 1))        # message bytes of this beat from lane 0
+        count = Signal(range(BEAT + 1))        # A's message bytes in this beat, from lane 0
         with m.If(msg_end >= (index + 1) * BEAT):
             m.d.comb += count.eq(BEAT)
         with m.Elif(msg_end > index * BEAT):
@@ -74,8 +81,8 @@ class IcrcInserter(wiring.Component):
         first_mask &= ~((1 << start) - 1)                     # bytes before the message
         ones = 0
         ones |= 0xFFFFFFFF << (8 * (F.ICRC_START + 4))        # prefix bytes 4..7 stay 0xFF
-        for off, width in F.ICRC_MASKED:
-            ones |= ((1 << (8 * width)) - 1) << (8 * off)
+        for o, width in F.ICRC_MASKED:
+            ones |= ((1 << (8 * width)) - 1) << (8 * o)
         # prefix bytes 0..3: 0xFF xor the initial all-ones register = 0x00
         first_zero = ((1 << 32) - 1) << start
         masked = Signal(8 * BEAT)
@@ -83,14 +90,28 @@ class IcrcInserter(wiring.Component):
             m.d.comb += masked.eq(((beat.data & first_mask & ~first_zero) | ones) & keep_mask)
         with m.Else():
             m.d.comb += masked.eq(beat.data & keep_mask)
+        # The next frame ("B") from lane 64 when sop_hi: its first segment, message bytes only
+        # (the builder starts one there only when its message runs past the segment).
+        full = (1 << (8 * BEAT)) - 1
+        masked_b = Signal(8 * BEAT)
+        m.d.comb += masked_b.eq((beat.data & ((first_mask & ~first_zero) << half) & full)
+                                | ((ones << half) & full))
 
+        # One 1024-bit CRC step, computed as two halves: A's bytes sit in lanes 0..63 of
+        # a beat where B starts, so the upper half's product is B's starting register.
+        upper = Signal(half)
+        m.d.comb += upper.eq(Mux(beat.sop_hi, masked_b[half:], masked[half:]))
+        lo = Signal(32)
+        hi = Signal(32)
+        m.d.comb += [lo.eq(_apply(b_cols[:half], masked[:half], half)),
+                     hi.eq(_apply(b_cols[half:], upper, half))]
         has_msg = Signal()
         m.d.comb += has_msg.eq(count != 0)
         s_in = Mux(index == 0, 0, state)
         s_new = Signal(32)
-        m.d.comb += s_new.eq(_apply(a_cols, s_in, 32) ^ _apply(b_cols, masked, 8 * BEAT))
+        m.d.comb += s_new.eq(_apply(a_cols, s_in, 32) ^ lo ^ Mux(beat.sop_hi, 0, hi))
 
-        # Final CRC when this beat holds the last message byte.
+        # Final CRC when this beat holds A's last message byte.
         ends_msg = Signal()
         m.d.comb += ends_msg.eq(has_msg & (msg_end <= (index + 1) * BEAT))
         k = Signal(7)
@@ -114,9 +135,14 @@ class IcrcInserter(wiring.Component):
         with m.If(self.i.valid & self.i.ready):
             m.d.sync += [self.o.valid.eq(1), self.o.p.eq(beat)]
             with m.If(beat.frame):
-                m.d.sync += index.eq(Mux(beat.last, 0, index + 1))
-                with m.If(has_msg):
-                    m.d.sync += state.eq(s_new)
+                with m.If(index == 0):
+                    m.d.sync += [off.eq(0), cur_flen.eq(beat.flen)]
+                with m.If(beat.sop_hi):
+                    m.d.sync += [index.eq(1), off.eq(SEG), cur_flen.eq(beat.flen_hi), state.eq(hi)]
+                with m.Else():
+                    m.d.sync += index.eq(Mux(beat.last, 0, index + 1))
+                    with m.If(has_msg):
+                        m.d.sync += state.eq(s_new)
                 with m.If(ends_msg):
                     m.d.sync += [self.o.p.data.eq(beat.data | ins[:8 * BEAT]), pending.eq(ins[8 * BEAT:])]
                 with m.Elif(index != 0):

@@ -5,8 +5,8 @@ from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
 from .headers import RoceWriteHeader, be, ipv4_checksum
-from .message import Message, MessageKind
-from .tx_beat import TxBeat
+from .message import Message, MessageKind, Completion
+from .tx_beat import TxBeat, SEGMENT as SEG
 
 __all__ = ["PacketBuilder"]
 
@@ -117,30 +117,65 @@ class PacketBuilder(wiring.Component):
         chunk_last = Signal()        # chunk ends the packet
         m.d.comb += chunk_last.eq(n == pkt_left)
 
+        # ---- held tail -------------------------------------------------------------------
+        # A packet whose last beat has at most 64 bytes leaves that beat in ``hold``; the
+        # next packet's header is packed behind it at lane 64 when its first chunk is
+        # there in the next cycle and fills the beat, else the tail goes out alone.
+        held = Signal()
+        hold = Signal(8 * SEG)
+        hold_n = Signal(range(SEG + 1))
+        hold_flen = Signal(16)
+        hold_cpl_valid = Signal()
+        hold_cpl = Signal(Completion(self.num_qps, self.num_cqs))
+
         # ---- packer ---------------------------------------------------------------------------
-        residual = Signal(8 * BEAT)
-        rcount = Signal(range(BEAT))
-        base = Signal(8 * BEAT)
-        base_count = Signal(range(BEAT))
-        m.d.comb += [base.eq(Mux(pkt_start, hdr_bytes, residual)),
-                     base_count.eq(Mux(pkt_start, hlen, rcount))]
-        combined = Signal(16 * BEAT)
+        has = Signal()               # the current chunk's data is here (or none is needed)
+        need_raw = pkt_left != 0
+        m.d.comb += has.eq(~need_raw | raw_valid)
+        merge = Signal()             # this cycle packs the packet's first chunk behind the held tail
+        m.d.comb += merge.eq(held & pkt_start & has & (flen > SEG + F.ICRC_LEN)
+                             & (SEG + hlen + n + Mux(chunk_last, F.ICRC_LEN, 0) >= BEAT))
+        # A packet started at lane 64 carries up to 64 + 70 header bytes ahead of its
+        # payload, so the residual may exceed a beat (at most 138 bytes, steady).
+        residual = Signal(16 * BEAT)
+        rcount = Signal(range(2 * BEAT))
+        base = Signal(16 * BEAT)
+        base_count = Signal(range(2 * BEAT))
+        with m.If(~pkt_start):
+            m.d.comb += [base.eq(residual), base_count.eq(rcount)]
+        with m.Elif(merge):
+            m.d.comb += [base.eq(hold | (hdr_bytes << (8 * SEG))), base_count.eq(SEG + hlen)]
+        with m.Else():
+            m.d.comb += [base.eq(hdr_bytes), base_count.eq(hlen)]
+        combined = Signal(24 * BEAT)
         m.d.comb += combined.eq(base | (chunk << (base_count * 8)))
-        total = Signal(range(2 * BEAT + F.ICRC_LEN + 1))
+        total = Signal(range(3 * BEAT + F.ICRC_LEN + 1))
         m.d.comb += total.eq(base_count + n + Mux(chunk_last, F.ICRC_LEN, 0))
 
         # Flush: bytes of a finished packet still to send.
         flush = Signal(16 * BEAT)
         flush_left = Signal(range(2 * BEAT + F.ICRC_LEN + 1))
 
-        cpl = out.p.cpl
+        cur_cpl = Signal(Completion(self.num_qps, self.num_cqs))
         m.d.comb += [
-            cpl.qpn.eq(msg.qpn), cpl.cqn.eq(msg.cfg.cqn), cpl.index.eq(msg.index),
-            cpl.byte_cnt.eq(msg.length), cpl.error.eq(msg.kind == MessageKind.ERROR),
-            out.p.flen.eq(flen),
+            cur_cpl.qpn.eq(msg.qpn), cur_cpl.cqn.eq(msg.cfg.cqn), cur_cpl.index.eq(msg.index),
+            cur_cpl.byte_cnt.eq(msg.length), cur_cpl.error.eq(msg.kind == MessageKind.ERROR),
+            out.p.cpl.eq(cur_cpl), out.p.flen.eq(flen),
         ]
         msg_cpl = Signal()
         m.d.comb += msg_cpl.eq(msg.signaled | (msg.kind == MessageKind.ERROR))
+
+        def hold_tail(data, count):
+            m.d.sync += [held.eq(1), hold.eq(data[:8 * SEG]), hold_n.eq(count), hold_flen.eq(flen),
+                         hold_cpl_valid.eq(msg_cpl & is_last_pkt), hold_cpl.eq(cur_cpl)]
+
+        def emit_held():
+            # the held tail alone, as its frame's last beat
+            m.d.comb += [out.valid.eq(1), out.p.frame.eq(1), out.p.data.eq(hold), out.p.last.eq(1),
+                         out.p.nbytes.eq(hold_n), out.p.flen.eq(hold_flen),
+                         out.p.cpl_valid.eq(hold_cpl_valid), out.p.cpl.eq(hold_cpl)]
+            with m.If(out.ready):
+                m.d.sync += held.eq(0)
 
         def take_message():
             # Load the next descriptor; called in MESSAGE and in the cycle a message's
@@ -174,50 +209,73 @@ class PacketBuilder(wiring.Component):
 
         with m.FSM():
             with m.State("MESSAGE"):
+                with m.If(held):
+                    emit_held()
                 take_message()
             with m.State("MARKER"):
-                m.d.comb += [out.valid.eq(1), out.p.frame.eq(0), out.p.last.eq(1), out.p.cpl_valid.eq(1)]
-                with m.If(out.ready):
-                    take_message()
+                # completions stay in order: a held tail goes first
+                with m.If(held):
+                    emit_held()
+                with m.Else():
+                    m.d.comb += [out.valid.eq(1), out.p.frame.eq(0), out.p.last.eq(1), out.p.cpl_valid.eq(1)]
+                    with m.If(out.ready):
+                        take_message()
             with m.State("PACKET"):
-                need_raw = pkt_left != 0
-                emit = Signal()
-                m.d.comb += emit.eq(total >= BEAT)
-                m.d.comb += [out.p.frame.eq(1), out.p.data.eq(combined[:8 * BEAT])]
-                go = Signal()
-                m.d.comb += go.eq((~need_raw | raw_valid) & (~emit | out.ready))
-                with m.If(~need_raw | raw_valid):
-                    m.d.comb += out.valid.eq(emit | chunk_last)
-                    with m.If(chunk_last & (total <= BEAT)):
-                        m.d.comb += [out.p.last.eq(1), out.p.nbytes.eq(total),
-                                     out.p.cpl_valid.eq(msg_cpl & is_last_pkt)]
-                    with m.Else():
-                        m.d.comb += out.p.nbytes.eq(BEAT)
-                with m.If(go & (~chunk_last | out.ready)):
-                    # take the chunk
-                    with m.If(need_raw & ((pos + n == BEAT) | (n == msg_left))):
-                        m.d.comb += raw_ready.eq(1)
-                    m.d.sync += [pos.eq(pos + n), msg_left.eq(msg_left - n), pkt_left.eq(pkt_left - n),
-                                 pkt_start.eq(0)]
-                    with m.If(emit):
-                        m.d.sync += [residual.eq(combined[8 * BEAT:]), rcount.eq(total - BEAT)]
-                    with m.Else():
-                        m.d.sync += [residual.eq(combined[:8 * BEAT]), rcount.eq(total)]
-                    with m.If(chunk_last):
-                        with m.If(total > BEAT):
-                            m.d.sync += [flush.eq(combined[8 * BEAT:]), flush_left.eq(total - BEAT)]
-                            m.next = "FLUSH"
+                with m.If(held & pkt_start & ~merge):
+                    emit_held()
+                with m.Else():
+                    emit = Signal()
+                    m.d.comb += emit.eq(total >= BEAT)
+                    hold_now = Signal()
+                    m.d.comb += hold_now.eq(chunk_last & (total <= SEG))
+                    fires = Signal()
+                    m.d.comb += fires.eq(emit | (chunk_last & ~hold_now))
+                    m.d.comb += [out.p.frame.eq(1), out.p.data.eq(combined[:8 * BEAT])]
+                    with m.If(has):
+                        m.d.comb += out.valid.eq(fires)
+                        with m.If(merge):
+                            # the held tail ends its frame in lanes 0..63, this packet starts at 64
+                            m.d.comb += [out.p.last.eq(1), out.p.nbytes.eq(hold_n), out.p.flen.eq(hold_flen),
+                                         out.p.sop_hi.eq(1), out.p.flen_hi.eq(flen),
+                                         out.p.cpl_valid.eq(hold_cpl_valid), out.p.cpl.eq(hold_cpl)]
+                        with m.Elif(chunk_last & (total <= BEAT)):
+                            m.d.comb += [out.p.last.eq(1), out.p.nbytes.eq(total),
+                                         out.p.cpl_valid.eq(msg_cpl & is_last_pkt)]
                         with m.Else():
-                            next_packet()
+                            m.d.comb += out.p.nbytes.eq(BEAT)
+                    with m.If(has & (~fires | out.ready)):
+                        # take the chunk
+                        with m.If(need_raw & ((pos + n == BEAT) | (n == msg_left))):
+                            m.d.comb += raw_ready.eq(1)
+                        m.d.sync += [pos.eq(pos + n), msg_left.eq(msg_left - n), pkt_left.eq(pkt_left - n),
+                                     pkt_start.eq(0)]
+                        with m.If(merge):
+                            m.d.sync += held.eq(0)
+                        with m.If(emit):
+                            m.d.sync += [residual.eq(combined[8 * BEAT:]), rcount.eq(total - BEAT)]
+                        with m.Else():
+                            m.d.sync += [residual.eq(combined[:16 * BEAT]), rcount.eq(total)]
+                        with m.If(chunk_last):
+                            with m.If(total > BEAT):
+                                m.d.sync += [flush.eq(combined[8 * BEAT:]), flush_left.eq(total - BEAT)]
+                                m.next = "FLUSH"
+                            with m.Else():
+                                with m.If(hold_now):
+                                    hold_tail(combined, total)
+                                next_packet()
             with m.State("FLUSH"):
-                m.d.comb += [out.valid.eq(1), out.p.frame.eq(1), out.p.data.eq(flush[:8 * BEAT])]
-                with m.If(flush_left <= BEAT):
+                final = flush_left <= BEAT
+                hold_now = final & (flush_left <= SEG)
+                m.d.comb += [out.valid.eq(~hold_now), out.p.frame.eq(1), out.p.data.eq(flush[:8 * BEAT])]
+                with m.If(final):
                     m.d.comb += [out.p.last.eq(1), out.p.nbytes.eq(flush_left),
                                  out.p.cpl_valid.eq(msg_cpl & is_last_pkt)]
                 with m.Else():
                     m.d.comb += out.p.nbytes.eq(BEAT)
-                with m.If(out.ready):
+                with m.If(hold_now | out.ready):
                     m.d.sync += [flush.eq(flush >> (8 * BEAT)), flush_left.eq(flush_left - BEAT)]
-                    with m.If(flush_left <= BEAT):
+                    with m.If(hold_now):
+                        hold_tail(flush, flush_left)
+                    with m.If(final):
                         next_packet()
         return m

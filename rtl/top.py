@@ -22,6 +22,7 @@ from .icrc_inserter import IcrcInserter
 from .cqe_writer import CqeWriter
 from .dma_arbiter import DmaArbiter
 from .message import Message, Completion
+from .tx_beat import SEGMENT as SEG
 
 __all__ = ["IbgdaNic"]
 
@@ -77,7 +78,8 @@ class IbgdaNic(wiring.Component):
             "s_axi_db": AxiWriteSignature(addr_width=P.DB_ADDR_WIDTH, data_width=64,
                                           id_width=P.AXI_ID_WIDTH).flip(),
             "m_axi": AxiSignature(addr_width=P.DMA_ADDR_WIDTH, data_width=data_bits, id_width=P.AXI_ID_WIDTH),
-            "m_axis_tx": AxiStreamSignature(data_width=data_bits),
+            # tuser = 1: a second frame starts at lane 64 (64-byte segments, docs/interfaces.md)
+            "m_axis_tx": AxiStreamSignature(data_width=data_bits, user_width=1),
         }
         members = {}
         for prefix, sig in self._sigs.items():
@@ -160,8 +162,13 @@ class IbgdaNic(wiring.Component):
             icrc.o.ready.eq(ready),
             self.m_axis_tx_tvalid.eq(icrc.o.valid & beat.frame & (~wants_cpl | cpl_fifo.i.ready)),
             self.m_axis_tx_tdata.eq(beat.data),
-            self.m_axis_tx_tkeep.eq(Const((1 << P.DATA_BYTES) - 1, P.DATA_BYTES) >> (P.DATA_BYTES - beat.nbytes).as_unsigned()),
+            self.m_axis_tx_tkeep.eq(Mux(beat.last,
+                                        (Const((1 << P.DATA_BYTES) - 1, P.DATA_BYTES)
+                                         >> (P.DATA_BYTES - beat.nbytes).as_unsigned())
+                                        | Mux(beat.sop_hi, Const(((1 << SEG) - 1) << SEG, P.DATA_BYTES), 0),
+                                        Const((1 << P.DATA_BYTES) - 1, P.DATA_BYTES))),
             self.m_axis_tx_tlast.eq(beat.last),
+            self.m_axis_tx_tuser.eq(beat.sop_hi),
             cpl_fifo.i.valid.eq(icrc.o.valid & ready & wants_cpl),
             cpl_fifo.i.p.eq(beat.cpl),
         ]

@@ -3,6 +3,7 @@
 CLOCK_MHZ = 500                    # core clock
 CLOCK_PERIOD_NS = 1000 / CLOCK_MHZ # 2 ns
 DATA_BYTES = 128                   # 1024-bit datapath (DMA read/write data, MAC TX)
+SEGMENT_BYTES = 64                 # MAC TX: a frame starts at lane 0 or lane 64 of a beat
 DB_DATA_BYTES = 8                  # doorbell/UAR AXI4 slave data width
 CSR_DATA_BYTES = 4                 # AXI4-Lite control path
 DMA_ADDR_WIDTH = 64

@@ -2,9 +2,13 @@
 
 Pacing rule (docs/interfaces.md, "MAC TX and the wire"): wire time runs in
 byte units, cycle c spans [100c, 100c+100). A frame of L captured bytes costs
-``wire_bytes(L)`` = L + 24. A first beat is accepted in cycle c only when the
-previous frame's wire end <= 100*(c+1); it starts at max(100c, previous end).
-Beats after the first are always accepted.
+``wire_bytes(L)`` = L + 24. A beat is accepted in cycle c only when the last
+frame that ended has left the wire by 100*(c+1); a frame starts at
+max(100c, previous end). So a first beat waits for the wire and the other beats
+of a frame that started at lane 0 always pass.
+
+Segments: ``tuser`` = 1 on a beat means the current frame ends in lanes 0..63
+(tkeep lanes 0..n-1) and the next frame starts at lane 64 (tkeep lanes 64..127).
 """
 
 import struct
@@ -14,7 +18,7 @@ import cocotb
 from cocotb.triggers import ClockCycles, Event, First, RisingEdge
 from cocotbext.axi import AxiStreamBus
 
-from spec.params import DATA_BYTES, WIRE_BYTES_PER_CYCLE, WIRE_GBPS, wire_bytes
+from spec.params import DATA_BYTES, SEGMENT_BYTES as SEGMENT, WIRE_BYTES_PER_CYCLE, WIRE_GBPS, wire_bytes
 
 from .clock import CycleCounter
 from .memory import sig_high, sig_uint
@@ -95,6 +99,7 @@ class Wire400G:
             if not hasattr(self.bus, name):
                 raise ValueError(f"{prefix}_{name} is missing")
         self._tkeep = getattr(self.bus, "tkeep", None)
+        self._tuser = getattr(self.bus, "tuser", None)
         self.bus_bytes = len(self.bus.tdata) // 8
         if self.bus_bytes != DATA_BYTES:
             raise ValueError(f"{prefix}_tdata is {self.bus_bytes} bytes wide, expected {DATA_BYTES}")
@@ -136,16 +141,23 @@ class Wire400G:
             if self._ready and sig_high(bus.tvalid):
                 keep = sig_uint(self._tkeep) if self._tkeep is not None else full
                 last = sig_high(bus.tlast)
-                if not last and keep != full:
+                second = self._tuser is not None and sig_high(self._tuser)
+                raw = sig_uint(bus.tdata).to_bytes(self.bus_bytes, "little")
+                if second:
+                    # the current frame ends in lanes 0..63, the next starts at lane 64
+                    lo = keep & ((1 << SEGMENT) - 1)
+                    if not last or keep >> SEGMENT != (1 << SEGMENT) - 1 or lo == 0 or lo & (lo + 1):
+                        self._error(f"tuser beat: tlast {last}, tkeep {keep:#x} is not "
+                                    f"(lanes 0..n-1 of 64) + lanes 64..127 (cycle {c})")
+                    keep = lo
+                elif not last and keep != full:
                     self._error(f"tkeep {keep:#x} not all ones on a non-last beat (cycle {c})")
                 elif keep == 0 or keep & (keep + 1):
                     self._error(f"tkeep {keep:#x} on the last beat is not contiguous from lane 0 (cycle {c})")
-                nbytes = keep.bit_length()
-                data = sig_uint(bus.tdata).to_bytes(self.bus_bytes, "little")[:nbytes]
+                data = raw[:keep.bit_length()]
                 if self._cur is None:
+                    self._begin(c)
                     self._cur = bytearray(data)
-                    self._first_cycle = c
-                    self._start = max(BYTES_PER_CYCLE * c, self.prev_end)
                 else:
                     self._cur += data
                 if last:
@@ -155,11 +167,17 @@ class Wire400G:
                     self.prev_end = frame.end_bytes
                     self._cur = None
                     self._event.set()
-            # mid-frame beats always go; a first beat only when the wire frees up in this cycle
-            if self._cur is not None:
-                self._drive_ready(1)
-            else:
-                self._drive_ready(int(self.prev_end <= BYTES_PER_CYCLE * (now + 1)))
+                if second:
+                    self._begin(c)
+                    self._cur = bytearray(raw[SEGMENT:])
+            # Back-pressure: a beat goes in cycle c only when the last frame that ended
+            # leaves the wire by the end of c. A frame's first beat thus waits for the
+            # wire; later beats of a frame that started at lane 0 always pass.
+            self._drive_ready(int(self.prev_end <= BYTES_PER_CYCLE * (now + 1)))
+
+    def _begin(self, c):
+        self._first_cycle = c
+        self._start = max(BYTES_PER_CYCLE * c, self.prev_end)
 
     async def wait_frames(self, n, timeout_cycles=100_000):
         """Wait until at least ``n`` frames were received in total.

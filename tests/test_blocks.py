@@ -45,41 +45,75 @@ def _frames():
     return out
 
 
-def test_icrc_inserter_matches_model():
-    """Every frame leaves with the ICRC the golden model (zlib) computes, whatever its length."""
+def _beats(frames, segments):
+    """The builder's beat stream for ``frames`` (ICRC as zeros): one frame per beat start or,
+    with ``segments``, a frame of more than 68 bytes packed at lane 64 behind a last beat
+    of at most 64 bytes. Items: (data, nbytes, last, flen, sop_hi, flen_hi)."""
+    stream = bytearray()
+    starts = []                      # (frame index, offset in stream)
+    for k, f in enumerate(frames):
+        if segments and stream and len(stream) % BEAT and len(stream) % BEAT <= 64 and len(f) > 68:
+            stream += bytes(64 - len(stream) % BEAT)
+        elif len(stream) % BEAT:
+            stream += bytes(BEAT - len(stream) % BEAT)
+        starts.append((k, len(stream)))
+        stream += f[:-4] + bytes(4)
+    stream += bytes(-len(stream) % BEAT)
+    beats = []
+    for b in range(len(stream) // BEAT):
+        lo, hi = b * BEAT, (b + 1) * BEAT
+        ends = [(k, o) for k, o in starts if lo < o + len(frames[k]) <= hi]
+        cur = [(k, o) for k, o in starts if o < lo + 64 and o + len(frames[k]) > lo]
+        upper = [(k, o) for k, o in starts if o == lo + 64]
+        k0, o0 = cur[0]
+        end = o0 + len(frames[k0])
+        last = end <= hi
+        sop_hi = bool(upper) and last and end <= lo + 64
+        beats.append((int.from_bytes(stream[lo:hi], "little"), (end - lo) if last else BEAT, last,
+                      len(frames[k0]), sop_hi, len(frames[upper[0][0]]) if sop_hi else 0))
+    return beats
+
+
+@pytest.mark.parametrize("segments", [False, True], ids=["beat", "segments"])
+def test_icrc_inserter_matches_model(segments):
+    """Every frame leaves with the ICRC the golden model (zlib) computes, whatever its length,
+    also when frames share beats (the next frame starting at lane 64)."""
     dut = IcrcInserter(num_qps=4, num_cqs=4)
     frames = _frames()
+    if segments:                     # lengths whose last beat leaves room for the next frame
+        frames = [f for p in zip(frames, reversed(frames)) for f in p]
+    beats = _beats(frames, segments)
+    assert not segments or any(b[4] for b in beats)
     got = []
 
     async def bench(ctx):
-        pending = [f[:-4] + bytes(4) for f in frames]         # the builder leaves the ICRC as zeros
-        beats = []
-        for f in pending:
-            for off in range(0, len(f), BEAT):
-                chunk = f[off:off + BEAT]
-                beats.append((int.from_bytes(chunk, "little"), len(chunk), off + BEAT >= len(f), len(f)))
-        cur = bytearray()
+        cur = None
         i = 0
         ctx.set(dut.o.ready, 1)
         while len(got) < len(frames):
             if i < len(beats):
-                data, n, last, flen = beats[i]
+                data, n, last, flen, sop_hi, flen_hi = beats[i]
                 ctx.set(dut.i.valid, 1)
                 ctx.set(dut.i.p.data, data)
                 ctx.set(dut.i.p.nbytes, n)
                 ctx.set(dut.i.p.last, last)
                 ctx.set(dut.i.p.frame, 1)
                 ctx.set(dut.i.p.flen, flen)
+                ctx.set(dut.i.p.sop_hi, sop_hi)
+                ctx.set(dut.i.p.flen_hi, flen_hi)
             else:
                 ctx.set(dut.i.valid, 0)
             await ctx.delay(1e-12)
             took = ctx.get(dut.i.valid) and ctx.get(dut.i.ready)
             if ctx.get(dut.o.valid):
+                raw = ctx.get(dut.o.p.data).to_bytes(BEAT, "little")
                 n = ctx.get(dut.o.p.nbytes)
-                cur += ctx.get(dut.o.p.data).to_bytes(BEAT, "little")[:n]
+                cur = (cur or bytearray()) + raw[:n]
                 if ctx.get(dut.o.p.last):
                     got.append(bytes(cur))
-                    cur = bytearray()
+                    cur = None
+                if ctx.get(dut.o.p.sop_hi):
+                    cur = bytearray(raw[64:])
             await ctx.tick()
             i += bool(took)
 
