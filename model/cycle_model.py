@@ -51,6 +51,7 @@ class _Qp:
     depth: int
     wqes: dict                     # WQEBB index (mod 2**16) -> WQE record
     weight: int = 1
+    sq_base: int = 0
     pi: int = 0                    # QP table: producer index, fetch index, in the active FIFO
     fi: int = 0
     queued: bool = False
@@ -69,7 +70,7 @@ class EngineCycleModel:
 
     Parameters
     ----------
-    qps : {qpn: (mtu_bytes, sq_depth_wqebbs, [posted WQE records][, weight])}; a record has
+    qps : {qpn: (mtu_bytes, sq_depth_wqebbs, [posted WQE records][, weight[, sq_base]])}; a record has
         ``index``, ``nwqebbs``, ``inline`` (bool), ``length``, ``local_addr``,
         ``signaled`` and ``opcode``.
     doorbells : [(cycle of the W handshake, qpn, producer limit)], in order.
@@ -83,7 +84,8 @@ class EngineCycleModel:
                 if w.opcode not in (F.WqeOp.RDMA_WRITE, F.WqeOp.NOP):
                     raise ValueError(f"the cycle model covers RDMA WRITE and NOP, not opcode {w.opcode:#x}")
                 wqes[w.index & 0xFFFF] = w
-            self.qps[qpn] = _Qp(mtu, depth, wqes, weight=min(max(rest[0] if rest else 1, 1), P.MAX_WEIGHT))
+            weight = min(max(rest[0] if rest else 1, 1), P.MAX_WEIGHT)
+            self.qps[qpn] = _Qp(mtu, depth, wqes, weight=weight, sq_base=rest[1] if len(rest) > 1 else 0)
         self.doorbells = deque(sorted(doorbells))
         self.latency = dma_latency
         self.lat = Latencies()
@@ -96,7 +98,7 @@ class EngineCycleModel:
         job_fifo = _Fifo(4, 2)
         burst_fifo = _Fifo(16, 2)
         wqebb_buf = _Fifo(P.WQE_BUFFER_WQEBBS, 2)
-        inline_fifo = _Fifo(8, 2)
+        inline_fifo = _Fifo(P.INLINE_QUEUE_BEATS, 2)
         msg_fifo = _Fifo(P.MESSAGE_QUEUE_DEPTH, 2)
         payload_buf = _Fifo(P.PAYLOAD_BUFFER_BEATS, 2)
         cpl_fifo = _Fifo(16, 2)
@@ -129,7 +131,11 @@ class EngineCycleModel:
             # read data arriving this cycle
             while reads and reads[0][0] == t:
                 _, dest, item = reads.popleft()
-                (wqebb_buf if dest == "wqe" else payload_buf).push(t, item)
+                if dest == "wqe":
+                    for bb in item:                  # one or two WQEBBs per beat
+                        wqebb_buf.push(t, bb)
+                else:
+                    payload_buf.push(t, item)
 
             # --- QP table ------------------------------------------------------------------
             update_taken = False
@@ -173,13 +179,26 @@ class EngineCycleModel:
 
             # --- WQE fetch -------------------------------------------------------------------
             wqe_ar = False
-            fire = wf_left > 0 and wf_credits < P.WQE_BUFFER_WQEBBS
-            if fire:
-                read(t, "wqe", 1)
-                reads[-1] = (reads[-1][0], "wqe", (wf_job[0], wf_index & 0xFFFF))
-                wqe_ar = True
-                wf_left -= 1
-                wf_index += 1
+            wqe_issued = 0
+            if wf_left > 0:
+                q = self.qps[wf_job[0]]
+                slot = wf_index & (q.depth - 1)
+                addr = q.sq_base + slot * F.WQEBB
+                run = min(wf_left, q.depth - slot, (4096 - addr % 4096) // F.WQEBB, P.WQE_MAX_RUN)
+                if wf_credits + run <= P.WQE_BUFFER_WQEBBS:
+                    lane = (addr >> 6) & 1
+                    beats = (lane + run + 1) // 2
+                    start = len(reads)
+                    read(t, "wqe", beats)
+                    tags = [(wf_job[0], (wf_index + i) & 0xFFFF) for i in range(run)]
+                    for k in range(start, len(reads)):
+                        n = 2 - lane if k == start else 2
+                        reads[k] = (reads[k][0], "wqe", tags[:n])
+                        tags = tags[n:]
+                    wqe_ar = True
+                    wqe_issued = run
+                    wf_left -= run
+                    wf_index += run
             if wf_left == 0:                     # idle, or the last read went this cycle
                 job = job_fifo.head(t)
                 if job is not None and burst_fifo.can_push():
@@ -227,7 +246,7 @@ class EngineCycleModel:
             elif cw_state == "IDLE" and cpl_fifo.head(t) is not None:
                 cw_item, cw_state = cpl_fifo.pop(), "WRITE"
 
-            wf_credits += (1 if wqe_ar else 0) - wqe_pops
+            wf_credits += wqe_issued - wqe_pops
             pf_credits += issued - payload_pops
             if self._done(qpt_state, wf_left, ps, pf_bursts, builder, cw_state, reads, db_fifo, active,
                           job_fifo, burst_fifo, wqebb_buf, msg_fifo, cpl_fifo):

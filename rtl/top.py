@@ -96,11 +96,11 @@ class IbgdaNic(wiring.Component):
                                               max_weight=P.MAX_WEIGHT)
         mb = qpt.max_burst
         m.submodules.job_fifo = job_fifo = _StreamFifo(FetchJob(nq, nc, mb), 4)
-        m.submodules.wqe_fetch = wf = WqeFetch(num_qps=nq, num_cqs=nc, max_burst=mb,
+        m.submodules.wqe_fetch = wf = WqeFetch(num_qps=nq, num_cqs=nc, max_burst=mb, max_run=P.WQE_MAX_RUN,
                                                buffer_depth=self.wqe_buffer)
         m.submodules.burst_fifo = burst_fifo = _StreamFifo(FetchJob(nq, nc, mb), 16)
         m.submodules.wqe_parser = wp = WqeParser(num_qps=nq, num_cqs=nc, max_burst=mb)
-        m.submodules.inline_fifo = inline_fifo = _StreamFifo(8 * P.DATA_BYTES, 8)
+        m.submodules.inline_fifo = inline_fifo = _StreamFifo(8 * P.DATA_BYTES, P.INLINE_QUEUE_BEATS)
         m.submodules.payload_fetch = pf = PayloadFetch(num_qps=nq, num_cqs=nc, buffer_beats=self.payload_buffer)
         m.submodules.msg_fifo = msg_fifo = _StreamFifo(Message(nq, nc), P.MESSAGE_QUEUE_DEPTH)
         m.submodules.builder = pb = PacketBuilder(num_qps=nq, num_cqs=nc)

@@ -21,13 +21,16 @@ MAX_BURST_WQEBBS = QUANTUM_WQEBBS * MAX_WEIGHT
 # WQEBB buffer = WQE reads in flight. At one WQEBB per cycle, 1 us of latency (500
 # cycles) plus the pipeline needs about 510 reads in flight: 512 x 64 B = 32 KiB.
 WQE_BUFFER_WQEBBS = 512
+WQE_MAX_RUN = 32                   # WQEBBs per AXI burst of the WQE fetch (16 beats of 2 WQEBBs)
 # Payload buffer: 1 us x 400 Gb/s = 50 KB must be in flight to keep the wire busy
 # from GPU memory; 512 beats of 128 B = 64 KiB (512 Kbit of RAM).
 PAYLOAD_BUFFER_BEATS = 512
 PAYLOAD_MAX_BURST_BEATS = 32       # 4 KiB AXI bursts
-# Messages parsed ahead of the builder: payload is fetched only for these, so they
-# must cover the 50 KB in flight even when messages are small.
-MESSAGE_QUEUE_DEPTH = 64
+# Messages parsed ahead of the builder: a message's payload is read when it enters
+# this queue and packed when it leaves, so the queue must hold every message of one
+# read round trip: 1 us x 471 M msg/s = 471 at the small-message rate.
+MESSAGE_QUEUE_DEPTH = 512
+INLINE_QUEUE_BEATS = 64           # inline WQE beats parsed ahead (64 x 128 B)
 DMA_READ_LATENCY_NS = 1000         # PCIe-like read latency to GPU memory (1 us)
 DMA_READ_LATENCY_CYCLES = int(DMA_READ_LATENCY_NS / CLOCK_PERIOD_NS)
 DMA_BYTES_PER_CYCLE = 128          # memory model bandwidth: one full beat per cycle

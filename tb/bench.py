@@ -1,7 +1,7 @@
 """Benchmark points (``make bench``): back-to-back RDMA WRITEs over several QPs, measured on the wire.
 
 Each point (``BENCH_POINTS``, a JSON list of ``{"size", "qps", "batch", "latency_ns",
-"msgs"}``) posts ``msgs`` WRITEs per QP (inline up to 64 bytes, pointer above), one
+"msgs"}``) posts ``msgs`` WRITEs per QP (inline up to 28 bytes: one WQEBB; pointer above), one
 doorbell per ``batch`` WQEs with CQ_UPDATE on the batch's last (NVSHMEM's moderation).
 Goodput and message rate come from the wire times of the first and last frame; the
 wire limit is the SPEC arithmetic for the same frames; the golden cycle model predicts
@@ -17,6 +17,7 @@ import cocotb
 from spec import params as P
 from tb.env import NicEnv
 
+INLINE_MAX = 28        # what fits one WQEBB (ctrl 16 + raddr 16 + 4 + 28 = 64 B); NVSHMEM inlines only tiny puts
 OUT = Path(os.environ.get("IBGDA_BENCH_OUT", "build/bench"))
 POINTS = json.loads(os.environ.get("BENCH_POINTS", '[{"size": 4096, "qps": 8, "batch": 32, '
                                                    '"latency_ns": 1000, "msgs": 32}]'))
@@ -40,7 +41,7 @@ async def _point(dut, p):
         for b in range(0, nmsgs, batch):
             n = min(batch, nmsgs - b)
             for i in range(n):
-                if size <= 64:
+                if size <= INLINE_MAX:
                     qp.post_write(0x1000 * (b + i), 1, inline=bytes(size), signaled=(i == n - 1))
                 else:
                     addr, _ = env.payload(size, seed=b + i)

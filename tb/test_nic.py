@@ -272,10 +272,8 @@ async def weighted_share(dut):
         await env.set_weight(qp, w)
         for i in range(rounds * w * QUANTUM_WQEBBS):
             qp.post_write(0x1000 * i, 1, inline=bytes([qp.qpn, i & 0xFF] * 4), signaled=(i % 32 == 31))
-    for b in range(rounds * max(weights)):
-        for qp, w in zip(qps, weights):
-            if b < rounds * w:
-                await qp.ring_nvshmem(upto=(b + 1) * 32)     # one doorbell per batch of 32
+    for qp in qps:
+        await qp.ring_nvshmem()          # all posted: every QP is backlogged from the start
     pred = env.check(await env.drain())
     env.check_cycles()
     runs = _runs(env.wire.frames)
@@ -283,10 +281,12 @@ async def weighted_share(dut):
     # the longest stretch of such turns must hold at least 5 whole rounds.
     best = cur = []
     for q, n in runs:
-        cur = cur + [(q, n)] if n == weights[q] * QUANTUM_WQEBBS and (not cur or q == (cur[-1][0] + 1) % 3) \
-            else ([(q, n)] if n == weights[q] * QUANTUM_WQEBBS else [])
+        turn = n == weights[q] * QUANTUM_WQEBBS
+        in_order = len(cur) < 3 and q not in [c[0] for c in cur] or len(cur) >= 3 and q == cur[-3][0]
+        cur = cur + [(q, n)] if turn and in_order else ([(q, n)] if turn else [])
         best = max(best, cur, key=len)
     assert len(best) >= 15, f"no 5 whole rounds of weighted turns: runs {runs}"
+    best = best[:len(best) // 3 * 3]     # whole rounds
     counts = [sum(n for q, n in best if q == k) for k in range(3)]
     dut._log.info("%d weighted turns in a row: frames per QP %s; runs %s", len(best), counts, runs)
     for c, w in zip(counts, weights):
