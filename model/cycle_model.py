@@ -516,9 +516,12 @@ class _StreamBuilder:
                     self.pkt_start = False
                     self.rcount = total - BEAT if emit else total
                     if chunk_last:
-                        if total > BEAT:
+                        if total > BEAT + SEG:
                             self.flush_left = total - BEAT
                             self.state = "FLUSH"
+                        elif total > BEAT:
+                            self._hold(total - BEAT)
+                            self._next_packet(t, msg_fifo)
                         else:
                             if hold_now:
                                 self._hold(total)

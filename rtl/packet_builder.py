@@ -256,9 +256,13 @@ class PacketBuilder(wiring.Component):
                         with m.Else():
                             m.d.sync += [residual.eq(combined[:16 * BEAT]), rcount.eq(total)]
                         with m.If(chunk_last):
-                            with m.If(total > BEAT):
+                            with m.If(total > BEAT + SEG):
                                 m.d.sync += [flush.eq(combined[8 * BEAT:]), flush_left.eq(total - BEAT)]
                                 m.next = "FLUSH"
+                            with m.Elif(total > BEAT):
+                                # the beat goes out, the last <= 64 bytes are held at once
+                                hold_tail(combined[8 * BEAT:], total - BEAT)
+                                next_packet()
                             with m.Else():
                                 with m.If(hold_now):
                                     hold_tail(combined, total)
