@@ -73,7 +73,7 @@ class EngineCycleModel:
     qps : {qpn: (mtu_bytes, sq_depth_wqebbs, [posted WQE records][, weight[, sq_base]])}; a record has
         ``index``, ``nwqebbs``, ``inline`` (bool), ``length``, ``local_addr``,
         ``signaled`` and ``opcode``.
-    doorbells : [(cycle of the W handshake, qpn, producer limit)], in order.
+    doorbells : [(cycle of the (last) W handshake, qpn, producer limit[, BlueFlame])], in order.
     dma_latency : GPU memory read latency in cycles.
     """
     def __init__(self, qps, doorbells, *, dma_latency=P.DMA_READ_LATENCY_CYCLES):
@@ -97,6 +97,7 @@ class EngineCycleModel:
         active = _Fifo(P.NUM_QPS, 2)
         job_fifo = _Fifo(4, 2)
         burst_fifo = _Fifo(16, 2)
+        bf_fifo = _Fifo(4, 2)
         wqebb_buf = _Fifo(P.WQE_BUFFER_WQEBBS, 2)
         inline_fifo = _Fifo(P.INLINE_QUEUE_BEATS, 2)
         msg_fifo = _Fifo(P.MESSAGE_QUEUE_DEPTH, 2)
@@ -126,8 +127,8 @@ class EngineCycleModel:
             wqe_pops = payload_pops = 0
             # doorbell decoder: the W handshake pushes the event in the same cycle
             while self.doorbells and self.doorbells[0][0] == t:
-                _, qpn, limit = self.doorbells.popleft()
-                db_fifo.push(t, (qpn, limit))
+                _, qpn, limit, *bf = self.doorbells.popleft()
+                db_fifo.push(t, (qpn, limit, bool(bf and bf[0])))
             # read data arriving this cycle
             while reads and reads[0][0] == t:
                 _, dest, item = reads.popleft()
@@ -148,6 +149,12 @@ class EngineCycleModel:
                     if not q.queued and q.pi != ci and q.pi != end:
                         active.push(t, arg[0])
                         q.queued = True
+                elif kind == "doorbell" and arg[2] and not q.queued and q.pi == q.fi \
+                        and arg[1] == (q.fi + 1) & 0xFFFF and job_fifo.can_push() and bf_fifo.can_push():
+                    # BlueFlame: the WQE is the QP's only work, it goes at once without a read
+                    job_fifo.push(t, (arg[0], q.fi, 1, 1, True))
+                    bf_fifo.push(t, (arg[0], q.fi))
+                    q.pi = q.fi = arg[1]
                 elif kind == "doorbell":
                     q.pi = arg[1]
                     if not q.queued and arg[1] != q.fi:
@@ -159,7 +166,7 @@ class EngineCycleModel:
                     if pending:
                         own = min(pending, quantum)
                         over = min(pending - quantum, F.MAX_WQEBBS - 1) if pending > quantum else 0
-                        job_fifo.push(t, (arg[0], q.fi, own + over, own))
+                        job_fifo.push(t, (arg[0], q.fi, own + over, own, False))
                         q.fi = (q.fi + own) & 0xFFFF
                         if pending > quantum:
                             active.push(t, arg[0])
@@ -204,19 +211,20 @@ class EngineCycleModel:
                 if job is not None and burst_fifo.can_push():
                     job_fifo.pop()
                     burst_fifo.push(t, job)
-                    wf_job, wf_left, wf_index = job, job[2], job[1]
+                    if not job[4]:                   # BlueFlame: nothing to read
+                        wf_job, wf_left, wf_index = job, job[2], job[1]
 
             # --- WQE parser ------------------------------------------------------------------
             # the payload fetch passes a message on when it is free or frees up this cycle
             msg_ready = msg_fifo.can_push() and (not pf_bursts or (
                 len(pf_bursts) == 1 and not wqe_ar
                 and pf_credits + pf_bursts[0] <= P.PAYLOAD_BUFFER_BEATS))
-            emitted = self._parser_step(t, ps, burst_fifo, wqebb_buf, inline_fifo, msg_ready, update_taken)
-            if emitted == "pop":
-                wqe_pops += 1
-            elif isinstance(emitted, tuple):
-                wqe_pops += emitted[1]
+            before = len(wqebb_buf.items)
+            src = bf_fifo if ps.get("bf") else wqebb_buf
+            emitted = self._parser_step(t, ps, burst_fifo, src, inline_fifo, msg_ready, update_taken)
+            if isinstance(emitted, tuple):
                 emitted = emitted[0]
+            wqe_pops = before - len(wqebb_buf.items)
             # --- payload fetch ---------------------------------------------------------------
             issued = 0
             free = not pf_bursts
@@ -249,7 +257,7 @@ class EngineCycleModel:
             wf_credits += wqe_issued - wqe_pops
             pf_credits += issued - payload_pops
             if self._done(qpt_state, wf_left, ps, pf_bursts, builder, cw_state, reads, db_fifo, active,
-                          job_fifo, burst_fifo, wqebb_buf, msg_fifo, cpl_fifo):
+                          job_fifo, burst_fifo, bf_fifo, wqebb_buf, msg_fifo, cpl_fifo):
                 return out
             t += 1
         raise RuntimeError(f"the cycle model did not finish in {max_cycles} cycles")
@@ -269,7 +277,7 @@ class EngineCycleModel:
             job = bursts.head(t)
             if job is not None:
                 bursts.pop()
-                ps.update(state="RUN", qpn=job[0], start=job[1], index=job[1], left=job[2], count=job[2],
+                ps.update(state="RUN", qpn=job[0], start=job[1], index=job[1], left=job[2], count=job[2], bf=job[4],
                           own=job[3], end=(job[1] + job[2]) & 0xFFFF, fresh=True, cut=False, stale=False,
                           report=None, got=0)
             else:

@@ -11,7 +11,10 @@ __all__ = ["DoorbellDecoder", "DoorbellEvent"]
 
 
 def DoorbellEvent(num_qps):
-    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "limit": unsigned(16)})
+    """A doorbell: every WQEBB of ``qpn`` before ``limit`` is posted. ``bf``: it came as a
+    BlueFlame write and ``wqebb`` is the WQE itself (one WQEBB)."""
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "limit": unsigned(16),
+                              "bf": unsigned(1), "wqebb": unsigned(8 * F.WQEBB)})
 
 
 class DoorbellDecoder(wiring.Component):
@@ -23,8 +26,13 @@ class DoorbellDecoder(wiring.Component):
     every WQEBB before ``index + ceil(ds / 4)`` is then ready. This one rule covers
     rdma-core (last WQE's ctrl words) and NVSHMEM (next free index, ds = 0).
 
+    BlueFlame: a 64-byte burst (8 beats) to 0x800 or 0x900 carries a whole
+    one-WQEBB WQE. Its first 8 bytes are the doorbell; the event also carries the
+    WQEBB, so the engine can send it without reading the send queue.
+
     A write elsewhere in the page, a partial write, a QPN that does not match the
-    page or a page beyond the QP table is dropped and reported on ``dropped``.
+    page, a burst of another length or a page beyond the QP table is dropped and
+    reported on ``dropped`` (once per write).
     Backpressure from ``events`` stalls W, so no doorbell is ever lost.
 
     Parameters
@@ -54,39 +62,56 @@ class DoorbellDecoder(wiring.Component):
         bus = self.bus
         addr = Signal(32)
         bid = Signal.like(bus.awid)
+        bf = Signal()                    # the write is a BlueFlame burst
+        beat = Signal(3)
+        ok = Signal()                    # every beat so far was good
+        first = Signal(64)               # the burst's first 8 bytes (ctrl segment)
+        wqebb = Signal(8 * F.WQEBB)
 
-        wdata = bus.wdata
-        byte = [wdata.word_select(i, 8) for i in range(8)]
-        index = Cat(byte[2], byte[1])
-        qpn_field = Cat(byte[6], byte[5], byte[4])
-        ds = byte[7][:6]
+        def fields(word):
+            byte = [word.word_select(i, 8) for i in range(8)]
+            return Cat(byte[2], byte[1]), Cat(byte[6], byte[5], byte[4]), byte[7][:6]
+
+        ctrl = Mux(beat == 0, bus.wdata, first)
+        index, qpn_field, ds = fields(ctrl)
         page = addr[F.UAR_PAGE_SHIFT:]
-        offset = addr[:F.UAR_PAGE_SHIFT]
+        offset = addr[:F.UAR_PAGE_SHIFT] - (beat << 3)
         good = Signal()
         m.d.comb += good.eq((bus.wstrb == 0xFF)
                             & ((offset == F.UAR_DB_OFFSET) | (offset == F.UAR_DB_OFFSET_ALT))
-                            & (page < self.num_qps) & (qpn_field == page))
+                            & (page < self.num_qps) & (qpn_field == page)
+                            & (~bf | ((ds + 3) >> 2 == 1)))
         m.d.comb += [
             self.events.p.qpn.eq(page),
             self.events.p.limit.eq(index + ((ds + 3) >> 2)),
+            self.events.p.bf.eq(bf),
+            self.events.p.wqebb.eq(Cat(wqebb[64:], bus.wdata)),
         ]
 
         with m.FSM():
             with m.State("ADDR"):
                 m.d.comb += bus.awready.eq(1)
                 with m.If(bus.awvalid):
-                    m.d.sync += [addr.eq(bus.awaddr), bid.eq(bus.awid)]
+                    m.d.sync += [addr.eq(bus.awaddr), bid.eq(bus.awid), bf.eq(bus.awlen == 7),
+                                 beat.eq(0), ok.eq(1)]
+                    with m.If((bus.awlen != 0) & (bus.awlen != 7)):
+                        m.d.sync += ok.eq(0)
                     m.next = "DATA"
             with m.State("DATA"):
-                # A good beat waits for the event queue; others pass at once.
+                # A doorbell (or a BlueFlame burst's last beat) waits for the event queue.
+                last = bus.wlast
+                fire = last & ok & good
                 m.d.comb += [
-                    self.events.valid.eq(bus.wvalid & good),
-                    bus.wready.eq(~good | self.events.ready),
+                    self.events.valid.eq(bus.wvalid & fire),
+                    bus.wready.eq(~fire | self.events.ready),
                 ]
                 with m.If(bus.wvalid & bus.wready):
-                    m.d.comb += [self.accepted.eq(good), self.dropped.eq(~good)]
-                    m.d.sync += addr.eq(addr + 8)
-                    with m.If(bus.wlast):
+                    m.d.sync += [addr.eq(addr + 8), beat.eq(beat + 1), ok.eq(ok & good),
+                                 wqebb.eq(Cat(wqebb[64:], bus.wdata))]
+                    with m.If(beat == 0):
+                        m.d.sync += first.eq(bus.wdata)
+                    with m.If(last):
+                        m.d.comb += [self.accepted.eq(ok & good), self.dropped.eq(~(ok & good))]
                         m.next = "RESP"
             with m.State("RESP"):
                 m.d.comb += [bus.bvalid.eq(1), bus.bid.eq(bid), bus.bresp.eq(0)]

@@ -24,6 +24,7 @@ def FetchJob(num_qps, num_cqs, max_burst):
     return data.StructLayout({
         "qpn": unsigned(qp_bits(num_qps)), "cfg": QpConfig(num_cqs),
         "ci": unsigned(16), "count": unsigned(width), "own": unsigned(width),
+        "bf": unsigned(1),               # BlueFlame: the WQEBB comes with the doorbell, no read
     })
 
 
@@ -75,8 +76,15 @@ class QpTable(wiring.Component):
     updates : In(stream.Signature(QpUpdate))
     jobs : Out(stream.Signature(FetchJob))
         Its consumer must keep ``ready`` high once high until it takes a job (a FIFO).
+    bf_wqebbs : Out(stream.Signature(512))
+        The WQEBB of each BlueFlame job, in job order, for the parser.
     db_dropped : Out(1)
         Strobe: a doorbell for a QP that is not in RTS was ignored.
+
+    A BlueFlame doorbell whose WQE is the QP's only work (nothing pending, the WQE is
+    the next WQEBB) becomes a job at once, without the round-robin queue, and its
+    WQEBB goes to the parser: no read. Otherwise it counts as a plain doorbell (the
+    WQE is in GPU memory too) and waits its turn.
     """
     def __init__(self, *, num_qps, num_cqs, quantum=32, max_weight=15):
         if num_qps < 2:
@@ -92,6 +100,7 @@ class QpTable(wiring.Component):
             "doorbells": In(stream.Signature(DoorbellEvent(num_qps))),
             "updates": In(stream.Signature(QpUpdate(num_qps))),
             "jobs": Out(stream.Signature(FetchJob(num_qps, num_cqs, self.max_burst))),
+            "bf_wqebbs": Out(stream.Signature(8 * F.WQEBB)),
             "db_dropped": Out(1),
         })
 
@@ -110,6 +119,8 @@ class QpTable(wiring.Component):
         commit_p = Signal.like(self.commit.p)
         update_p = Signal.like(self.updates.p)
         limit = Signal(16)
+        bf = Signal()
+        bf_data = Signal(8 * F.WQEBB)
 
         entry = Signal(layout)
         m.d.comb += [entry.eq(rd.data), wr.addr.eq(qpn)]
@@ -138,7 +149,8 @@ class QpTable(wiring.Component):
                     m.next = "EXEC"
                 with m.Elif(self.doorbells.valid):
                     m.d.comb += [self.doorbells.ready.eq(1), rd.addr.eq(self.doorbells.p.qpn), rd.en.eq(1)]
-                    m.d.sync += [op.eq(2), qpn.eq(self.doorbells.p.qpn), limit.eq(self.doorbells.p.limit)]
+                    m.d.sync += [op.eq(2), qpn.eq(self.doorbells.p.qpn), limit.eq(self.doorbells.p.limit),
+                                 bf.eq(self.doorbells.p.bf), bf_data.eq(self.doorbells.p.wqebb)]
                     m.next = "EXEC"
                 with m.Elif(active.r_rdy & self.jobs.ready):
                     # Schedule only when the job can leave at once: the sequencer must never
@@ -166,7 +178,16 @@ class QpTable(wiring.Component):
                                       & (entry.dyn.pi != update_p.end)):
                                 enqueue()
                     with m.Case(2):
-                        with m.If(rts):
+                        with m.If(rts & bf & ~entry.dyn.queued & (entry.dyn.pi == entry.dyn.fi)
+                                  & (limit == entry.dyn.fi + 1) & self.jobs.ready & self.bf_wqebbs.ready):
+                            m.d.comb += [
+                                new.dyn.pi.eq(limit), new.dyn.fi.eq(limit), wr.en.eq(1),
+                                self.jobs.valid.eq(1), self.jobs.p.qpn.eq(qpn), self.jobs.p.cfg.eq(entry.cfg),
+                                self.jobs.p.ci.eq(entry.dyn.fi), self.jobs.p.count.eq(1), self.jobs.p.own.eq(1),
+                                self.jobs.p.bf.eq(1),
+                                self.bf_wqebbs.valid.eq(1), self.bf_wqebbs.p.eq(bf_data),
+                            ]
+                        with m.Elif(rts):
                             m.d.comb += [new.dyn.pi.eq(limit), wr.en.eq(1)]
                             with m.If(~entry.dyn.queued & (limit != entry.dyn.fi)):
                                 enqueue()

@@ -99,6 +99,7 @@ class IbgdaNic(wiring.Component):
         m.submodules.wqe_fetch = wf = WqeFetch(num_qps=nq, num_cqs=nc, max_burst=mb, max_run=P.WQE_MAX_RUN,
                                                buffer_depth=self.wqe_buffer)
         m.submodules.burst_fifo = burst_fifo = _StreamFifo(FetchJob(nq, nc, mb), 16)
+        m.submodules.bf_fifo = bf_fifo = _StreamFifo(8 * 64, 4)          # BlueFlame WQEBBs
         m.submodules.wqe_parser = wp = WqeParser(num_qps=nq, num_cqs=nc, max_burst=mb)
         m.submodules.inline_fifo = inline_fifo = _StreamFifo(8 * P.DATA_BYTES, P.INLINE_QUEUE_BEATS)
         m.submodules.payload_fetch = pf = PayloadFetch(num_qps=nq, num_cqs=nc, buffer_beats=self.payload_buffer)
@@ -137,6 +138,8 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, wf.bursts, burst_fifo.i)
         wiring.connect(m, burst_fifo.o, wp.bursts)
         wiring.connect(m, wf.wqebbs, wp.wqebbs)
+        wiring.connect(m, qpt.bf_wqebbs, bf_fifo.i)
+        wiring.connect(m, bf_fifo.o, wp.bf_wqebbs)
         wiring.connect(m, wp.updates, qpt.updates)
         wiring.connect(m, wp.messages, pf.messages_in)
         wiring.connect(m, wp.inline, inline_fifo.i)

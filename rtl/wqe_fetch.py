@@ -121,7 +121,7 @@ class WqeFetch(wiring.Component):
             m.d.sync += [left.eq(left - run), index.eq(index + run)]
             with m.If(last_run):
                 m.d.sync += have.eq(0)
-        with m.If(self.jobs.valid & self.jobs.ready):
+        with m.If(self.jobs.valid & self.jobs.ready & ~self.jobs.p.bf):     # BlueFlame: nothing to read
             m.d.sync += [job.eq(self.jobs.p), left.eq(self.jobs.p.count), index.eq(self.jobs.p.ci),
                          have.eq(1)]
 

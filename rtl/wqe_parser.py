@@ -43,6 +43,8 @@ class WqeParser(wiring.Component):
         ``qpn``, ``psn``: a QP is created; its consumer index is 0, its next PSN ``psn``.
     bursts : In(stream.Signature(FetchJob))
     wqebbs : In(stream.Signature(512))
+    bf_wqebbs : In(stream.Signature(512))
+        The WQEBB of each BlueFlame burst (``bf``), read instead of ``wqebbs``.
     messages : Out(stream.Signature(Message))
     inline : Out(stream.Signature(1024))
         WQE bytes 0..127 (and 128..255 when the inline data reaches them) of each
@@ -58,6 +60,7 @@ class WqeParser(wiring.Component):
                                                             "psn": unsigned(24)}))),
             "bursts": In(stream.Signature(FetchJob(num_qps, num_cqs, max_burst))),
             "wqebbs": In(stream.Signature(8 * F.WQEBB)),
+            "bf_wqebbs": In(stream.Signature(8 * F.WQEBB)),
             "messages": Out(stream.Signature(Message(num_qps, num_cqs))),
             "inline": Out(stream.Signature(1024)),
             "updates": Out(stream.Signature(QpUpdate(num_qps))),
@@ -74,6 +77,14 @@ class WqeParser(wiring.Component):
         m.d.comb += ctx.eq(rd.data)
 
         job = Signal.like(self.bursts.p)
+        # WQEBB source of the current burst: the fetch, or the doorbell (BlueFlame).
+        src = stream.Signature(8 * F.WQEBB).flip().create(path=("src",))
+        with m.If(job.bf):
+            m.d.comb += [src.valid.eq(self.bf_wqebbs.valid), src.payload.eq(self.bf_wqebbs.payload),
+                         self.bf_wqebbs.ready.eq(src.ready)]
+        with m.Else():
+            m.d.comb += [src.valid.eq(self.wqebbs.valid), src.payload.eq(self.wqebbs.payload),
+                         self.wqebbs.ready.eq(src.ready)]
         left = Signal.like(self.bursts.p.count)      # WQEBBs of the burst not yet taken
         index = Signal(16)                           # WQEBB index of the current WQE
         psn = Signal(24)
@@ -94,10 +105,10 @@ class WqeParser(wiring.Component):
         m.d.comb += view.eq(wqe)
         for i in range(F.MAX_WQEBBS):
             with m.If(got == i):
-                m.d.comb += view.word_select(i, bb).eq(self.wqebbs.p)
+                m.d.comb += view.word_select(i, bb).eq(src.p)
 
         # Ctrl segment of a first WQEBB, straight from the stream (to size the WQE).
-        first = self.wqebbs.p
+        first = src.p
         ds_first = first.word_select(7, 8)[:6]
         nbb_first = Signal(4)
         m.d.comb += nbb_first.eq(Mux(ds_first == 0, 1, (ds_first + 3) >> 2))
@@ -200,14 +211,14 @@ class WqeParser(wiring.Component):
                 with m.Elif((got == 0) & (rel >= job.own)):
                     # Read past the burst's own WQEs: the next burst starts here.
                     drop_then(left)
-                with m.Elif(self.wqebbs.valid):
+                with m.Elif(src.valid):
                     with m.If((got == 0) & ~too_long & (nbb_first > left)):
                         # The WQE runs past what was posted: fetched again from here.
                         m.d.sync += cut.eq(1)
                         drop_then(left)
                     with m.Elif(got + 1 < nbb):
                         # gather
-                        m.d.comb += self.wqebbs.ready.eq(1)
+                        m.d.comb += src.ready.eq(1)
                         m.d.sync += [wqe.eq(view), got.eq(got + 1), left.eq(left - 1)]
                         with m.If(got == 0):
                             m.d.sync += need.eq(nbb_first)
@@ -220,7 +231,7 @@ class WqeParser(wiring.Component):
                             self.inline.p.eq(view[:1024]),
                         ]
                         with m.If(self.messages.ready & inline_ok):
-                            m.d.comb += self.wqebbs.ready.eq(1)
+                            m.d.comb += src.ready.eq(1)
                             m.d.sync += [index.eq(index + nbb), left.eq(left - 1), got.eq(0), fresh.eq(0),
                                          psn.eq(cur_psn + Mux(kind == MessageKind.WRITE, npkts, 0)),
                                          wqe.eq(view)]
@@ -242,8 +253,8 @@ class WqeParser(wiring.Component):
                 # Discard WQEBBs: the burst's rest (after an error, a cut WQE, past its own
                 # WQEs, or all of a stale burst), or the head its predecessor already took.
                 m.d.comb += commit_ok.eq(1)
-                with m.If(self.wqebbs.valid):
-                    m.d.comb += self.wqebbs.ready.eq(1)
+                with m.If(src.valid):
+                    m.d.comb += src.ready.eq(1)
                     m.d.sync += drop.eq(drop - 1)
                     with m.If(drop == 1):
                         m.next = "END"

@@ -222,7 +222,7 @@ class NicEnv:
         for d in self.gpu.doorbells:
             index = int.from_bytes(d.data[1:3], "big")
             ds = d.data[7] & 0x3F
-            doorbells.append((d.cycle, d.qpn, (index + (ds + 3) // 4) & 0xFFFF))
+            doorbells.append((d.cycle, d.qpn, (index + (ds + 3) // 4) & 0xFFFF, d.bf))
         qps = {q: (qp.mtu, qp.depth if hasattr(qp, "depth") else 1 << qp.log_depth, qp.posted, qp.weight, qp.sq_base)
                for q, qp in self.qps.items()}
         pred = EngineCycleModel(qps, doorbells, dma_latency=self.dma_latency).run()

@@ -102,11 +102,13 @@ class PostedWqe:
 
 @dataclass
 class Doorbell:
-    """One UAR store: qpn (page), offset, data (8 bytes), cycle (W handshake)."""
+    """One UAR store: qpn (page), offset, data (its first 8 bytes), cycle (its last W
+    handshake), bf (a 64-byte BlueFlame store carrying the WQE)."""
     qpn: int
     offset: int
     data: bytes
     cycle: int
+    bf: bool = False
 
 
 # ---- GPU ---------------------------------------------------------------------------
@@ -189,20 +191,37 @@ class GpuModel:
         data8 = bytes(data8)
         if len(data8) != DB_DATA_BYTES:
             raise ValueError(f"a doorbell is {DB_DATA_BYTES} bytes, not {len(data8)}")
+        return await self._store(qpn, offset, data8)
+
+    async def blueflame(self, qpn, wqe64, offset=UAR_DB_OFFSET):
+        """BlueFlame: store a whole one-WQEBB WQE (64 bytes, one AXI burst of 8 beats) to the
+        BlueFlame register of ``qpn``; return the cycle of the last W handshake."""
+        _check("qpn", qpn, 0, (1 << (32 - UAR_PAGE_SHIFT)) - 1)
+        if offset not in (UAR_DB_OFFSET, UAR_DB_OFFSET_ALT):
+            raise ValueError(f"BlueFlame registers are at {UAR_DB_OFFSET:#x} and {UAR_DB_OFFSET_ALT:#x}")
+        wqe64 = bytes(wqe64)
+        if len(wqe64) != WQEBB:
+            raise ValueError(f"a BlueFlame store is one WQEBB ({WQEBB} bytes), not {len(wqe64)}")
+        return await self._store(qpn, offset, wqe64, bf=True)
+
+    async def _store(self, qpn, offset, data, bf=False):
+        # Stores are serialised (one in flight) so each W handshake is matched to its store.
         async with self._db_lock:
-            watch = cocotb.start_soon(self._watch_w())
-            await self.db_master.write((qpn << UAR_PAGE_SHIFT) | offset, data8)
+            watch = cocotb.start_soon(self._watch_w(len(data) // DB_DATA_BYTES))
+            await self.db_master.write((qpn << UAR_PAGE_SHIFT) | offset, data)
             cycle = await watch
-        self.doorbells.append(Doorbell(qpn, offset, data8, cycle))
+        self.doorbells.append(Doorbell(qpn, offset, data[:DB_DATA_BYTES], cycle, bf))
         return cycle
 
-    async def _watch_w(self):
-        """Cycle of the next W handshake on the doorbell port."""
+    async def _watch_w(self, beats=1):
+        """Cycle of the ``beats``-th next W handshake on the doorbell port."""
         edge = RisingEdge(self.clk)
         while True:
             await edge
             if sig_high(self._w.wvalid) and sig_high(self._w.wready):
-                return self.counter.now - 1
+                beats -= 1
+                if beats == 0:
+                    return self.counter.now - 1
 
 
 class Cq:
@@ -447,6 +466,23 @@ class Qp:
             offset = (UAR_DB_OFFSET, UAR_DB_OFFSET_ALT)[self._bf_toggle]
             self._bf_toggle ^= 1
         return await self._ring(self.posted[-1].wqe[:8], offset)
+
+    async def ring_blueflame(self):
+        """BlueFlame: write the doorbell record, then store the last posted WQE (one WQEBB)
+        into the BlueFlame register, alternating 0x800/0x900 as mlx5 does."""
+        if not self.posted:
+            raise ValueError(f"QP {self.qpn}: nothing posted to ring for")
+        w = self.posted[-1]
+        if w.nwqebbs != 1:
+            raise ValueError(f"BlueFlame carries one-WQEBB WQEs; this one has {w.nwqebbs}")
+        offset = (UAR_DB_OFFSET, UAR_DB_OFFSET_ALT)[self._bf_toggle]
+        self._bf_toggle ^= 1
+        self.write_dbr()
+        cycle = await self.gpu.blueflame(self.qpn, w.wqe[:WQEBB], offset)
+        for p in self.posted[self._unrung:]:
+            p.db_cycle = cycle
+        self._unrung = len(self.posted)
+        return cycle
 
     async def ring_raw(self, data8, offset=UAR_DB_OFFSET):
         """Store arbitrary 8 bytes to this QP's doorbell (malformed doorbell tests).

@@ -312,3 +312,32 @@ async def straddling_wqes(dut):
     pred = env.check(await env.drain())
     env.check_cycles()
     await env.check_counters(pred)
+
+
+@cocotb.test()
+async def blueflame(dut):
+    """BlueFlame: a one-WQEBB WQE stored with its doorbell goes out without a read of the
+    send queue, doorbell to first byte <= 32 cycles; when the QP has work queued the store
+    counts as a plain doorbell and the WQE is fetched in order."""
+    env, (qp, busy) = await env_with(dut, 2, sq_depth=8)
+    rows = []
+    for i, n in enumerate((8, 1, 12, 28)):
+        w = qp.post_write(0x100 * i, 9, inline=bytes(range(i, i + n)))
+        reads = len(env.mem.reads)
+        cycle = await qp.ring_blueflame()
+        await qp.cq.poll(1, timeout_cycles=5000)
+        first = next(f for f in env.wire.frames if f.first_cycle >= cycle)
+        assert [r for r in env.mem.reads[reads:] if r.id == 0] == [], "BlueFlame WQE was read from memory"
+        rows.append(first.first_cycle - cycle)
+        assert first.first_cycle - cycle <= 32, rows
+        await ClockCycles(dut.clk, 20)
+    # A busy QP: WQEs queued before the BlueFlame store, which must then wait its turn.
+    for i in range(40):
+        busy.post_write(0x10000 + 0x100 * i, 9, inline=bytes([i] * 8), signaled=(i % 8 == 7))
+    await busy.ring_nvshmem()
+    busy.post_write(0x20000, 9, inline=bytes(8))
+    await busy.ring_blueflame()
+    pred = env.check(await env.drain())
+    env.check_cycles()
+    await env.check_counters(pred)
+    dut._log.info("BlueFlame doorbell -> first byte on the wire: %s cycles", rows)
