@@ -60,9 +60,10 @@ def isolated_write(posted, qp, *, dma_latency):
     qp : its QP (``mtu`` in bytes).
     dma_latency : GPU-memory read latency in cycles.
     """
-    from dataclasses import replace
+    import copy
     from model.cycle_model import EngineCycleModel
-    w = replace(posted, index=0, signaled=True)
+    w = copy.copy(posted)
+    w.index, w.signaled = 0, True
     pred = EngineCycleModel({posted.qpn: (qp.mtu, 1 << 15, [w])}, [(0, posted.qpn, w.nwqebbs)],
                             dma_latency=dma_latency).run()
     return {"db_to_first_beat": pred.first_beat[(posted.qpn, 0)], "db_to_cqe": pred.cqes[(posted.qpn, 0)]}

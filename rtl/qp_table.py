@@ -131,8 +131,11 @@ class QpTable(wiring.Component):
         rts = Signal()
         weight = Signal(4)
         quantum = Signal(range(self.max_burst + 1))
-        m.d.comb += [weight.eq(Mux(entry.cfg.weight > self.max_weight, self.max_weight, entry.cfg.weight)),
-                     quantum.eq(Mux(weight == 0, 1, weight) * self.quantum)]
+        if self.max_weight < 15:
+            m.d.comb += weight.eq(Mux(entry.cfg.weight > self.max_weight, self.max_weight, entry.cfg.weight))
+        else:
+            m.d.comb += weight.eq(entry.cfg.weight)
+        m.d.comb += quantum.eq(Mux(weight == 0, 1, weight) * self.quantum)
 
         def enqueue():
             m.d.comb += [active.w_en.eq(1), active.w_data.eq(qpn), new.dyn.queued.eq(1)]

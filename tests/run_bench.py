@@ -27,11 +27,17 @@ def points(quick):
             max(8, min(64, (2 * 1024 * 1024) // size // qps, 4096 // qps))
         return {"size": size, "qps": qps, "batch": batch, "latency_ns": latency_ns, "msgs": msgs}
     if quick:
-        out = [pt(s) for s in (8, 1024, 16384)] + [pt(8, q) for q in (1, 16)] + [pt(8, batch=4)] \
+        out = [pt(s) for s in (8, 150, 16384)] + [pt(8, q) for q in (1, 16)] + [pt(8, batch=4)] \
             + [pt(4096, latency_ns=250)]
+        out += [{"kind": "latency", "latency_ns": 1000},
+                {"kind": "share", "weights": [1, 2, 4], "window": 10_000, "latency_ns": 1000}]
     else:
         out = [pt(s) for s in SIZES] + [pt(8, q) for q in QPS if q != 8] \
-            + [pt(8, batch=b) for b in (1, 4)] + [pt(4096, latency_ns=l) for l in (250, 2000)]
+            + [pt(8, batch=b) for b in (1, 4)] + [pt(4096, latency_ns=l) for l in (250, 2000)] \
+            + [pt(8, latency_ns=l) for l in (250, 2000)]
+        out += [{"kind": "latency", "latency_ns": l} for l in (250, 1000)]
+        out += [{"kind": "share", "weights": [1, 1, 1, 1], "window": 100_000, "latency_ns": 1000},
+                {"kind": "share", "weights": [1, 2, 4], "window": 50_000, "latency_ns": 1000}]
     return out
 
 
@@ -85,14 +91,27 @@ def main():
         test_dir=out / "run")
     recs = [json.loads(f.read_text()) for f in sorted(out.glob("write_*.json"))]
     recs.sort(key=lambda r: (r["dma_latency_ns"], r["doorbell_batch"], r["qps"], r["payload_bytes"]))
-    (out / "results.json").write_text(json.dumps(recs, indent=2))
+    shares = [json.loads(f.read_text()) for f in sorted(out.glob("share_*.json"))]
+    lats = [json.loads(f.read_text()) for f in sorted(out.glob("latency_*.json"))]
+    (out / "results.json").write_text(json.dumps(recs + lats + shares, indent=2))
     print(f"\n{'payload':>8} {'QPs':>4} {'batch':>5} {'DMA ns':>6} {'msgs':>6} {'M msg/s':>8} {'Gb/s':>7} "
           f"{'limit':>7} {'ratio':>6} {'model Gb/s':>10}")
     for r in recs:
         print(f"{r['payload_bytes']:>8} {r['qps']:>4} {r['doorbell_batch']:>5} {r['dma_latency_ns']:>6} "
               f"{r['messages']:>6} {r['messages_per_s'] / 1e6:>8.1f} {r['goodput_gbps']:>7.1f} "
-              f"{r['wire_limit_goodput_gbps']:>7.1f} {r['ratio_to_wire_limit']:>6.2f} "
+              f"{r['wire_limit_goodput_gbps']:>7.1f} {r['ratio_to_wire_limit']:>6.3f} "
               f"{r['golden_model_goodput_gbps']:>10.1f}")
+    for r in lats:
+        print(f"\nlatency, idle engine, GPU-memory round trip {r['dma_round_trip_cycles']} cycles "
+              f"({r['dma_latency_ns']} ns): doorbell -> first byte on the wire")
+        for case, c in r["cases"].items():
+            model = "" if c["cycle_model"] is None else f" (cycle model {c['cycle_model']})"
+            print(f"  {case:<14} {c['db_to_first_byte_cycles']:>5} cycles{model}")
+    for r in shares:
+        got = ", ".join(f"{s_:.4f}" for s_ in r["shares"])
+        ideal = ", ".join(f"{s_:.4f}" for s_ in r["ideal_shares"])
+        print(f"\nscheduler shares, weights {r['weights']}, {r['window_frames']} frames: {got} "
+              f"(ideal {ideal}; largest error {100 * r['max_share_error']:.2f}%)")
     plots(recs, out)
     print(f"\nresults: {out / 'results.json'}; plots and one pcap per point beside it")
 

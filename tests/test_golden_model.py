@@ -341,3 +341,21 @@ def test_diff_frames_names_fields():
     assert field_at(70, f) == "payload[0]" and field_at(len(f) - 1, f) == "ICRC[3]"
     assert "length" in diff_frames(f[:-1], f)
     assert "op_own" in diff_cqe(hand_cqe(0, 1, 0, 0, 1), hand_cqe(0, 1, 0, 0, 0))
+
+
+@pytest.mark.parametrize("latency", [20, 100, 500, 1000])
+def test_latency_closed_form_matches_cycle_model(latency):
+    """The fixed latencies of model/timing.py add up to what the cycle model predicts for
+    one-beat inline and pointer WRITEs and for inline WQEs of 1..4 WQEBBs."""
+    from types import SimpleNamespace
+    from model.timing import isolated_write, single_beat_latency
+    qp = SimpleNamespace(mtu=4096)
+
+    def wqe(nwqebbs, length, inline, addr=0):
+        return SimpleNamespace(qpn=0, index=0, nwqebbs=nwqebbs, inline=inline, length=length, local_addr=addr,
+                               signaled=True, opcode=0x08)
+    for nbb, n in ((1, 8), (2, 60), (3, 100), (4, 200)):
+        got = isolated_write(wqe(nbb, n, True), qp, dma_latency=latency)["db_to_first_beat"]
+        assert got == single_beat_latency(inline=True, dma_latency=latency, nwqebbs=nbb), (nbb, n)
+    got = isolated_write(wqe(1, 64, False, 0x1000), qp, dma_latency=latency)["db_to_first_beat"]
+    assert got == single_beat_latency(inline=False, dma_latency=latency)
