@@ -96,7 +96,7 @@ class EngineCycleModel:
         db_fifo = _Fifo(16, 2)
         active = _Fifo(P.NUM_QPS, 2)
         job_fifo = _Fifo(4, 2)
-        burst_fifo = _Fifo(16, 2)
+        burst_fifo = _Fifo(P.BURST_QUEUE_DEPTH, 2)
         bf_fifo = _Fifo(4, 2)
         wqebb_buf = _Fifo(P.WQE_BUFFER_WQEBBS, 2)
         inline_fifo = _Fifo(P.INLINE_QUEUE_BEATS, 2)
@@ -342,7 +342,7 @@ class EngineCycleModel:
                 ps["state"] = "INLINE1"
                 ps["wqe"] = w
             elif ps["left"] == 0:
-                ps["state"] = "END"
+                start_burst()                   # the last WQE ends the burst: no END cycle
             return (msg, 1)
         if st == "INLINE1":
             if inline_fifo.can_push():

@@ -98,7 +98,7 @@ class IbgdaNic(wiring.Component):
         m.submodules.job_fifo = job_fifo = _StreamFifo(FetchJob(nq, nc, mb), 4)
         m.submodules.wqe_fetch = wf = WqeFetch(num_qps=nq, num_cqs=nc, max_burst=mb, max_run=P.WQE_MAX_RUN,
                                                buffer_depth=self.wqe_buffer)
-        m.submodules.burst_fifo = burst_fifo = _StreamFifo(FetchJob(nq, nc, mb), 16)
+        m.submodules.burst_fifo = burst_fifo = _StreamFifo(FetchJob(nq, nc, mb), P.BURST_QUEUE_DEPTH)
         m.submodules.bf_fifo = bf_fifo = _StreamFifo(8 * 64, 4)          # BlueFlame WQEBBs
         m.submodules.wqe_parser = wp = WqeParser(num_qps=nq, num_cqs=nc, max_burst=mb)
         m.submodules.inline_fifo = inline_fifo = _StreamFifo(8 * P.DATA_BYTES, P.INLINE_QUEUE_BEATS)

@@ -171,6 +171,8 @@ class WqeParser(wiring.Component):
             m.d.comb += [wr.en.eq(1), wr.addr.eq(self.commit.p.qpn), wr.data.index.eq(0),
                          wr.data.psn.eq(self.commit.p.psn), wr.data.err.eq(0)]
 
+        end_now = Signal()                           # RUN ends the burst this cycle (RAM write)
+
         def start_burst():
             m.d.comb += [self.bursts.ready.eq(1), rd.addr.eq(self.bursts.p.qpn), rd.en.eq(1)]
             with m.If(self.bursts.valid):
@@ -198,7 +200,7 @@ class WqeParser(wiring.Component):
                 m.d.comb += commit_ok.eq(1)
                 start_burst()
             with m.State("RUN"):
-                m.d.comb += commit_ok.eq(1)
+                m.d.comb += commit_ok.eq(~end_now)
                 with m.If(fresh & (ctx.err | (skip > job.count))):
                     # Behind a cut WQE (its refetch follows) or of a QP in error.
                     m.d.sync += [stale.eq(1), drop.eq(left), after_drop.eq(0)]
@@ -241,7 +243,14 @@ class WqeParser(wiring.Component):
                             with m.Elif(send_inline & two_beats):
                                 m.next = "INLINE1"
                             with m.Elif(left == 1):
-                                m.next = "END"
+                                # The burst's last WQE: store the QP's state and take the
+                                # next burst in this same cycle (no END cycle).
+                                m.d.comb += [end_now.eq(1), wr.en.eq(1), wr.addr.eq(job.qpn),
+                                             wr.data.index.eq(index + nbb),
+                                             wr.data.psn.eq(cur_psn + Mux(kind == MessageKind.WRITE, npkts, 0)),
+                                             wr.data.err.eq(0)]
+                                m.next = "IDLE"
+                                start_burst()
             with m.State("INLINE1"):
                 m.d.comb += [commit_ok.eq(1), self.inline.valid.eq(1), self.inline.p.eq(wqe[1024:])]
                 with m.If(self.inline.ready):

@@ -21,6 +21,9 @@ MAX_BURST_WQEBBS = QUANTUM_WQEBBS * MAX_WEIGHT
 # WQEBB buffer = WQE reads in flight. At one WQEBB per cycle, 1 us of latency (500
 # cycles) plus the pipeline needs about 510 reads in flight: 512 x 64 B = 32 KiB.
 WQE_BUFFER_WQEBBS = 512
+# Bursts handed from the WQE fetch to the parser: one per burst in flight, so as many as
+# the WQEBB buffer can hold when every QP posts one WQE per doorbell.
+BURST_QUEUE_DEPTH = 512
 WQE_MAX_RUN = 32                   # WQEBBs per AXI burst of the WQE fetch (16 beats of 2 WQEBBs)
 # Payload buffer: 1 us x 400 Gb/s = 50 KB must be in flight to keep the wire busy
 # from GPU memory; 512 beats of 128 B = 64 KiB (512 Kbit of RAM).

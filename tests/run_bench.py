@@ -23,8 +23,9 @@ QPS = [1, 2, 4, 8, 16, 32, 64, 256, 1024]
 
 def points(quick):
     def pt(size, qps=8, batch=32, latency_ns=1000):
-        msgs = max(4, min(32, (256 * 1024) // max(size, 1) // qps)) if quick else \
-            max(8, min(64, (2 * 1024 * 1024) // size // qps, 4096 // qps))
+        # Long enough for the steady state: several times the 512 WQEs a round trip holds.
+        msgs = max(4, min(64, (256 * 1024) // max(size, 1) // qps, 2048 // qps)) if quick else \
+            max(8, min(512, (2 * 1024 * 1024) // size // qps, 8192 // qps))
         return {"size": size, "qps": qps, "batch": batch, "latency_ns": latency_ns, "msgs": msgs}
     if quick:
         out = [pt(s) for s in (8, 150, 16384)] + [pt(8, q) for q in (1, 16)] + [pt(8, batch=4)] \
