@@ -23,7 +23,7 @@ help:
 	@echo "make bench     throughput and latency figures of the engine"
 	@echo "make verilog   generated Verilog in build/verilog/"
 	@echo "make lint      verilator --lint-only on the generated Verilog"
-	@echo "make synth     Yosys synthesis: cells, flip-flop and RAM bits per block"
+	@echo "make synth     Yosys synthesis: cells, flip-flop and RAM bits per block (QPS=n: another QP count)"
 
 setup:
 	bash scripts/setup.sh
@@ -41,7 +41,7 @@ waves: $(PY)
 	$(PY) tests/run_sim.py --waves $(if $(SIM),--sim $(SIM)) $(if $(TEST),--test $(TEST))
 
 synth: $(PY)
-	$(PY) tests/run_synth.py
+	$(PY) tests/run_synth.py $(if $(QPS),--qps $(QPS))
 
 bench: $(PY)
 	$(PY) tests/run_bench.py $(if $(SIM),--sim $(SIM))

@@ -356,6 +356,8 @@ class EngineCycleModel:
                 if ps["drop"] == 0:
                     if ps["after"]:
                         ps["state"] = "RUN"
+                    elif not ps["cut"]:
+                        start_burst()           # nothing to report: the burst ends here
                     else:
                         end_state()
                 return "pop"

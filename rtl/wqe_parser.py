@@ -261,14 +261,22 @@ class WqeParser(wiring.Component):
             with m.State("DROP"):
                 # Discard WQEBBs: the burst's rest (after an error, a cut WQE, past its own
                 # WQEs, or all of a stale burst), or the head its predecessor already took.
-                m.d.comb += commit_ok.eq(1)
+                quiet = ~after_drop & ~cut & ~error       # nothing to report: end the burst here
+                m.d.comb += commit_ok.eq(~(quiet & (drop == 1) & src.valid))
                 with m.If(src.valid):
                     m.d.comb += src.ready.eq(1)
                     m.d.sync += drop.eq(drop - 1)
                     with m.If(drop == 1):
-                        m.next = "END"
                         with m.If(after_drop):
                             m.next = "RUN"
+                        with m.Elif(quiet):
+                            with m.If(~stale):
+                                m.d.comb += [wr.en.eq(1), wr.addr.eq(job.qpn), wr.data.index.eq(index),
+                                             wr.data.psn.eq(cur_psn), wr.data.err.eq(0)]
+                            m.next = "IDLE"
+                            start_burst()
+                        with m.Else():
+                            m.next = "END"
             with m.State("END"):
                 # Store the QP's state; report a cut or an error; take the next burst.
                 report = ~stale & (cut | error)

