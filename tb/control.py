@@ -96,7 +96,7 @@ class NicControl:
             log_depth: log2 SQ depth in WQEBBs (0..15). cqn: send CQ (< num_cqs).
             remote_qpn, start_psn: 24-bit. dmac: 48-bit. dip: IPv4 (32-bit).
             mtu_code: ibv_mtu 1..5. state: ibv_qp_state 0..6 (only RTS sends).
-            weight: scheduler weight 1..15 (weight x 32 WQEBBs per turn).
+            weight: scheduler weight 1..15 (weight x 64 WQEBBs per turn).
         """
         _check("qpn", qpn, 0, self.num_qps - 1)
         _check_base("sq_base", sq_base)
