@@ -106,6 +106,8 @@ async def _share(dut, p):
     # checks run at every other point); every frame's cycle is, against the cycle model.
     print(f"[bench] {point_name(p)}: frame bytes not re-checked at this point (cycles are)", flush=True)
     env.check_cycles()
+    OUT.mkdir(parents=True, exist_ok=True)
+    env.wire.write_pcap(OUT / f"{point_name(p)}.pcap")
     # The window starts once every QP has a frame on the wire (all of them active).
     owner = [int.from_bytes(f.data[47:50], "big") - 0x1000 for f in env.wire.frames]
     start = max(owner.index(q) for q in range(len(weights)))
@@ -149,6 +151,8 @@ async def _latency(dut, p):
         await ClockCycles(dut.clk, 100)
     env.check(await env.drain())
     env.check_cycles()
+    OUT.mkdir(parents=True, exist_ok=True)
+    env.wire.write_pcap(OUT / f"{point_name(p)}.pcap")
     return {"point": point_name(p), "kind": "latency", "dma_latency_ns": p["latency_ns"],
             "dma_round_trip_cycles": latency, "cases": rows}
 
