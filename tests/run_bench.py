@@ -51,6 +51,7 @@ def _plot(path, title, xlabel, ylabel, x, series, *, base=10, hline=None):
         ax.semilogx(x, y, style, base=base, label=label)
     if hline:
         ax.axhline(hline[0], color="k", ls="--", label=hline[1])
+    ax.set_ylim(bottom=0)                  # a dip of a few percent looks like one
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
