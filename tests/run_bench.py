@@ -51,12 +51,13 @@ def _plot(path, title, xlabel, ylabel, x, series, *, base=10, hline=None):
         ax.semilogx(x, y, style, base=base, label=label)
     if hline:
         ax.axhline(hline[0], color="k", ls="--", label=hline[1])
-    ax.set_ylim(bottom=0)                  # a dip of a few percent looks like one
+    top = max([max(y) for _, y, _ in series] + ([hline[0]] if hline else []))
+    ax.set_ylim(0, 1.12 * top)             # from zero: a dip of a few percent looks like one
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
