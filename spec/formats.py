@@ -90,6 +90,21 @@ class Syndrome:                   # mlx5 CQE error syndromes
     REMOTE_OP_ERR = 0x14
     TRANSPORT_RETRY_EXC_ERR = 0x15
 
+class Access:                      # ibv_access_flags: rights of a memory region
+    LOCAL_WRITE = 0x1
+    REMOTE_WRITE = 0x2
+    REMOTE_READ = 0x4
+    REMOTE_ATOMIC = 0x8
+
+
+class MrCheck:                     # outcome of a memory-key check (responder side)
+    OK = 0
+    BAD_KEY = 1                    # no valid region under this key
+    PD = 2                         # region of another protection domain
+    RIGHTS = 3                     # region lacks the access asked for
+    BOUNDS = 4                     # [addr, addr + length) not inside the region
+
+
 # ---- QP states (ibv_qp_state) and path MTU (ibv_mtu) ---------------------------------
 class QpState:
     RESET, INIT, RTR, RTS, SQD, SQE, ERR = range(7)

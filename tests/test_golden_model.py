@@ -359,3 +359,20 @@ def test_latency_closed_form_matches_cycle_model(latency):
         assert got == single_beat_latency(inline=True, dma_latency=latency, nwqebbs=nbb), (nbb, n)
     got = isolated_write(wqe(1, 64, False, 0x1000), qp, dma_latency=latency)["db_to_first_beat"]
     assert got == single_beat_latency(inline=False, dma_latency=latency)
+
+
+def test_memory_region_rules():
+    """The key-check rules by hand: key and variant, PD, rights, both range edges, zero length."""
+    from model.mr import MemoryRegion, check
+    from spec.formats import Access, MrCheck
+    mr = MemoryRegion(key=0x0305, base=0x1000, length=0x100, access=Access.REMOTE_WRITE | Access.LOCAL_WRITE, pd=7)
+    w = Access.REMOTE_WRITE
+    assert check(mr, 0x0305, 0x1000, 0x100, w, 7) == MrCheck.OK            # the whole region
+    assert check(mr, 0x0305, 0x10FF, 1, w, 7) == MrCheck.OK                # its last byte
+    assert check(mr, 0x0305, 0x10FF, 2, w, 7) == MrCheck.BOUNDS            # one past the end
+    assert check(mr, 0x0305, 0x0FFF, 1, w, 7) == MrCheck.BOUNDS            # one before the start
+    assert check(mr, 0x0306, 0x1000, 8, w, 7) == MrCheck.BAD_KEY           # other variant byte
+    assert check(None, 0x0305, 0x1000, 8, w, 7) == MrCheck.BAD_KEY
+    assert check(mr, 0x0305, 0x1000, 8, w, 6) == MrCheck.PD
+    assert check(mr, 0x0305, 0x1000, 8, Access.REMOTE_READ, 7) == MrCheck.RIGHTS
+    assert check(mr, 0x0999, 0, 0, Access.REMOTE_READ, 1) == MrCheck.OK    # zero length: no check
