@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from spec import formats as F
 from spec import params as P
-from model.timing import Latencies, _bursts
+from model.timing import _bursts
 
 BEAT = P.DATA_BYTES
 SEG = P.SEGMENT_BYTES
@@ -88,11 +88,10 @@ class EngineCycleModel:
             self.qps[qpn] = _Qp(mtu, depth, wqes, weight=weight, sq_base=rest[1] if len(rest) > 1 else 0)
         self.doorbells = deque(sorted(doorbells))
         self.latency = dma_latency
-        self.lat = Latencies()
 
     # ------------------------------------------------------------------------------------
     def run(self, max_cycles=2_000_000):
-        lat, L = self.lat, self.latency
+        L = self.latency
         db_fifo = _Fifo(16, 2)
         active = _Fifo(P.NUM_QPS, 2)
         job_fifo = _Fifo(4, 2)
@@ -110,7 +109,7 @@ class EngineCycleModel:
         wf_job, wf_left, wf_index, wf_credits = None, 0, 0, 0
         ps = {"state": "IDLE"}
         pf_bursts, pf_credits, pf_msg = deque(), 0, None
-        builder = _StreamBuilder(self, lat)
+        builder = _StreamBuilder()
         cw_state, cw_item = "IDLE", None
         out = Prediction()
 
@@ -216,19 +215,16 @@ class EngineCycleModel:
 
             # --- WQE parser ------------------------------------------------------------------
             # the payload fetch passes a message on when it is free or frees up this cycle
-            msg_ready = msg_fifo.can_push() and (not pf_bursts or (
-                len(pf_bursts) == 1 and not wqe_ar
-                and pf_credits + pf_bursts[0] <= P.PAYLOAD_BUFFER_BEATS))
+            pf_fire = bool(pf_bursts) and pf_credits + pf_bursts[0] <= P.PAYLOAD_BUFFER_BEATS and not wqe_ar
+            msg_ready = msg_fifo.can_push() and (not pf_bursts or (len(pf_bursts) == 1 and pf_fire))
             before = len(wqebb_buf.items)
             src = bf_fifo if ps.get("bf") else wqebb_buf
             emitted = self._parser_step(t, ps, burst_fifo, src, inline_fifo, msg_ready, update_taken)
-            if isinstance(emitted, tuple):
-                emitted = emitted[0]
             wqe_pops = before - len(wqebb_buf.items)
             # --- payload fetch ---------------------------------------------------------------
             issued = 0
             free = not pf_bursts
-            if pf_bursts and pf_credits + pf_bursts[0] <= P.PAYLOAD_BUFFER_BEATS and not wqe_ar:
+            if pf_fire:
                 n = pf_bursts.popleft()
                 start = len(reads)
                 read(t, "payload", n)
@@ -269,8 +265,7 @@ class EngineCycleModel:
 
     # ------------------------------------------------------------------------------------
     def _parser_step(self, t, ps, bursts, wqebbs, inline_fifo, msg_ready, update_taken):
-        """One cycle of the WQE parser; returns a message dict when one is handed on,
-        "pop" when it takes a WQEBB without a message, or (message, 1)."""
+        """One cycle of the WQE parser; returns the message dict it hands on, if any."""
         st = ps["state"]
 
         def start_burst():
@@ -325,7 +320,7 @@ class EngineCycleModel:
                 wqebbs.pop()
                 ps["got"] += 1
                 ps["left"] -= 1
-                return "pop"
+                return None
             send_inline = w.opcode == F.WqeOp.RDMA_WRITE and w.inline and w.length
             if not msg_ready or (send_inline and not inline_fifo.can_push()):
                 return None
@@ -343,7 +338,7 @@ class EngineCycleModel:
                 ps["wqe"] = w
             elif ps["left"] == 0:
                 start_burst()                   # the last WQE ends the burst: no END cycle
-            return (msg, 1)
+            return msg
         if st == "INLINE1":
             if inline_fifo.can_push():
                 inline_fifo.push(t, (id(ps["wqe"]), 1))
@@ -360,7 +355,7 @@ class EngineCycleModel:
                         start_burst()           # nothing to report: the burst ends here
                     else:
                         end_state()
-                return "pop"
+                return None
             return None
         if st == "END":
             if ps.get("report") and not update_taken:
@@ -381,8 +376,7 @@ class _StreamBuilder:
     """
     PER = int(P.WIRE_BYTES_PER_CYCLE)
 
-    def __init__(self, model, lat):
-        self.model, self.lat = model, lat
+    def __init__(self):
         self.state = "MESSAGE"
         self.msg = None
         self.reg = None                # ICRC stage register: the beat in it

@@ -137,6 +137,12 @@ class QpTable(wiring.Component):
             m.d.comb += weight.eq(entry.cfg.weight)
         m.d.comb += quantum.eq(Mux(weight == 0, 1, weight) * self.quantum)
 
+        def job(count, own, bf=0):
+            # a burst of this QP from its fetch index
+            m.d.comb += [self.jobs.valid.eq(1), self.jobs.p.qpn.eq(qpn), self.jobs.p.cfg.eq(entry.cfg),
+                         self.jobs.p.ci.eq(entry.dyn.fi), self.jobs.p.count.eq(count), self.jobs.p.own.eq(own),
+                         self.jobs.p.bf.eq(bf)]
+
         def enqueue():
             m.d.comb += [active.w_en.eq(1), active.w_data.eq(qpn), new.dyn.queued.eq(1)]
 
@@ -183,13 +189,9 @@ class QpTable(wiring.Component):
                     with m.Case(2):
                         with m.If(rts & bf & ~entry.dyn.queued & (entry.dyn.pi == entry.dyn.fi)
                                   & (limit == entry.dyn.fi + 1) & self.jobs.ready & self.bf_wqebbs.ready):
-                            m.d.comb += [
-                                new.dyn.pi.eq(limit), new.dyn.fi.eq(limit), wr.en.eq(1),
-                                self.jobs.valid.eq(1), self.jobs.p.qpn.eq(qpn), self.jobs.p.cfg.eq(entry.cfg),
-                                self.jobs.p.ci.eq(entry.dyn.fi), self.jobs.p.count.eq(1), self.jobs.p.own.eq(1),
-                                self.jobs.p.bf.eq(1),
-                                self.bf_wqebbs.valid.eq(1), self.bf_wqebbs.p.eq(bf_data),
-                            ]
+                            job(1, 1, bf=1)
+                            m.d.comb += [new.dyn.pi.eq(limit), new.dyn.fi.eq(limit), wr.en.eq(1),
+                                         self.bf_wqebbs.valid.eq(1), self.bf_wqebbs.p.eq(bf_data)]
                         with m.Elif(rts):
                             m.d.comb += [new.dyn.pi.eq(limit), wr.en.eq(1)]
                             with m.If(~entry.dyn.queued & (limit != entry.dyn.fi)):
@@ -203,13 +205,8 @@ class QpTable(wiring.Component):
                             own = Mux(clamped, quantum, pending)
                             extra = pending - quantum
                             over = Mux(clamped, Mux(extra < F.MAX_WQEBBS - 1, extra, F.MAX_WQEBBS - 1), 0)
-                            m.d.comb += [
-                                self.jobs.valid.eq(1),
-                                self.jobs.p.qpn.eq(qpn), self.jobs.p.cfg.eq(entry.cfg),
-                                self.jobs.p.ci.eq(entry.dyn.fi), self.jobs.p.own.eq(own),
-                                self.jobs.p.count.eq(own + over),
-                                new.dyn.fi.eq(entry.dyn.fi + own),
-                            ]
+                            job(own + over, own)
+                            m.d.comb += new.dyn.fi.eq(entry.dyn.fi + own)
                             with m.If(clamped):
                                 enqueue()               # more to do: back of the queue
                             with m.Else():

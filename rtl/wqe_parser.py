@@ -173,6 +173,11 @@ class WqeParser(wiring.Component):
 
         end_now = Signal()                           # RUN ends the burst this cycle (RAM write)
 
+        def store_ctx(index_, psn_, err_):
+            # the burst's end: the QP's consumer index, next PSN and error flag
+            m.d.comb += [wr.en.eq(1), wr.addr.eq(job.qpn), wr.data.index.eq(index_),
+                         wr.data.psn.eq(psn_), wr.data.err.eq(err_)]
+
         def start_burst():
             m.d.comb += [self.bursts.ready.eq(1), rd.addr.eq(self.bursts.p.qpn), rd.en.eq(1)]
             with m.If(self.bursts.valid):
@@ -245,10 +250,8 @@ class WqeParser(wiring.Component):
                             with m.Elif(left == 1):
                                 # The burst's last WQE: store the QP's state and take the
                                 # next burst in this same cycle (no END cycle).
-                                m.d.comb += [end_now.eq(1), wr.en.eq(1), wr.addr.eq(job.qpn),
-                                             wr.data.index.eq(index + nbb),
-                                             wr.data.psn.eq(cur_psn + Mux(kind == MessageKind.WRITE, npkts, 0)),
-                                             wr.data.err.eq(0)]
+                                m.d.comb += end_now.eq(1)
+                                store_ctx(index + nbb, cur_psn + Mux(kind == MessageKind.WRITE, npkts, 0), 0)
                                 m.next = "IDLE"
                                 start_burst()
             with m.State("INLINE1"):
@@ -271,8 +274,7 @@ class WqeParser(wiring.Component):
                             m.next = "RUN"
                         with m.Elif(quiet):
                             with m.If(~stale):
-                                m.d.comb += [wr.en.eq(1), wr.addr.eq(job.qpn), wr.data.index.eq(index),
-                                             wr.data.psn.eq(cur_psn), wr.data.err.eq(0)]
+                                store_ctx(index, cur_psn, 0)
                             m.next = "IDLE"
                             start_burst()
                         with m.Else():
@@ -283,8 +285,7 @@ class WqeParser(wiring.Component):
                 m.d.comb += self.updates.valid.eq(report)
                 with m.If(~report | self.updates.ready):
                     with m.If(~stale):
-                        m.d.comb += [wr.en.eq(1), wr.addr.eq(job.qpn), wr.data.index.eq(index),
-                                     wr.data.psn.eq(cur_psn), wr.data.err.eq(error)]
+                        store_ctx(index, cur_psn, error)
                     m.next = "IDLE"
                     start_burst()
         return m
