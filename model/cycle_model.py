@@ -7,7 +7,8 @@ written, a one-stage FIFO one cycle after). From the doorbells (cycle, QP,
 producer limit) and the posted WQEs it predicts the cycle of every frame's first
 and last beat on the MAC port, every frame's wire start, and every CQE write.
 GPU memory answers each read ``dma_latency`` cycles after it is issued, one beat
-per cycle, in issue order (the memory model of tb/memory.py).
+per cycle per port, in issue order per port (the memory model of tb/memory.py); the
+WQE fetch and the payload fetch have a read port each.
 
 It covers RDMA WRITE (inline and pointer) and NOP WQEs on QPs in RTS.
 Tolerance: zero cycles for every event.
@@ -102,8 +103,8 @@ class EngineCycleModel:
         msg_fifo = _Fifo(P.MESSAGE_QUEUE_DEPTH, 2)
         payload_buf = _Fifo(P.PAYLOAD_BUFFER_BEATS, 2)
         cpl_fifo = _Fifo(16, 2)
-        reads = deque()                       # (cycle of the beat, destination, item)
-        last_beat = -1
+        reads = {"wqe": deque(), "payload": deque()}   # per port: (cycle of the beat, item)
+        last_beat = {"wqe": -1, "payload": -1}   # last R beat of each read port
 
         qpt_state, qpt_op = "IDLE", None
         wf_job, wf_left, wf_index, wf_credits = None, 0, 0, 0
@@ -114,11 +115,10 @@ class EngineCycleModel:
         out = Prediction()
 
         def read(t, dest, beats):
-            nonlocal last_beat
             for i in range(beats):
-                c = max(t + L + i, last_beat + 1)
-                last_beat = c
-                reads.append((c, dest, i))
+                c = max(t + L + i, last_beat[dest] + 1)
+                last_beat[dest] = c
+                reads[dest].append((c, i))
 
         t = self.doorbells[0][0] if self.doorbells else 0
         while t < max_cycles:
@@ -129,13 +129,13 @@ class EngineCycleModel:
                 _, qpn, limit, *bf = self.doorbells.popleft()
                 db_fifo.push(t, (qpn, limit, bool(bf and bf[0])))
             # read data arriving this cycle
-            while reads and reads[0][0] == t:
-                _, dest, item = reads.popleft()
-                if dest == "wqe":
-                    for bb in item:                  # one or two WQEBBs per beat
-                        wqebb_buf.push(t, bb)
-                else:
-                    payload_buf.push(t, item)
+            rq = reads["wqe"]
+            while rq and rq[0][0] == t:
+                for bb in rq.popleft()[1]:           # one or two WQEBBs per beat
+                    wqebb_buf.push(t, bb)
+            rq = reads["payload"]
+            while rq and rq[0][0] == t:
+                payload_buf.push(t, rq.popleft()[1])
 
             # --- QP table ------------------------------------------------------------------
             update_taken = False
@@ -184,7 +184,6 @@ class EngineCycleModel:
                     qpt_op, qpt_state = ("schedule", (active.pop(),)), "EXEC"
 
             # --- WQE fetch -------------------------------------------------------------------
-            wqe_ar = False
             wqe_issued = 0
             if wf_left > 0:
                 q = self.qps[wf_job[0]]
@@ -194,14 +193,14 @@ class EngineCycleModel:
                 if wf_credits + run <= P.WQE_BUFFER_WQEBBS:
                     lane = (addr >> 6) & 1
                     beats = (lane + run + 1) // 2
-                    start = len(reads)
+                    rq = reads["wqe"]
+                    start = len(rq)
                     read(t, "wqe", beats)
                     tags = [(wf_job[0], (wf_index + i) & 0xFFFF) for i in range(run)]
-                    for k in range(start, len(reads)):
+                    for k in range(start, len(rq)):
                         n = 2 - lane if k == start else 2
-                        reads[k] = (reads[k][0], "wqe", tags[:n])
+                        rq[k] = (rq[k][0], tags[:n])
                         tags = tags[n:]
-                    wqe_ar = True
                     wqe_issued = run
                     wf_left -= run
                     wf_index += run
@@ -215,7 +214,7 @@ class EngineCycleModel:
 
             # --- WQE parser ------------------------------------------------------------------
             # the payload fetch passes a message on when it is free or frees up this cycle
-            pf_fire = bool(pf_bursts) and pf_credits + pf_bursts[0] <= P.PAYLOAD_BUFFER_BEATS and not wqe_ar
+            pf_fire = bool(pf_bursts) and pf_credits + pf_bursts[0] <= P.PAYLOAD_BUFFER_BEATS
             msg_ready = msg_fifo.can_push() and (not pf_bursts or (len(pf_bursts) == 1 and pf_fire))
             before = len(wqebb_buf.items)
             src = bf_fifo if ps.get("bf") else wqebb_buf
@@ -226,10 +225,11 @@ class EngineCycleModel:
             free = not pf_bursts
             if pf_fire:
                 n = pf_bursts.popleft()
-                start = len(reads)
+                rq = reads["payload"]
+                start = len(rq)
                 read(t, "payload", n)
-                for k in range(start, len(reads)):
-                    reads[k] = (reads[k][0], "payload", (id(pf_msg["wqe"]), k - start))
+                for k in range(start, len(rq)):
+                    rq[k] = (rq[k][0], (id(pf_msg["wqe"]), k - start))
                 issued = n
                 free = not pf_bursts
             if isinstance(emitted, dict):
@@ -260,7 +260,7 @@ class EngineCycleModel:
 
     def _done(self, qpt_state, wf_left, ps, pf_bursts, builder, cw_state, reads, *fifos):
         return (not self.doorbells and qpt_state == "IDLE" and wf_left == 0 and ps["state"] == "IDLE"
-                and not pf_bursts and builder.idle() and cw_state == "IDLE" and not reads
+                and not pf_bursts and builder.idle() and cw_state == "IDLE" and not any(reads.values())
                 and all(not f.items for f in fifos))
 
     # ------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def _bursts(addr, length, max_burst=P.PAYLOAD_MAX_BURST_BEATS):
     return out
 
 
-def isolated_write(posted, qp, *, dma_latency):
+def isolated_write(posted, qp, *, dma_latency, blueflame=False):
     """Predicted ``db_to_first_beat`` and ``db_to_cqe`` cycles of a WRITE that meets an idle engine.
 
     The engine's cycle model run on this WQE alone, its doorbell at cycle 0.
@@ -59,12 +59,13 @@ def isolated_write(posted, qp, *, dma_latency):
     posted : a posted WQE record (``nwqebbs``, ``inline``, ``local_addr``, ``length``, ...).
     qp : its QP (``mtu`` in bytes).
     dma_latency : GPU-memory read latency in cycles.
+    blueflame : the WQE comes in a BlueFlame store (cycle 0 = its last beat), not by a read.
     """
     import copy
     from model.cycle_model import EngineCycleModel
     w = copy.copy(posted)
     w.index, w.signaled = 0, True
-    pred = EngineCycleModel({posted.qpn: (qp.mtu, 1 << 15, [w])}, [(0, posted.qpn, w.nwqebbs)],
+    pred = EngineCycleModel({posted.qpn: (qp.mtu, 1 << 15, [w])}, [(0, posted.qpn, w.nwqebbs, blueflame)],
                             dma_latency=dma_latency).run()
     return {"db_to_first_beat": pred.first_beat[(posted.qpn, 0)], "db_to_cqe": pred.cqes[(posted.qpn, 0)]}
 

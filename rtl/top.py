@@ -9,7 +9,7 @@ from amaranth.lib import wiring, stream, fifo, data
 from amaranth.lib.wiring import In, Out
 
 from spec import params as P
-from .axi import (AxiLiteSignature, AxiWriteSignature, AxiSignature, AxiStreamSignature,
+from .axi import (AxiLiteSignature, AxiWriteSignature, AxiReadSignature, AxiSignature, AxiStreamSignature,
                   flat_members, connect_flat)
 from .control_registers import ControlRegisters, COUNTERS
 from .doorbell_decoder import DoorbellDecoder, DoorbellEvent
@@ -20,7 +20,6 @@ from .payload_fetch import PayloadFetch
 from .packet_builder import PacketBuilder
 from .icrc_inserter import IcrcInserter
 from .cqe_writer import CqeWriter
-from .dma_arbiter import DmaArbiter
 from .message import Message, Completion
 from .tx_beat import SEGMENT as SEG
 
@@ -62,7 +61,8 @@ class IbgdaNic(wiring.Component):
     -------
     s_axil_*    AXI4-Lite slave: control registers.
     s_axi_db_*  AXI4 slave (write channels): UAR doorbells.
-    m_axi_*     AXI4 master: DMA to GPU memory.
+    m_axi_*     AXI4 master: payload reads and CQE writes to GPU memory.
+    m_axi_wqe_* AXI4 master (read channels): WQE reads from the send queues in GPU memory.
     m_axis_tx_* AXI4-Stream master: frames to the MAC.
     """
     def __init__(self, *, num_qps=P.NUM_QPS, num_cqs=P.NUM_CQS, quantum=P.QUANTUM_WQEBBS,
@@ -78,6 +78,11 @@ class IbgdaNic(wiring.Component):
             "s_axi_db": AxiWriteSignature(addr_width=P.DB_ADDR_WIDTH, data_width=64,
                                           id_width=P.AXI_ID_WIDTH).flip(),
             "m_axi": AxiSignature(addr_width=P.DMA_ADDR_WIDTH, data_width=data_bits, id_width=P.AXI_ID_WIDTH),
+            # WQE reads have their own read port: sharing one 128-byte-beat R channel with the
+            # payload costs half a beat per one-WQEBB WQE, more than the wire time of a
+            # 129-152-byte payload (docs/architecture.md, "DMA ports")
+            "m_axi_wqe": AxiReadSignature(addr_width=P.DMA_ADDR_WIDTH, data_width=data_bits,
+                                          id_width=P.AXI_ID_WIDTH),
             # tuser = 1: a second frame starts at lane 64 (64-byte segments, docs/interfaces.md)
             "m_axis_tx": AxiStreamSignature(data_width=data_bits, user_width=1),
         }
@@ -108,12 +113,13 @@ class IbgdaNic(wiring.Component):
         m.submodules.icrc = icrc = IcrcInserter(num_qps=nq, num_cqs=nc)
         m.submodules.cpl_fifo = cpl_fifo = _StreamFifo(Completion(nq, nc), 16)
         m.submodules.cqe_writer = cw = CqeWriter(num_qps=nq, num_cqs=nc)
-        m.submodules.dma = arb = DmaArbiter()
 
         # External ports.
         connect_flat(m, self, "s_axil", csr.bus)
         connect_flat(m, self, "s_axi_db", db.bus)
-        connect_flat(m, self, "m_axi", arb.bus)
+        connect_flat(m, self, "m_axi", pf.dma)
+        connect_flat(m, self, "m_axi", cw.dma)
+        connect_flat(m, self, "m_axi_wqe", wf.dma)
 
         # Control path: commits become one-entry streams.
         m.d.comb += [
@@ -148,9 +154,6 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, msg_fifo.o, pb.messages)
         wiring.connect(m, pf.payload, pb.payload)
         wiring.connect(m, pb.frames, icrc.i)
-        wiring.connect(m, wf.dma, arb.wqe)
-        wiring.connect(m, pf.dma, arb.payload)
-        wiring.connect(m, cw.dma, arb.cqe)
         wiring.connect(m, cpl_fifo.o, cw.completions)
 
         # MAC TX: frame beats go out; marker beats (frame = 0) are absorbed here.

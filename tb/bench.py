@@ -128,25 +128,26 @@ async def _share(dut, p):
 
 async def _latency(dut, p):
     """Isolated WRITEs on an idle engine: doorbell (last store beat) to the frame's first
-    beat on the MAC port, for a doorbell + inline WQE, a doorbell + pointer WQE and a
-    BlueFlame store, against the cycle model's figure for the same WQE."""
+    beat on the MAC port, for a doorbell + inline WQE, a doorbell + pointer WQE, and a
+    BlueFlame store of an inline and of a pointer WQE, against the cycle model's figure
+    for the same WQE."""
     from model.timing import isolated_write
     latency = int(p["latency_ns"] / P.CLOCK_PERIOD_NS)
     env = await NicEnv(dut, dma_latency=latency).start()
     cq = await env.cq(0, 6)
     qp = await env.qp(0, cq)
     rows = {}
-    for case in ("inline_8B", "pointer_64B", "blueflame_8B"):
-        if case == "pointer_64B":
+    for case in ("inline_8B", "pointer_64B", "blueflame_8B", "blueflame_pointer_64B"):
+        bf = case.startswith("blueflame")
+        if case.endswith("pointer_64B"):
             addr, _ = env.payload(64)
             w = qp.post_write(0x100, 1, local_addr=addr, length=64)
         else:
             w = qp.post_write(0x100, 1, inline=bytes(8))
-        cycle = await (qp.ring_blueflame() if case.startswith("blueflame") else qp.ring_nvshmem())
+        cycle = await (qp.ring_blueflame() if bf else qp.ring_nvshmem())
         await qp.cq.poll(1, timeout_cycles=20 * latency + 20_000)
         first = next(f for f in env.wire.frames if f.first_cycle >= cycle)
-        model = None if case.startswith("blueflame") else \
-            isolated_write(w, qp, dma_latency=latency)["db_to_first_beat"]
+        model = isolated_write(w, qp, dma_latency=latency, blueflame=bf)["db_to_first_beat"]
         rows[case] = {"db_to_first_byte_cycles": first.first_cycle - cycle, "cycle_model": model}
         await ClockCycles(dut.clk, 100)
     env.check(await env.drain())

@@ -1,7 +1,7 @@
 """System testbench environment: the NIC with its GPU, memory and wire around it.
 
 ``NicEnv`` starts the clock, resets the DUT, attaches the models (GPU memory on
-``m_axi``, the 400G wire on ``m_axis_tx``, the CPU on ``s_axil``, the GPU's
+``m_axi`` and ``m_axi_wqe``, the 400G wire on ``m_axis_tx``, the CPU on ``s_axil``, the GPU's
 doorbells on ``s_axi_db``) and checks a run against the golden model: every frame
 (bytes, parsed by scapy with checksum and ICRC recomputed), every CQE, the
 counters, and the cycle of each doorbell-to-wire and doorbell-to-CQE event.
@@ -68,11 +68,11 @@ class NicEnv:
         dut.rst.value = 1
         for name in _input_ports():          # no X into the design before the models drive
             getattr(dut, name).value = 0
-        for name in ("s_axil", "s_axi_db", "m_axi", "m_axis_tx"):
+        for name in ("s_axil", "s_axi_db", "m_axi", "m_axi_wqe", "m_axis_tx"):
             logging.getLogger(f"cocotb.{dut._name}.{name}").setLevel(logging.WARNING)
         self.counter = CycleCounter(dut.clk)
         self.mem = DmaMemory(dut, self.counter, read_latency=self.dma_latency,
-                             read_bytes_per_cycle=self.dma_bytes_per_cycle)
+                             read_bytes_per_cycle=self.dma_bytes_per_cycle, read_prefixes=("m_axi_wqe",))
         self.wire = Wire400G(dut, self.counter)
         self.ctl = NicControl(dut)
         self.gpu = GpuModel(dut, self.mem, self.ctl, self.counter, poll_interval=self.poll_interval)

@@ -1,4 +1,4 @@
-"""GPU memory model: an AXI4 slave on the DUT's DMA master port (``m_axi``).
+"""GPU memory model: an AXI4 slave on the DUT's DMA master ports (``m_axi``, ``m_axi_wqe``).
 
 Timing convention: see :mod:`tb.clock` (a handshake "in cycle c" means valid
 and ready were both high during cycle c).
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import cocotb
 from cocotb.triggers import RisingEdge
-from cocotbext.axi import AxiBus
+from cocotbext.axi import AxiBus, AxiReadBus
 
 from spec.params import DATA_BYTES, DMA_BYTES_PER_CYCLE, DMA_READ_LATENCY_CYCLES
 
@@ -130,18 +130,21 @@ class DmaMemory:
             cycle the first data beat is valid (c + read_latency); >= 1.
         read_bytes_per_cycle: read bandwidth, 1..128 bytes per cycle; each
             beat costs a full bus width (64 -> one beat every 2 cycles).
-        prefix: AXI signal prefix.
+        prefix: AXI signal prefix of the full (read and write) port.
+        read_prefixes: prefixes of further read-only ports on the same memory; each has
+            its own R channel, latency and bandwidth, and AR order is kept per port.
         strict: raise :class:`AxiProtocolError` on protocol errors (else only
             count them in ``protocol_errors`` and log).
 
     All reads are accepted at once (arready stays high) and answered in AR
-    order; writes are accepted at once, B follows one cycle after wlast.
+    order per port; writes are accepted at once, B follows one cycle after wlast.
     Narrow beats carry the whole 128-byte line containing the beat address,
     so every lane holds the byte at its own address.
     """
 
     def __init__(self, dut, counter=None, *, read_latency=DMA_READ_LATENCY_CYCLES,
-                 read_bytes_per_cycle=DMA_BYTES_PER_CYCLE, prefix="m_axi", strict=True):
+                 read_bytes_per_cycle=DMA_BYTES_PER_CYCLE, prefix="m_axi", read_prefixes=(),
+                 strict=True):
         if int(read_latency) != read_latency or read_latency < 1:
             raise ValueError(f"read_latency must be an integer >= 1 cycle, not {read_latency}")
         if not 0 < read_bytes_per_cycle <= DATA_BYTES:
@@ -157,31 +160,25 @@ class DmaMemory:
 
         self.mem = SparseMemory()
         self.bus = AxiBus.from_prefix(dut, prefix)
-        ar, r = self.bus.read.ar, self.bus.read.r
         aw, w, b = self.bus.write.aw, self.bus.write.w, self.bus.write.b
-        self._ar, self._r, self._aw, self._w, self._b = ar, r, aw, w, b
-        self._rresp = getattr(r, "rresp", None)
+        self._aw, self._w, self._b = aw, w, b
         self._bresp = getattr(b, "bresp", None)
         self._wstrb = getattr(w, "wstrb", None)
-        self.bus_bytes = len(r.rdata) // 8
-        if self.bus_bytes != DATA_BYTES:
-            raise ValueError(f"{prefix}_rdata is {self.bus_bytes} bytes wide, expected {DATA_BYTES}")
+        self.bus_bytes = len(self.bus.read.r.rdata) // 8
+        self.ports = [_ReadPort(self, prefix, self.bus.read)]
+        self.ports += [_ReadPort(self, p, AxiReadBus.from_prefix(dut, p)) for p in read_prefixes]
 
         self.reads = []                 # AxiAccess per AR, in AR order
         self.writes = []                # AxiAccess per AW, in AW order
-        self.max_reads_in_flight = 0
         self.protocol_errors = 0
         self.crossings_4k = 0           # bursts crossing a 4 KiB boundary (AXI violation, not fatal)
 
-        self._rq = deque()              # reads waiting for / sending data
-        self._r_on = False              # rvalid driven this cycle
-        self._credit = 0
         self._awq = deque()             # accepted AWs waiting for W beats
         self._wq = deque()              # W beats (data, strb, last, cycle) waiting for an AW
         self._bq = deque()              # ids of B responses to send
         self._b_on = False
 
-        for sig, v in ((ar.arready, 1), (aw.awready, 1), (w.wready, 1), (r.rvalid, 0), (b.bvalid, 0)):
+        for sig, v in ((aw.awready, 1), (w.wready, 1), (b.bvalid, 0)):
             sig.value = v
         self._task = cocotb.start_soon(self._run())
 
@@ -196,8 +193,13 @@ class DmaMemory:
 
     @property
     def reads_in_flight(self):
-        """Reads accepted whose last beat has not been handed over yet."""
-        return len(self._rq)
+        """Reads accepted whose last beat has not been handed over yet (all ports)."""
+        return sum(len(p.rq) for p in self.ports)
+
+    @property
+    def max_reads_in_flight(self):
+        """Most reads in flight at once on any one port."""
+        return max(p.max_in_flight for p in self.ports)
 
     def writes_covering(self, addr, n=1):
         """Completed write bursts that covered [addr, addr+n), oldest first."""
@@ -230,21 +232,18 @@ class DmaMemory:
         return AxiAccess(id=aid, addr=addr, length=length, beats=beats, size=size, start_cycle=cycle)
 
     def _reset(self):
-        self._rq.clear()
+        for p in self.ports:
+            p.reset()
         self._awq.clear()
         self._wq.clear()
         self._bq.clear()
-        self._credit = 0
-        if self._r_on:
-            self._r.rvalid.value = 0
-            self._r_on = False
         if self._b_on:
             self._b.bvalid.value = 0
             self._b_on = False
 
     async def _run(self):
         edge = RisingEdge(self.clk)
-        ar, r, aw, w, b = self._ar, self._r, self._aw, self._w, self._b
+        aw, w, b = self._aw, self._w, self._b
         full = (1 << self.bus_bytes) - 1
         while True:
             await edge
@@ -254,39 +253,8 @@ class DmaMemory:
                 self._reset()
                 continue
 
-            # read data handed over in cycle c
-            r_free = not self._r_on
-            if self._r_on and sig_high(r.rready):
-                bst = self._rq[0]
-                if bst.last:
-                    bst.rec.end_cycle = c
-                    self._rq.popleft()
-                else:
-                    bst.beat += 1
-                r_free = True
-            # new read in cycle c
-            if sig_high(ar.arvalid):
-                rec = self._new_access("read", sig_uint(ar.arid), sig_uint(ar.araddr), sig_uint(ar.arlen),
-                                       sig_uint(ar.arsize), sig_uint(ar.arburst), c)
-                self.reads.append(rec)
-                self._rq.append(_Burst(rec, c + self.read_latency))
-                self.max_reads_in_flight = max(self.max_reads_in_flight, len(self._rq))
-            # bandwidth: a beat needs a full bus width of credit; cap stops idle bursts
-            self._credit = min(self._credit + self.read_bytes_per_cycle, self.bus_bytes)
-            if r_free and self._rq and self._rq[0].ready_cycle <= now and self._credit >= self.bus_bytes:
-                self._credit -= self.bus_bytes
-                bst = self._rq[0]
-                line = bst.beat_addr() & ~(self.bus_bytes - 1)
-                r.rdata.value = int.from_bytes(self.mem.read(line, self.bus_bytes), "little")
-                r.rid.value = bst.rec.id
-                r.rlast.value = int(bst.last)
-                if self._rresp is not None:
-                    self._rresp.value = 0
-                r.rvalid.value = 1
-                self._r_on = True
-            elif r_free and self._r_on:
-                r.rvalid.value = 0
-                self._r_on = False
+            for p in self.ports:
+                p.step(c, now)
 
             # write response handed over in cycle c
             b_free = not self._b_on
@@ -344,3 +312,63 @@ class DmaMemory:
             self._bq.append(rec.id)     # B goes out at the next edge: one cycle after wlast
         else:
             bst.beat += 1
+
+
+class _ReadPort:
+    """The AR and R channels of one AXI read port of :class:`DmaMemory`."""
+
+    def __init__(self, owner, prefix, bus):
+        self.owner = owner
+        self.ar, self.r = bus.ar, bus.r
+        self.rresp = getattr(self.r, "rresp", None)
+        width = len(self.r.rdata) // 8
+        if width != DATA_BYTES:
+            raise ValueError(f"{prefix}_rdata is {width} bytes wide, expected {DATA_BYTES}")
+        self.rq = deque()               # reads waiting for / sending data
+        self.r_on = False               # rvalid driven this cycle
+        self.credit = 0
+        self.max_in_flight = 0
+        self.ar.arready.value = 1
+        self.r.rvalid.value = 0
+
+    def reset(self):
+        self.rq.clear()
+        self.credit = 0
+        if self.r_on:
+            self.r.rvalid.value = 0
+            self.r_on = False
+
+    def step(self, c, now):
+        """Sample cycle ``c``'s handshakes and drive cycle ``now``'s R beat."""
+        o, ar, r = self.owner, self.ar, self.r
+        r_free = not self.r_on
+        if self.r_on and sig_high(r.rready):
+            bst = self.rq[0]
+            if bst.last:
+                bst.rec.end_cycle = c
+                self.rq.popleft()
+            else:
+                bst.beat += 1
+            r_free = True
+        if sig_high(ar.arvalid):
+            rec = o._new_access("read", sig_uint(ar.arid), sig_uint(ar.araddr), sig_uint(ar.arlen),
+                                sig_uint(ar.arsize), sig_uint(ar.arburst), c)
+            o.reads.append(rec)
+            self.rq.append(_Burst(rec, c + o.read_latency))
+            self.max_in_flight = max(self.max_in_flight, len(self.rq))
+        # bandwidth: a beat needs a full bus width of credit; the cap stops idle bursts
+        self.credit = min(self.credit + o.read_bytes_per_cycle, o.bus_bytes)
+        if r_free and self.rq and self.rq[0].ready_cycle <= now and self.credit >= o.bus_bytes:
+            self.credit -= o.bus_bytes
+            bst = self.rq[0]
+            line = bst.beat_addr() & ~(o.bus_bytes - 1)
+            r.rdata.value = int.from_bytes(o.mem.read(line, o.bus_bytes), "little")
+            r.rid.value = bst.rec.id
+            r.rlast.value = int(bst.last)
+            if self.rresp is not None:
+                self.rresp.value = 0
+            r.rvalid.value = 1
+            self.r_on = True
+        elif r_free and self.r_on:
+            r.rvalid.value = 0
+            self.r_on = False

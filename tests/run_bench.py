@@ -108,8 +108,8 @@ def main():
         print(f"\nlatency, idle engine, GPU-memory round trip {r['dma_round_trip_cycles']} cycles "
               f"({r['dma_latency_ns']} ns): doorbell -> first byte on the wire")
         for case, c in r["cases"].items():
-            model = "" if c["cycle_model"] is None else f" (cycle model {c['cycle_model']})"
-            print(f"  {case:<14} {c['db_to_first_byte_cycles']:>5} cycles{model}")
+            model = f" (cycle model {c['cycle_model']})"
+            print(f"  {case:<22} {c['db_to_first_byte_cycles']:>5} cycles{model}")
     for r in shares:
         got = ", ".join(f"{s_:.4f}" for s_ in r["shares"])
         ideal = ", ".join(f"{s_:.4f}" for s_ in r["ideal_shares"])

@@ -13,7 +13,9 @@ from tests.sim import ROOT, run
 
 POINTS = [
     {"size": 8, "qps": 8, "batch": 32, "latency_ns": 1000, "msgs": 64},
-    {"size": 150, "qps": 8, "batch": 32, "latency_ns": 1000, "msgs": 32},
+    # 512 messages per QP: long enough for the steady state, where the 150-byte payload reads
+    # and their WQE reads must not share one port (they would reach 0.98 of the wire)
+    {"size": 150, "qps": 8, "batch": 32, "latency_ns": 1000, "msgs": 512},
     {"size": 4096, "qps": 8, "batch": 32, "latency_ns": 1000, "msgs": 8},
     {"kind": "latency", "latency_ns": 1000},
     {"kind": "share", "weights": [1, 2, 4], "window": 20000, "latency_ns": 1000},
@@ -34,8 +36,10 @@ def test_bench_small():
         assert recs[name]["ratio_to_wire_limit"] >= 0.99, recs[name]
     lat = recs["latency_1000ns"]["cases"]
     assert lat["inline_8B"]["db_to_first_byte_cycles"] <= 500 + 32, lat
-    assert lat["inline_8B"]["db_to_first_byte_cycles"] == lat["inline_8B"]["cycle_model"], lat
-    assert lat["pointer_64B"]["db_to_first_byte_cycles"] == lat["pointer_64B"]["cycle_model"], lat
     assert lat["blueflame_8B"]["db_to_first_byte_cycles"] <= 32, lat
+    # a pointer WQE pushed by BlueFlame needs only the payload's round trip
+    assert lat["blueflame_pointer_64B"]["db_to_first_byte_cycles"] <= 500 + 32, lat
+    for case, row in lat.items():
+        assert row["db_to_first_byte_cycles"] == row["cycle_model"], (case, lat)
     share = recs["share_w1-2-4_20000"]
     assert share["max_share_error"] < 0.02, share
