@@ -79,16 +79,42 @@ CQE64 = (("imm", 36, 4), ("byte_cnt", 44, 4), ("vendor_err_synd", 54, 1), ("synd
 class CqeOp:
     REQ, RESP_WR_IMM, RESP_SEND, REQ_ERR, RESP_ERR, INVALID = 0, 1, 2, 13, 14, 15
 
-class Syndrome:                   # mlx5 CQE error syndromes
-    LOCAL_LENGTH_ERR = 0x01
-    LOCAL_QP_OP_ERR = 0x02
-    LOCAL_PROT_ERR = 0x04
-    WR_FLUSH_ERR = 0x05
-    BAD_RESP_ERR = 0x10
-    REMOTE_INVAL_REQ_ERR = 0x12
-    REMOTE_ACCESS_ERR = 0x13
-    REMOTE_OP_ERR = 0x14
-    TRANSPORT_RETRY_EXC_ERR = 0x15
+class Syndrome:
+    """mlx5 CQE error syndromes (``syndrome`` byte @55 of an error CQE).
+
+    Source: rdma-core ``providers/mlx5/mlx5dv.h``, enum ``MLX5_CQE_SYNDROME_*``; the
+    verbs status each maps to (``mlx5_handle_error_cqe``) is in the comment.
+    """
+    LOCAL_LENGTH_ERR = 0x01          # IBV_WC_LOC_LEN_ERR
+    LOCAL_QP_OP_ERR = 0x02           # IBV_WC_LOC_QP_OP_ERR
+    LOCAL_PROT_ERR = 0x04            # IBV_WC_LOC_PROT_ERR
+    WR_FLUSH_ERR = 0x05              # IBV_WC_WR_FLUSH_ERR
+    MW_BIND_ERR = 0x06               # IBV_WC_MW_BIND_ERR
+    BAD_RESP_ERR = 0x10              # IBV_WC_BAD_RESP_ERR
+    LOCAL_ACCESS_ERR = 0x11          # IBV_WC_LOC_ACCESS_ERR
+    REMOTE_INVAL_REQ_ERR = 0x12      # IBV_WC_REM_INV_REQ_ERR
+    REMOTE_ACCESS_ERR = 0x13         # IBV_WC_REM_ACCESS_ERR
+    REMOTE_OP_ERR = 0x14             # IBV_WC_REM_OP_ERR
+    TRANSPORT_RETRY_EXC_ERR = 0x15   # IBV_WC_RETRY_EXC_ERR
+    RNR_RETRY_EXC_ERR = 0x16         # IBV_WC_RNR_RETRY_EXC_ERR
+    REMOTE_ABORTED_ERR = 0x22        # IBV_WC_REM_ABORT_ERR
+
+
+class Aeth:
+    """AETH syndrome byte (SPEC section 5; InfiniBand AETH syndrome encoding).
+
+    Bits [6:5]: 00 ACK (bits [4:0] credit count), 01 RNR NAK (timer), 11 NAK (code).
+    An ACK carries credit count 0x1F, "invalid": credits count receive WQEs, which a
+    WRITE does not consume (0x00 would tell the requester it has none).
+    """
+    ACK = 0x1F
+    RNR_NAK = 0x20
+    NAK_PSN_SEQ = 0x60                # PSN sequence error; BTH.PSN = the expected PSN
+    NAK_INVALID_REQ = 0x61
+    NAK_REMOTE_ACCESS = 0x62
+    NAK_REMOTE_OP = 0x63
+    KIND_ACK, KIND_RNR, KIND_NAK = 0, 1, 3   # syndrome >> 5
+
 
 class Access:                      # ibv_access_flags: rights of a memory region
     LOCAL_WRITE = 0x1
