@@ -6,11 +6,26 @@ from amaranth.lib.wiring import In, Out
 from .axi import AxiLiteSignature
 from .contexts import QpConfig, CqConfig, qp_bits, cq_bits
 
-__all__ = ["ControlRegisters", "COUNTERS", "ID_VALUE"]
+
+def MrStage(pd_bits):
+    """The staged memory region of the MR_* registers."""
+    return data.StructLayout({
+        "index": unsigned(24), "key": unsigned(32), "base": unsigned(64), "length": unsigned(64),
+        "access": unsigned(4), "pd": unsigned(pd_bits),
+    })
+
+__all__ = ["ControlRegisters", "COUNTERS", "TX_COUNTERS", "RX_COUNTERS", "RX_COUNTER_BASE", "ID_VALUE",
+           "MrStage"]
 
 ID_VALUE = 0x49424741       # "IBGA"
-# Counter names in register order from 0x040.
-COUNTERS = ("doorbells", "doorbells_dropped", "wqes", "packets", "cqes", "error_cqes")
+# Counter names in register order from 0x040 (transmit) and 0x080 (receive: one per
+# rtl.responder.RxVerdict, then ACKs and NAKs sent).
+TX_COUNTERS = ("doorbells", "doorbells_dropped", "wqes", "packets", "cqes", "error_cqes")
+RX_COUNTERS = ("rx_accepted", "rx_ack_received", "rx_bad_length", "rx_not_roce", "rx_bad_ip_checksum",
+               "rx_bad_icrc", "rx_bad_pkey", "rx_bad_opcode", "rx_qp_not_ready", "rx_psn_duplicate",
+               "rx_psn_out_of_order", "rx_access_error", "rx_invalid_request", "acks_sent", "naks_sent")
+COUNTERS = TX_COUNTERS + RX_COUNTERS
+RX_COUNTER_BASE = 0x080
 
 
 class ControlRegisters(wiring.Component):
@@ -33,10 +48,16 @@ class ControlRegisters(wiring.Component):
         is ``qp_start_psn``; without (QP_MODIFY) only the configuration changes.
     cq_commit : Out(1)
         Likewise for CQ ``cq_num`` with ``cq_cfg``.
+    qp_rq_psn, qp_pd, qp_ack_every : Out
+        The receive side of the QP a create (QP_COMMIT) writes: the first expected PSN,
+        the protection domain and the ACK coalescing count.
+    mr : Out(MrStage), mr_commit : Out(1), mr_valid : Out(1)
+        Register (``mr_valid`` = 1) or deregister the staged region; held until
+        ``mr_commit_ack``.
     counter_inc : In
         One strobe per counter of ``COUNTERS``.
     """
-    def __init__(self, *, num_qps, num_cqs):
+    def __init__(self, *, num_qps, num_cqs, pd_bits=24):
         self.num_qps, self.num_cqs = num_qps, num_cqs
         super().__init__({
             "bus": In(AxiLiteSignature(addr_width=16, data_width=32)),
@@ -46,6 +67,8 @@ class ControlRegisters(wiring.Component):
             "qp_commit": Out(1), "qp_commit_reset": Out(1), "qp_commit_ack": In(1),
             "cq_num": Out(cq_bits(num_cqs)), "cq_cfg": Out(CqConfig),
             "cq_commit": Out(1), "cq_commit_ack": In(1),
+            "qp_rq_psn": Out(24), "qp_pd": Out(pd_bits), "qp_ack_every": Out(8),
+            "mr": Out(MrStage(pd_bits)), "mr_commit": Out(1), "mr_valid": Out(1), "mr_commit_ack": In(1),
             "counter_inc": In(len(COUNTERS)),
         })
 
@@ -66,21 +89,26 @@ class ControlRegisters(wiring.Component):
             0x10C: qp.log_depth, 0x110: qp.cqn, 0x114: qp.remote_qpn,
             0x118: self.qp_start_psn, 0x11C: qp.dmac[:32], 0x120: qp.dmac[32:],
             0x124: qp.dip, 0x128: qp.mtu, 0x12C: qp.state, 0x134: qp.weight,
+            0x13C: self.qp_rq_psn, 0x140: self.qp_pd, 0x144: self.qp_ack_every,
+            0x300: self.mr.index, 0x304: self.mr.key, 0x308: self.mr.base[:32], 0x30C: self.mr.base[32:],
+            0x310: self.mr.length[:32], 0x314: self.mr.length[32:], 0x318: self.mr.access, 0x31C: self.mr.pd,
             0x200: self.cq_num, 0x204: cq.base[:32], 0x208: cq.base[32:],
             0x20C: cq.log_depth, 0x210: cq.collapsed,
         }
         ro = {0x000: Const(ID_VALUE, 32),
               0x004: Cat(Const(self.num_qps, 16), Const(self.num_cqs, 16))}
         for i, c in enumerate(counters):
-            ro[0x040 + 4 * i] = c
+            ro[(0x040 + 4 * i) if i < len(TX_COUNTERS) else RX_COUNTER_BASE + 4 * (i - len(TX_COUNTERS))] = c
 
         # Write: take AW and W together, answer B.
         with m.If(self.qp_commit_ack):
             m.d.sync += self.qp_commit.eq(0)
         with m.If(self.cq_commit_ack):
             m.d.sync += self.cq_commit.eq(0)
+        with m.If(self.mr_commit_ack):
+            m.d.sync += self.mr_commit.eq(0)
         busy = Signal()
-        m.d.comb += busy.eq(self.qp_commit | self.cq_commit)
+        m.d.comb += busy.eq(self.qp_commit | self.cq_commit | self.mr_commit)
         do_write = Signal()
         m.d.comb += [
             do_write.eq(bus.awvalid & bus.wvalid & ~bus.bvalid & ~busy),
@@ -101,6 +129,10 @@ class ControlRegisters(wiring.Component):
                     m.d.sync += [self.qp_commit.eq(1), self.qp_commit_reset.eq(0)]
                 with m.Case(0x214):
                     m.d.sync += self.cq_commit.eq(1)
+                with m.Case(0x320):
+                    m.d.sync += [self.mr_commit.eq(1), self.mr_valid.eq(1)]
+                with m.Case(0x324):
+                    m.d.sync += [self.mr_commit.eq(1), self.mr_valid.eq(0)]
                 with m.Default():
                     m.d.sync += bus.bresp.eq(0b10)          # SLVERR: no such register
 

@@ -15,13 +15,7 @@ __all__ = ["IcrcInserter"]
 BEAT = 128
 
 
-def _apply(cols, value, width):
-    """GF(2) matrix (columns as 32-bit masks) times ``value``."""
-    out = []
-    for i in range(32):
-        taps = [value[j] for j in range(width) if (cols[j] >> i) & 1]
-        out.append(Cat(*taps).xor() if taps else C(0, 1))
-    return Cat(*out)
+_apply = icrc_math.apply
 
 
 class IcrcInserter(wiring.Component):
@@ -67,7 +61,6 @@ class IcrcInserter(wiring.Component):
         m.d.comb += msg_end.eq(flen_a - F.ICRC_LEN + off_a)
 
         # Mask the beat down to A's message bytes.
-        start = 8 * F.ICRC_START
         keep_mask = Signal(8 * BEAT)
         count = Signal(range(BEAT + 1))        # A's message bytes in this beat, from lane 0
         with m.If(msg_end >= (index + 1) * BEAT):
@@ -77,14 +70,9 @@ class IcrcInserter(wiring.Component):
         shamt = Signal(range(8 * BEAT + 1))
         m.d.comb += shamt.eq((BEAT - count) * 8)
         m.d.comb += keep_mask.eq(Const((1 << (8 * BEAT)) - 1, 8 * BEAT) >> shamt)
-        first_mask = (1 << (8 * BEAT)) - 1
-        first_mask &= ~((1 << start) - 1)                     # bytes before the message
-        ones = 0
-        ones |= 0xFFFFFFFF << (8 * (F.ICRC_START + 4))        # prefix bytes 4..7 stay 0xFF
-        for o, width in F.ICRC_MASKED:
-            ones |= ((1 << (8 * width)) - 1) << (8 * o)
-        # prefix bytes 0..3: 0xFF xor the initial all-ones register = 0x00
-        first_zero = ((1 << 32) - 1) << start
+        # bytes before the message dropped, prefix bytes 0..3 zero (0xFF xor the initial
+        # all-ones register), prefix bytes 4..7 and the variant fields all ones
+        first_mask, first_zero, ones = icrc_math.first_segment_masks(BEAT)
         masked = Signal(8 * BEAT)
         with m.If(index == 0):
             m.d.comb += masked.eq(((beat.data & first_mask & ~first_zero) | ones) & keep_mask)

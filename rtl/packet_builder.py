@@ -4,7 +4,7 @@ from amaranth.lib import wiring, data, stream
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
-from .headers import RoceWriteHeader, be, ipv4_checksum
+from .headers import RoceWriteHeader, be, drive_roce_headers
 from .message import Message, MessageKind, Completion
 from .tx_beat import TxBeat, SEGMENT as SEG
 
@@ -77,23 +77,13 @@ class PacketBuilder(wiring.Component):
         m.d.comb += flen.eq(hlen + pkt_len + F.ICRC_LEN)
 
         hdr = Signal(RoceWriteHeader)
-        ip = Signal.like(hdr.ip)     # the IP header with a zero checksum field
+        drive_roce_headers(m, hdr, dmac=msg.cfg.dmac, smac=self.port_mac, sip=self.port_ip, dip=msg.cfg.dip,
+                           flen=flen, src_qpn=msg.qpn, opcode=opcode, dqpn=msg.cfg.remote_qpn,
+                           ackreq=Mux(is_last_pkt, 0x80, 0), psn=psn)
         m.d.comb += [
-            hdr.eth.dmac.eq(be(msg.cfg.dmac, 6)), hdr.eth.smac.eq(be(self.port_mac, 6)),
-            hdr.eth.ethertype.eq(be(F.ETHERTYPE_IPV4, 2)),
-            ip.ver_ihl.eq(be(F.IPV4_VER_IHL, 1)), ip.tos.eq(0), ip.total_len.eq(be(flen - F.ETH_LEN, 2)),
-            ip.ident.eq(0), ip.flags_frag.eq(be(F.IPV4_FLAGS_DF, 2)), ip.ttl.eq(be(F.IPV4_TTL, 1)),
-            ip.proto.eq(be(F.IP_PROTO_UDP, 1)), ip.sip.eq(be(self.port_ip, 4)), ip.dip.eq(be(msg.cfg.dip, 4)),
-            hdr.udp.sport.eq(be(F.ROCE_SPORT_BASE | (msg.qpn & 0x3FFF), 2)),
-            hdr.udp.dport.eq(be(F.ROCEV2_UDP_PORT, 2)), hdr.udp.length.eq(be(flen - F.OFF_UDP, 2)),
-            hdr.udp.checksum.eq(0),
-            hdr.bth.opcode.eq(opcode), hdr.bth.flags.eq(0), hdr.bth.pkey.eq(be(F.DEFAULT_PKEY, 2)),
-            hdr.bth.fecn_becn.eq(0), hdr.bth.dqpn.eq(be(msg.cfg.remote_qpn, 3)),
-            hdr.bth.ackreq.eq(Mux(is_last_pkt, 0x80, 0)), hdr.bth.psn.eq(be(psn, 3)),
             hdr.reth.va.eq(be(msg.raddr, 8)), hdr.reth.rkey.eq(be(msg.rkey, 4)),
             hdr.reth.dma_len.eq(be(msg.length, 4)),
         ]
-        m.d.comb += [hdr.ip.eq(ip), hdr.ip.checksum.eq(be(ipv4_checksum(ip.as_value()), 2))]
         hdr_bytes = Signal(8 * BEAT)
         m.d.comb += hdr_bytes.eq(Mux(pkt_first, hdr.as_value(), hdr.as_value()[:8 * F.HDR_LEN_NO_RETH]))
 

@@ -8,10 +8,20 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, stream, fifo, data
 from amaranth.lib.wiring import In, Out
 
+from spec import formats as F
 from spec import params as P
 from .axi import (AxiLiteSignature, AxiWriteSignature, AxiReadSignature, AxiSignature, AxiStreamSignature,
                   flat_members, connect_flat)
+from .ack_builder import AckBuilder, AckRequest
+from .axi_write_arbiter import AxiWriteArbiter
 from .control_registers import ControlRegisters, COUNTERS
+from .icrc_checker import IcrcChecker, MacRxAdapter
+from .responder import Responder, RxVerdict, RX_VERDICT_NAMES
+from .rx_beat import RxBeat
+from .rx_header_parser import RxHeaderParser
+from .rx_packet import RxPacket
+from .rx_payload_writer import RxPayloadWriter, RxWriteCommand
+from .tx_mux import TxMux
 from .doorbell_decoder import DoorbellDecoder, DoorbellEvent
 from .qp_table import QpTable, FetchJob
 from .wqe_fetch import WqeFetch
@@ -61,9 +71,10 @@ class IbgdaNic(wiring.Component):
     -------
     s_axil_*    AXI4-Lite slave: control registers.
     s_axi_db_*  AXI4 slave (write channels): UAR doorbells.
-    m_axi_*     AXI4 master: payload reads and CQE writes to GPU memory.
+    m_axi_*     AXI4 master: payload reads, CQE writes and received payload writes to GPU memory.
     m_axi_wqe_* AXI4 master (read channels): WQE reads from the send queues in GPU memory.
     m_axis_tx_* AXI4-Stream master: frames to the MAC.
+    s_axis_rx_* AXI4-Stream slave: frames from the MAC (same 64-byte segment format).
     """
     def __init__(self, *, num_qps=P.NUM_QPS, num_cqs=P.NUM_CQS, quantum=P.QUANTUM_WQEBBS,
                  wqe_buffer=P.WQE_BUFFER_WQEBBS, payload_buffer=P.PAYLOAD_BUFFER_BEATS):
@@ -85,6 +96,7 @@ class IbgdaNic(wiring.Component):
                                           id_width=P.AXI_ID_WIDTH),
             # tuser = 1: a second frame starts at lane 64 (64-byte segments, docs/interfaces.md)
             "m_axis_tx": AxiStreamSignature(data_width=data_bits, user_width=1),
+            "s_axis_rx": AxiStreamSignature(data_width=data_bits, user_width=1).flip(),
         }
         members = {}
         for prefix, sig in self._sigs.items():
@@ -94,7 +106,7 @@ class IbgdaNic(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         nq, nc = self.num_qps, self.num_cqs
-        m.submodules.csr = csr = ControlRegisters(num_qps=nq, num_cqs=nc)
+        m.submodules.csr = csr = ControlRegisters(num_qps=nq, num_cqs=nc, pd_bits=P.PD_BITS)
         m.submodules.doorbell = db = DoorbellDecoder(num_qps=nq)
         m.submodules.db_fifo = db_fifo = _StreamFifo(DoorbellEvent(nq), 16)
         m.submodules.qp_table = qpt = QpTable(num_qps=nq, num_cqs=nc, quantum=self.quantum,
@@ -113,27 +125,55 @@ class IbgdaNic(wiring.Component):
         m.submodules.icrc = icrc = IcrcInserter(num_qps=nq, num_cqs=nc)
         m.submodules.cpl_fifo = cpl_fifo = _StreamFifo(Completion(nq, nc), 16)
         m.submodules.cqe_writer = cw = CqeWriter(num_qps=nq, num_cqs=nc)
+        m.submodules.tx_mux = txm = TxMux(num_qps=nq, num_cqs=nc)
+        # Receive path.
+        m.submodules.mac_rx = rxa = MacRxAdapter()
+        m.submodules.icrc_check = ick = IcrcChecker()
+        m.submodules.rx_parser = rxp = RxHeaderParser()
+        m.submodules.rx_beat_fifo = rx_beats = _StreamFifo(RxBeat(), P.RX_BEAT_BUFFER)
+        m.submodules.rx_pkt_fifo = rx_pkts = _StreamFifo(RxPacket(), 16)
+        m.submodules.responder = rsp = Responder(num_qps=nq, num_mrs=P.NUM_MRS, pd_bits=P.PD_BITS)
+        m.submodules.rx_cmd_fifo = rx_cmds = _StreamFifo(RxWriteCommand, 16)
+        m.submodules.rx_writer = rpw = RxPayloadWriter()
+        m.submodules.ack_fifo = ack_fifo = _StreamFifo(AckRequest(nq), 16)
+        m.submodules.ack_builder = ackb = AckBuilder(num_qps=nq, num_cqs=nc)
+        m.submodules.dma_write = wr_arb = AxiWriteArbiter(ids=(0, 2))
 
         # External ports.
         connect_flat(m, self, "s_axil", csr.bus)
         connect_flat(m, self, "s_axi_db", db.bus)
         connect_flat(m, self, "m_axi", pf.dma)
-        connect_flat(m, self, "m_axi", cw.dma)
+        connect_flat(m, self, "m_axi", wr_arb.bus)
         connect_flat(m, self, "m_axi_wqe", wf.dma)
+        connect_flat(m, self, "s_axis_rx", rxa.i)
 
         # Control path: commits become one-entry streams.
         m.d.comb += [
             # A create goes to the QP table and the parser (PSN, consumer index) together:
             # the parser's ready does not depend on valid, the table's does.
-            qpt.commit.valid.eq(csr.qp_commit & (wp.commit.ready | ~csr.qp_commit_reset)),
+            qpt.commit.valid.eq(csr.qp_commit & ((wp.commit.ready & rsp.commit.ready) | ~csr.qp_commit_reset)),
             qpt.commit.p.qpn.eq(csr.qp_num), qpt.commit.p.cfg.eq(csr.qp_cfg),
             qpt.commit.p.reset.eq(csr.qp_commit_reset),
-            wp.commit.valid.eq(csr.qp_commit & csr.qp_commit_reset & qpt.commit.ready),
+            wp.commit.valid.eq(csr.qp_commit & csr.qp_commit_reset & qpt.commit.ready & rsp.commit.ready),
             wp.commit.p.qpn.eq(csr.qp_num), wp.commit.p.psn.eq(csr.qp_start_psn),
             csr.qp_commit_ack.eq(qpt.commit.ready),
             cw.commit.valid.eq(csr.cq_commit), cw.commit.p.cqn.eq(csr.cq_num), cw.commit.p.cfg.eq(csr.cq_cfg),
             csr.cq_commit_ack.eq(cw.commit.ready),
             pb.port_mac.eq(csr.port_mac), pb.port_ip.eq(csr.port_ip),
+            ackb.port_mac.eq(csr.port_mac), ackb.port_ip.eq(csr.port_ip),
+            # A create also sets up the QP's receive side (QP_MODIFY leaves it alone).
+            rsp.commit.valid.eq(csr.qp_commit & csr.qp_commit_reset & qpt.commit.ready & wp.commit.ready),
+            rsp.commit.p.qpn.eq(csr.qp_num), rsp.commit.p.epsn.eq(csr.qp_rq_psn),
+            rsp.commit.p.cfg.state.eq(csr.qp_cfg.state), rsp.commit.p.cfg.pd.eq(csr.qp_pd),
+            rsp.commit.p.cfg.ack_every.eq(csr.qp_ack_every), rsp.commit.p.cfg.mtu.eq(csr.qp_cfg.mtu),
+            rsp.commit.p.cfg.remote_qpn.eq(csr.qp_cfg.remote_qpn),
+            rsp.commit.p.cfg.dmac.eq(csr.qp_cfg.dmac), rsp.commit.p.cfg.dip.eq(csr.qp_cfg.dip),
+            rsp.mr_commit.valid.eq(csr.mr_commit),
+            rsp.mr_commit.p.index.eq(csr.mr.index), rsp.mr_commit.p.region.valid.eq(csr.mr_valid),
+            rsp.mr_commit.p.region.key.eq(csr.mr.key), rsp.mr_commit.p.region.base.eq(csr.mr.base),
+            rsp.mr_commit.p.region.length.eq(csr.mr.length), rsp.mr_commit.p.region.access.eq(csr.mr.access),
+            rsp.mr_commit.p.region.pd.eq(csr.mr.pd),
+            csr.mr_commit_ack.eq(rsp.mr_commit.ready),
         ]
 
         # Data flow.
@@ -153,7 +193,24 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, pf.messages_out, msg_fifo.i)
         wiring.connect(m, msg_fifo.o, pb.messages)
         wiring.connect(m, pf.payload, pb.payload)
-        wiring.connect(m, pb.frames, icrc.i)
+        wiring.connect(m, pb.frames, txm.data)
+        wiring.connect(m, ackb.frames, txm.acks)
+        wiring.connect(m, txm.o, icrc.i)
+        wiring.connect(m, cw.dma, wr_arb.a)
+        wiring.connect(m, rpw.dma, wr_arb.b)
+        # Receive: MAC -> ICRC check -> headers -> responder; the beats wait in a buffer
+        # until the responder's command for their frame says write or discard.
+        wiring.connect(m, rxa.o, ick.i)
+        wiring.connect(m, ick.o, rxp.i)
+        wiring.connect(m, rxp.o, rx_beats.i)
+        wiring.connect(m, rx_beats.o, rpw.beats)
+        wiring.connect(m, rxp.packets, rx_pkts.i)
+        wiring.connect(m, rx_pkts.o, rsp.packets)
+        wiring.connect(m, rsp.commands, rx_cmds.i)
+        wiring.connect(m, rx_cmds.o, rpw.commands)
+        wiring.connect(m, rsp.responses, ack_fifo.i)
+        wiring.connect(m, ack_fifo.o, ackb.requests)
+        m.d.comb += rsp.acks.ready.eq(1)      # the requester's ACK handling comes next; counted only
         wiring.connect(m, cpl_fifo.o, cw.completions)
 
         # MAC TX: frame beats go out; marker beats (frame = 0) are absorbed here.
@@ -180,10 +237,18 @@ class IbgdaNic(wiring.Component):
         ]
 
         # Counters.
-        sent = icrc.o.valid & ready & beat.frame & beat.last
+        # data frames only (ACK/NAK frames have their own counters): counted as the builder
+        # hands over each frame's last beat
+        sent = pb.frames.valid & pb.frames.ready & pb.frames.p.frame & pb.frames.p.last
         wqe_done = Signal()
         m.d.comb += wqe_done.eq(wp.messages.valid & wp.messages.ready)
         incs = {"doorbells": db.accepted, "doorbells_dropped": db.dropped | qpt.db_dropped,
                 "wqes": wqe_done, "packets": sent, "cqes": cw.written, "error_cqes": cw.errors}
+        for v, name in RX_VERDICT_NAMES.items():
+            incs[f"rx_{name}"] = rsp.verdict_valid & (rsp.verdict == v)
+        resp_sent = Signal()
+        m.d.comb += resp_sent.eq(rsp.responses.valid & rsp.responses.ready)
+        incs["acks_sent"] = resp_sent & (rsp.responses.p.syndrome == F.Aeth.ACK)
+        incs["naks_sent"] = resp_sent & (rsp.responses.p.syndrome != F.Aeth.ACK)
         m.d.comb += csr.counter_inc.eq(Cat(*(incs[n] for n in COUNTERS)))
         return m

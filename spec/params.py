@@ -48,3 +48,8 @@ WIRE_BYTES_PER_CYCLE = WIRE_GBPS * 1e9 / 8 / (CLOCK_MHZ * 1e6)   # 100 bytes per
 def wire_bytes(frame_len):
     """Wire bytes a frame of ``frame_len`` captured bytes (no FCS) occupies."""
     return frame_len + WIRE_OVERHEAD
+
+# ---- receive side (responder) ----------------------------------------------------------
+NUM_MRS = 1024                  # memory regions in the key table (key index = key >> 8)
+PD_BITS = 24                    # protection-domain number width
+RX_BEAT_BUFFER = 64             # received beats held until their frame's verdict (>= one 4 KiB frame + slack)

@@ -7,18 +7,23 @@ import logging
 
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 
-from spec.formats import QpState, mtu_bytes
-from spec.params import NUM_CQS, NUM_QPS
+from rtl.control_registers import RX_COUNTERS, RX_COUNTER_BASE
+from spec.formats import Access, QpState, mtu_bytes
+from spec.params import NUM_CQS, NUM_MRS, NUM_QPS, PD_BITS
 
 # CSR addresses (docs/interfaces.md)
 ID, PARAMS = 0x000, 0x004
 PORT_MAC_LO, PORT_MAC_HI, PORT_IP = 0x010, 0x014, 0x018
 COUNTERS = (("doorbells_accepted", 0x040), ("doorbells_dropped", 0x044), ("wqes_executed", 0x048),
-            ("packets_sent", 0x04C), ("cqes_written", 0x050), ("error_cqes", 0x054))
+            ("packets_sent", 0x04C), ("cqes_written", 0x050), ("error_cqes", 0x054)) \
+    + tuple((name, RX_COUNTER_BASE + 4 * i) for i, name in enumerate(RX_COUNTERS))
 QP_NUM, QP_SQ_BASE_LO, QP_SQ_BASE_HI, QP_SQ_LOG_DEPTH = 0x100, 0x104, 0x108, 0x10C
 QP_CQN, QP_REMOTE_QPN, QP_START_PSN, QP_DMAC_LO, QP_DMAC_HI = 0x110, 0x114, 0x118, 0x11C, 0x120
 QP_DIP, QP_MTU, QP_STATE, QP_COMMIT = 0x124, 0x128, 0x12C, 0x130
 QP_WEIGHT, QP_MODIFY = 0x134, 0x138
+QP_RQ_PSN, QP_PD, QP_ACK_EVERY = 0x13C, 0x140, 0x144
+MR_INDEX, MR_KEY, MR_BASE_LO, MR_BASE_HI, MR_LEN_LO, MR_LEN_HI = 0x300, 0x304, 0x308, 0x30C, 0x310, 0x314
+MR_ACCESS, MR_PD, MR_COMMIT, MR_DEREG = 0x318, 0x31C, 0x320, 0x324
 MAX_WEIGHT = 15
 CQ_NUM, CQ_BASE_LO, CQ_BASE_HI, CQ_LOG_DEPTH, CQ_FLAGS, CQ_COMMIT = 0x200, 0x204, 0x208, 0x20C, 0x210, 0x214
 ID_VALUE = 0x49424741            # "IBGA"
@@ -88,7 +93,7 @@ class NicControl:
         await self.write_reg(PORT_IP, ip)
 
     async def create_qp(self, qpn, sq_base, log_depth, cqn, remote_qpn, start_psn, dmac, dip,
-                        mtu_code, state=QpState.RTS, weight=1):
+                        mtu_code, state=QpState.RTS, weight=1, rq_psn=0, pd=0, ack_every=1):
         """Stage a QP context and commit it to ``qpn`` (indices reset to 0, PSN to start_psn).
 
         Parameters:
@@ -97,6 +102,9 @@ class NicControl:
             remote_qpn, start_psn: 24-bit. dmac: 48-bit. dip: IPv4 (32-bit).
             mtu_code: ibv_mtu 1..5. state: ibv_qp_state 0..6 (only RTS sends).
             weight: scheduler weight 1..15 (weight x 64 WQEBBs per turn).
+            rq_psn: receive side's first expected PSN (the peer's start PSN).
+            pd: protection domain of the QP (memory keys must belong to it).
+            ack_every: ACK coalescing count 1..255.
         """
         _check("qpn", qpn, 0, self.num_qps - 1)
         _check_base("sq_base", sq_base)
@@ -109,11 +117,14 @@ class NicControl:
         mtu_bytes(mtu_code)             # raises ValueError on a bad code
         _check("state", state, QpState.RESET, QpState.ERR)
         _check("weight", weight, 1, MAX_WEIGHT)
+        _check("rq_psn", rq_psn, 0, 2**24 - 1)
+        _check("pd", pd, 0, 2**PD_BITS - 1)
+        _check("ack_every", ack_every, 1, 255)
         lo, hi = mac_split(dmac)
         regs = {QP_NUM: qpn, QP_SQ_BASE_LO: sq_base & 0xFFFF_FFFF, QP_SQ_BASE_HI: sq_base >> 32,
                 QP_SQ_LOG_DEPTH: log_depth, QP_CQN: cqn, QP_REMOTE_QPN: remote_qpn, QP_START_PSN: start_psn,
                 QP_DMAC_LO: lo, QP_DMAC_HI: hi, QP_DIP: dip, QP_MTU: mtu_code, QP_STATE: state,
-                QP_WEIGHT: weight}
+                QP_WEIGHT: weight, QP_RQ_PSN: rq_psn, QP_PD: pd, QP_ACK_EVERY: ack_every}
         for addr, value in regs.items():
             await self.write_reg(addr, value)
         await self.write_reg(QP_COMMIT, 1)
@@ -149,6 +160,32 @@ class NicControl:
                             (CQ_LOG_DEPTH, log_depth), (CQ_FLAGS, int(bool(collapsed))), (CQ_COMMIT, 1)):
             await self.write_reg(addr, value)
 
+    async def register_mr(self, key, base, length, access, pd):
+        """Register a memory region under ``key`` (its slot is ``key >> 8``, as mlx5 keys).
+
+        Parameters:
+            key: 32-bit memory key (index << 8 | variant byte), index < the table size.
+            base, length: the region's bytes (64-bit each).
+            access: ``spec.formats.Access`` bits. pd: protection domain.
+        """
+        _check("key", key, 0, 2**32 - 1)
+        _check("key index", key >> 8, 0, NUM_MRS - 1)
+        _check("base", base, 0, 2**64 - 1)
+        _check("length", length, 0, 2**64 - 1)
+        _check("access", access, 0, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+               | Access.REMOTE_ATOMIC)
+        _check("pd", pd, 0, 2**PD_BITS - 1)
+        for addr, value in ((MR_INDEX, key >> 8), (MR_KEY, key), (MR_BASE_LO, base & 0xFFFF_FFFF),
+                            (MR_BASE_HI, base >> 32), (MR_LEN_LO, length & 0xFFFF_FFFF), (MR_LEN_HI, length >> 32),
+                            (MR_ACCESS, access), (MR_PD, pd), (MR_COMMIT, 1)):
+            await self.write_reg(addr, value)
+
+    async def deregister_mr(self, key):
+        """Remove the region in ``key``'s slot."""
+        _check("key index", key >> 8, 0, NUM_MRS - 1)
+        await self.write_reg(MR_INDEX, key >> 8)
+        await self.write_reg(MR_DEREG, 1)
+
     async def read_counters(self):
-        """Dict of the statistics counters (doorbells_accepted, ..., error_cqes)."""
+        """Dict of the statistics counters (doorbells_accepted, ..., error_cqes, rx_*, acks_sent, naks_sent)."""
         return {name: await self.read_reg(addr) for name, addr in COUNTERS}

@@ -22,6 +22,7 @@ from tb.control import NicControl
 from tb.gpu import GpuModel
 from tb.memory import DmaMemory
 from tb.roce_check import check_frame, diff_cqe, diff_frames
+from tb.mac_rx import MacRx400G
 from tb.wire import Wire400G
 
 from amaranth.lib import wiring
@@ -68,12 +69,13 @@ class NicEnv:
         dut.rst.value = 1
         for name in _input_ports():          # no X into the design before the models drive
             getattr(dut, name).value = 0
-        for name in ("s_axil", "s_axi_db", "m_axi", "m_axi_wqe", "m_axis_tx"):
+        for name in ("s_axil", "s_axi_db", "m_axi", "m_axi_wqe", "m_axis_tx", "s_axis_rx"):
             logging.getLogger(f"cocotb.{dut._name}.{name}").setLevel(logging.WARNING)
         self.counter = CycleCounter(dut.clk)
         self.mem = DmaMemory(dut, self.counter, read_latency=self.dma_latency,
                              read_bytes_per_cycle=self.dma_bytes_per_cycle, read_prefixes=("m_axi_wqe",))
         self.wire = Wire400G(dut, self.counter)
+        self.rx = MacRx400G(dut, self.counter)
         self.ctl = NicControl(dut)
         self.gpu = GpuModel(dut, self.mem, self.ctl, self.counter, poll_interval=self.poll_interval)
         await ClockCycles(dut.clk, 8)
@@ -88,12 +90,16 @@ class NicEnv:
         self.cqs[cqn] = cq
         return cq
 
-    async def qp(self, qpn, cq, *, log_depth=8, mtu=P.DEFAULT_MTU, start_psn=None, weight=1):
+    async def qp(self, qpn, cq, *, log_depth=8, mtu=P.DEFAULT_MTU, start_psn=None, weight=1,
+                 remote_qpn=None, **receive):
+        """Create QP ``qpn`` whose peer is ``peer_mac/peer_ip(qpn)``, QP ``remote_qpn``
+        (default 0x1000 + qpn); ``receive``: rq_psn, pd, ack_every of its receive side."""
         start_psn = (0x100 * qpn + 7) & 0xFFFFFF if start_psn is None else start_psn
-        qp = await self.gpu.create_qp(qpn, log_depth, cq, remote_qpn=0x1000 + qpn, dmac=peer_mac(qpn),
+        remote_qpn = 0x1000 + qpn if remote_qpn is None else remote_qpn
+        qp = await self.gpu.create_qp(qpn, log_depth, cq, remote_qpn=remote_qpn, dmac=peer_mac(qpn),
                                       dip=peer_ip(qpn), start_psn=start_psn, mtu_code=mtu_code(mtu),
-                                      weight=weight)
-        qp.mtu, qp.start_psn = mtu, start_psn
+                                      weight=weight, **receive)
+        qp.mtu, qp.start_psn, qp.remote_qpn = mtu, start_psn, remote_qpn
         self.qps[qpn] = qp
         return qp
 
@@ -131,7 +137,7 @@ class NicEnv:
 
     # ---- golden model ------------------------------------------------------------------
     def model(self):
-        qps = {q: QpContext(qpn=q, remote_qpn=0x1000 + q, dmac=peer_mac(q), dip=peer_ip(q),
+        qps = {q: QpContext(qpn=q, remote_qpn=qp.remote_qpn, dmac=peer_mac(q), dip=peer_ip(q),
                             sq_base=qp.sq_base, log_depth=qp.log_depth, cqn=qp.cq.cqn,
                             start_psn=qp.start_psn, mtu=qp.mtu)
                for q, qp in self.qps.items()}
@@ -230,7 +236,8 @@ class NicEnv:
         assert len(got) == len(pred.frames), f"{len(got)} frames, the cycle model has {len(pred.frames)}"
         for k, (f, (qpn, index, c0, c1, start, length)) in enumerate(zip(got, pred.frames)):
             where = f"frame {k} (QP {qpn} WQE {index}, {length} B)"
-            assert int.from_bytes(f.data[47:50], "big") == 0x1000 + qpn, f"{where}: the RTL sent another QP's frame"
+            assert int.from_bytes(f.data[47:50], "big") == self.qps[qpn].remote_qpn, \
+                f"{where}: the RTL sent another QP's frame"
             assert (f.first_cycle, f.last_cycle, f.start_bytes) == (c0, c1, start), \
                 f"{where}: RTL first/last beat {f.first_cycle}/{f.last_cycle}, wire start {f.start_bytes}; " \
                 f"cycle model {c0}/{c1}, {start}"

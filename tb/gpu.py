@@ -171,11 +171,13 @@ class GpuModel:
         return cq
 
     async def create_qp(self, qpn, log_depth, cq, *, remote_qpn, dmac, dip, start_psn=0, mtu_code=5,
-                        state=QpState.RTS, weight=1):
-        """Allocate an SQ (zeroed) and a doorbell record and create the QP in the NIC."""
+                        state=QpState.RTS, weight=1, **receive):
+        """Allocate an SQ (zeroed) and a doorbell record and create the QP in the NIC.
+
+        ``receive``: the receive side's ``rq_psn``, ``pd``, ``ack_every`` (NicControl.create_qp)."""
         qp = Qp(self, qpn, log_depth, cq)
         await self.ctl.create_qp(qpn, qp.sq_base, log_depth, cq.cqn, remote_qpn, start_psn, dmac, dip,
-                                 mtu_code, state, weight)
+                                 mtu_code, state, weight, **receive)
         qp.weight = weight
         self.qps[qpn] = qp
         return qp

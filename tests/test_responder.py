@@ -1,0 +1,214 @@
+"""The RC responder block (rtl/responder.py) against the golden model (model/rc.py RcResponder).
+
+Frames are built by the golden model, decoded by ``model.rc.parse_frame`` into the
+descriptor the receive header parser would give (that parser has its own test), and
+driven back to back through the block with random stalls on every output. For every
+frame the block's verdict, payload command and ACK/NAK must equal what RcResponder
+does with the same frame.
+"""
+import random
+
+from amaranth.sim import Simulator
+
+from model.frames import Port, QpContext, build_write_frames
+from model.icrc import icrc
+from model.mr import MemoryRegion
+from model.rc import RcResponder, build_response, parse_frame
+from rtl.responder import Responder, RxVerdict, RX_VERDICT_NAMES
+from rtl.rx_packet import RxDrop, RX_DROP_NAMES
+from spec.formats import Access, Op, QpState, mtu_code
+
+NUM_QPS = 16
+A_MAC, A_IP = 0x02000000000A, 0x0A000001          # requester
+B_PORT = Port(smac=0x02000000000B, sip=0x0A000002)  # responder (this block)
+A_PORT = Port(smac=A_MAC, sip=A_IP)
+PD = 5
+DST = 0x1000_0000
+KEY = (0x12 << 8) | 0x5A
+KEY_RO = (0x13 << 8) | 0x11       # no remote write
+KEY_PD = (0x14 << 8) | 0x22       # another PD
+REGIONS = [
+    MemoryRegion(key=KEY, base=DST, length=1 << 20, access=Access.LOCAL_WRITE | Access.REMOTE_WRITE, pd=PD),
+    MemoryRegion(key=KEY_RO, base=DST, length=1 << 20, access=Access.LOCAL_WRITE | Access.REMOTE_READ, pd=PD),
+    MemoryRegion(key=KEY_PD, base=DST, length=1 << 20, access=Access.REMOTE_WRITE, pd=PD + 1),
+]
+_NAME_TO_DROP = {v: k for k, v in RX_DROP_NAMES.items() if v}
+
+
+def descriptor(frame):
+    """The RxPacket fields the header parser gives for ``frame`` (as a dict)."""
+    p, reason = parse_frame(frame)
+    if p is None:
+        return {"drop": _NAME_TO_DROP[reason]}
+    d = {"drop": RxDrop.NONE, "opcode": p.opcode, "dqpn": p.dqpn, "psn": p.psn, "ackreq": int(p.ackreq),
+         "has_reth": int(p.reth is not None), "has_imm": int(p.imm is not None),
+         "has_aeth": int(p.aeth is not None), "payload_len": len(p.payload),
+         "payload_offset": 54 + 16 * (p.reth is not None) + 4 * (p.imm is not None)}
+    if p.reth:
+        d["reth"] = dict(zip(("va", "rkey", "dma_len"), p.reth))
+    if p.aeth:
+        d["aeth"] = dict(zip(("syndrome", "msn"), p.aeth))
+    return d
+
+
+def build_traffic(rnd, qps):
+    """Frames of several QPs interleaved, with duplicates, gaps, access violations,
+    damaged frames, unknown QPs and ACK frames mixed in."""
+    streams = {}
+    for qpn, (req, mtu) in qps.items():
+        psn, frames = req.start_psn, []
+        for k in range(rnd.randrange(14, 20)):
+            n = rnd.choice([0, 1, 8, 64, mtu - 1, mtu, mtu + 1, 2 * mtu, 3 * mtu - 5])
+            key = KEY
+            if qpn == 3 and k == 12:
+                key = rnd.choice([KEY_RO, KEY_PD, KEY + 1])      # rights, PD, wrong key
+            va = DST + rnd.randrange(0, 4096)
+            if qpn == 2 and k == 13:
+                va = DST + (1 << 20) - n // 2 - 1                 # runs past the region
+            fr = build_write_frames(req, A_PORT, va, key, bytes(rnd.randrange(256) for _ in range(n)), psn)
+            psn = (psn + len(fr)) & 0xFFFFFF
+            frames += fr
+        streams[qpn] = frames
+    out, sent = [], []
+    while any(streams.values()):
+        qpn = rnd.choice([q for q, s in streams.items() if s])
+        f = streams[qpn].pop(0)
+        r = rnd.random()
+        if r < 0.06 and sent:
+            out.append(rnd.choice(sent))                           # a duplicate of an old frame
+        if r > 0.95 and len(streams[qpn]) >= 2:
+            # a gap: f is lost the first time, the next two arrive out of order, then the
+            # requester goes back to f (go-back-N)
+            g = [streams[qpn].pop(0), streams[qpn].pop(0)]
+            out += g
+            streams[qpn][:0] = g
+        if 0.5 < r < 0.56:
+            bad = bytearray(f)
+            bad[60 % len(bad)] ^= 0x10                             # ICRC no longer matches
+            out.append(bytes(bad))
+        out.append(f)
+        sent.append(f)
+        if 0.3 < r < 0.32:
+            other = QpContext(qpn=0x40, remote_qpn=9, dmac=B_PORT.smac, dip=B_PORT.sip, mtu=256)
+            out += build_write_frames(other, A_PORT, DST, KEY, b"x" * 8, 0)   # QP 9 was never created
+        if 0.32 < r < 0.34:
+            other = QpContext(qpn=0x40, remote_qpn=0x123, dmac=B_PORT.smac, dip=B_PORT.sip, mtu=256)
+            out += build_write_frames(other, A_PORT, DST, KEY, b"y" * 8, 0)   # outside the table
+        if 0.34 < r < 0.37:
+            ctx = QpContext(qpn=0x40, remote_qpn=qpn, dmac=B_PORT.smac, dip=B_PORT.sip, mtu=256)
+            out.append(build_response(ctx, A_PORT, rnd.randrange(1 << 24), 0x1F, rnd.randrange(1 << 24)))
+    return out
+
+
+def _set(ctx, sig, d):
+    for k, v in d.items():
+        f = getattr(sig, k)
+        if isinstance(v, dict):
+            _set(ctx, f, v)
+        else:
+            ctx.set(f, v)
+
+
+def test_responder_matches_model():
+    rnd = random.Random(11)
+    mtus = {1: 256, 2: 1024, 3: 512}
+    qps, model = {}, RcResponder(B_PORT, ack_every=3)
+    for qpn, mtu in mtus.items():
+        psn = rnd.randrange(1 << 24) if qpn != 1 else 0xFFFFFD           # QP 1 wraps its PSN
+        req = QpContext(qpn=0x100 + qpn, remote_qpn=qpn, dmac=B_PORT.smac, dip=B_PORT.sip, start_psn=psn, mtu=mtu)
+        resp = QpContext(qpn=qpn, remote_qpn=0x100 + qpn, dmac=A_MAC, dip=A_IP, start_psn=psn, mtu=mtu,
+                         state=QpState.RTR if qpn == 2 else QpState.RTS)
+        model.add_qp(resp, PD, ack_every=qpn)                             # coalescing 1, 2, 3
+        qps[qpn] = (req, mtu)
+    for r in REGIONS:
+        model.register(r)
+    frames = build_traffic(rnd, qps)
+    expect = [model.receive(f) for f in frames]
+
+    dut = Responder(num_qps=NUM_QPS, num_mrs=64, pd_bits=8)
+    got_cmd, got_resp, got_ack, got_verdict = [], [], [], []
+
+    async def setup_and_drive(ctx):
+        for qpn, mtu in mtus.items():
+            req, _ = qps[qpn]
+            _set(ctx, dut.commit.p, {"qpn": qpn, "epsn": req.start_psn, "cfg": {
+                "state": QpState.RTR if qpn == 2 else QpState.RTS, "pd": PD, "ack_every": qpn,
+                "mtu": mtu_code(mtu), "remote_qpn": 0x100 + qpn, "dmac": A_MAC, "dip": A_IP}})
+            ctx.set(dut.commit.valid, 1)
+            await ctx.tick().until(dut.commit.ready)
+            ctx.set(dut.commit.valid, 0)
+        for r in REGIONS:
+            _set(ctx, dut.mr_commit.p, {"index": r.key >> 8, "region": {
+                "valid": 1, "key": r.key, "base": r.base, "length": r.length, "access": r.access, "pd": r.pd}})
+            ctx.set(dut.mr_commit.valid, 1)
+            await ctx.tick().until(dut.mr_commit.ready)
+            ctx.set(dut.mr_commit.valid, 0)
+        for f in frames:
+            while rnd.random() < 0.2:
+                await ctx.tick()
+            ctx.set(dut.packets.p.as_value(), 0)
+            _set(ctx, dut.packets.p, descriptor(f))
+            ctx.set(dut.packets.valid, 1)
+            await ctx.tick().until(dut.packets.ready)
+            ctx.set(dut.packets.valid, 0)
+
+    def collector(stream, out, fields):
+        async def run(ctx):
+            while True:
+                ctx.set(stream.ready, rnd.random() < 0.7)
+                await ctx.tick()
+
+        async def sample(ctx):
+            # values sampled at the clock edge: the transfer of the cycle that just ended
+            async for _, _, valid, ready, payload in ctx.tick().sample(stream.valid, stream.ready, stream.p):
+                if valid and ready:
+                    out.append({k: getattr(payload, k) for k in fields})
+        return run, sample
+
+    async def verdicts(ctx):
+        async for _, _, v, verdict in ctx.tick().sample(dut.verdict_valid, dut.verdict):
+            if v:
+                got_verdict.append(RxVerdict(verdict))
+
+    sim = Simulator(dut)
+    sim.add_clock(2e-9)
+    sim.add_testbench(setup_and_drive)
+    for s, out, fields in ((dut.commands, got_cmd, ("write", "addr", "length")),
+                           (dut.responses, got_resp, ("dmac", "dip", "dest_qp", "src_qpn", "psn", "syndrome", "msn")),
+                           (dut.acks, got_ack, ("qpn", "psn", "syndrome", "msn"))):
+        run, sample = collector(s, out, fields)
+        sim.add_process(run)
+        sim.add_process(sample)
+    sim.add_process(verdicts)
+    sim.run_until(2e-9 * (len(frames) * 12 + 2000))
+
+    assert len(got_verdict) == len(frames), (len(got_verdict), len(frames))
+    assert len(got_cmd) == len(frames)
+    want_resp, want_ack = [], []
+    for k, (f, e, v, c) in enumerate(zip(frames, expect, got_verdict, got_cmd)):
+        p, _ = parse_frame(f)
+        if p is not None and p.opcode == Op.ACK:
+            # the block passes ACK frames to the requester side; the responder model drops them
+            assert v == RxVerdict.ACK_RECEIVED, k
+            want_ack.append({"qpn": p.dqpn, "psn": p.psn, "syndrome": p.aeth[0], "msn": p.aeth[1]})
+            assert not c["write"], k
+            continue
+        assert RX_VERDICT_NAMES[v] == (e.reason or "accepted"), (k, v, e.reason)
+        if e.writes:
+            (addr, data), = e.writes
+            assert c == {"write": 1, "addr": addr, "length": len(data)}, (k, c, e.writes)
+        else:
+            assert not c["write"], (k, c)
+        if e.response is not None:
+            r = e.response
+            want_resp.append({"dmac": int.from_bytes(r[0:6], "big"), "dip": int.from_bytes(r[30:34], "big"),
+                              "dest_qp": int.from_bytes(r[47:50], "big"), "src_qpn": p.dqpn,
+                              "psn": int.from_bytes(r[51:54], "big"), "syndrome": r[54],
+                              "msn": int.from_bytes(r[55:58], "big")})
+    assert got_resp == want_resp
+    assert got_ack == want_ack
+    counts = {n: sum(1 for v in got_verdict if RX_VERDICT_NAMES[v] == n) for n in RX_VERDICT_NAMES.values()}
+    # the traffic exercised every decision
+    for n in ("accepted", "ack_received", "bad_icrc", "qp_not_ready", "psn_duplicate", "psn_out_of_order",
+              "access_error"):
+        assert counts[n] > 0, (n, counts)
