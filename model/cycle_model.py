@@ -103,6 +103,7 @@ class EngineCycleModel:
         msg_fifo = _Fifo(P.MESSAGE_QUEUE_DEPTH, 2)
         payload_buf = _Fifo(P.PAYLOAD_BUFFER_BEATS, 2)
         cpl_fifo = _Fifo(16, 2)
+        trk_out = _Fifo(1, 1)                 # the completion tracker's output register (UC: passes)
         reads = {"wqe": deque(), "payload": deque()}   # per port: (cycle of the beat, item)
         last_beat = {"wqe": -1, "payload": -1}   # last R beat of each read port
 
@@ -247,13 +248,16 @@ class EngineCycleModel:
             if cw_state == "WRITE":
                 out.cqes[cw_item] = t
                 cw_state = "IDLE"
-            elif cw_state == "IDLE" and cpl_fifo.head(t) is not None:
-                cw_item, cw_state = cpl_fifo.pop(), "WRITE"
+            elif cw_state == "IDLE" and trk_out.head(t) is not None:
+                cw_item, cw_state = trk_out.pop(), "WRITE"
+            # --- completion tracker: a UC QP's completion passes through its output register
+            if trk_out.can_push() and cpl_fifo.head(t) is not None:
+                trk_out.push(t, cpl_fifo.pop())
 
             wf_credits += wqe_issued - wqe_pops
             pf_credits += issued - payload_pops
             if self._done(qpt_state, wf_left, ps, pf_bursts, builder, cw_state, reads, db_fifo, active,
-                          job_fifo, burst_fifo, bf_fifo, wqebb_buf, msg_fifo, cpl_fifo):
+                          job_fifo, burst_fifo, bf_fifo, wqebb_buf, msg_fifo, cpl_fifo, trk_out):
                 return out
             t += 1
         raise RuntimeError(f"the cycle model did not finish in {max_cycles} cycles")

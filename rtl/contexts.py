@@ -25,6 +25,7 @@ def QpConfig(num_cqs):
         "mtu":        unsigned(3),      # ibv_mtu code 1..5 (256..4096 bytes)
         "state":      unsigned(3),      # ibv_qp_state
         "weight":     unsigned(4),      # scheduler weight 1..15 (0 counts as 1)
+        "uc":         unsigned(1),      # 0: RC (a WQE completes when acknowledged), 1: UC (when sent)
     })
 
 

@@ -89,7 +89,7 @@ class ControlRegisters(wiring.Component):
             0x10C: qp.log_depth, 0x110: qp.cqn, 0x114: qp.remote_qpn,
             0x118: self.qp_start_psn, 0x11C: qp.dmac[:32], 0x120: qp.dmac[32:],
             0x124: qp.dip, 0x128: qp.mtu, 0x12C: qp.state, 0x134: qp.weight,
-            0x13C: self.qp_rq_psn, 0x140: self.qp_pd, 0x144: self.qp_ack_every,
+            0x13C: self.qp_rq_psn, 0x140: self.qp_pd, 0x144: self.qp_ack_every, 0x148: qp.uc,
             0x300: self.mr.index, 0x304: self.mr.key, 0x308: self.mr.base[:32], 0x30C: self.mr.base[32:],
             0x310: self.mr.length[:32], 0x314: self.mr.length[32:], 0x318: self.mr.access, 0x31C: self.mr.pd,
             0x200: self.cq_num, 0x204: cq.base[:32], 0x208: cq.base[32:],

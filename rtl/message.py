@@ -35,4 +35,6 @@ def Completion(num_qps, num_cqs):
     return data.StructLayout({
         "qpn": unsigned(qp_bits(num_qps)), "cqn": unsigned(cq_bits(num_cqs)),
         "index": unsigned(16), "byte_cnt": unsigned(32), "error": unsigned(1),
+        "psn": unsigned(24),      # PSN of the message's last packet (no packets: the PSN before)
+        "uc": unsigned(1),        # UC QP: complete when sent, not when acknowledged
     })

@@ -150,6 +150,7 @@ class PacketBuilder(wiring.Component):
         m.d.comb += [
             cur_cpl.qpn.eq(msg.qpn), cur_cpl.cqn.eq(msg.cfg.cqn), cur_cpl.index.eq(msg.index),
             cur_cpl.byte_cnt.eq(msg.length), cur_cpl.error.eq(msg.kind == MessageKind.ERROR),
+            cur_cpl.psn.eq(Mux(msg.kind == MessageKind.WRITE, psn, psn - 1)), cur_cpl.uc.eq(msg.cfg.uc),
             out.p.cpl.eq(cur_cpl), out.p.flen.eq(flen),
         ]
         msg_cpl = Signal()

@@ -342,7 +342,8 @@ class Responder(wiring.Component):
             m.d.sync += [last_valid.eq(1), last_qpn.eq(p.dqpn[:qb]), last_ctx.eq(new)]
         with m.Elif(self.commit.valid & self.commit.ready):
             fresh = Signal(entry_layout)
-            m.d.comb += [fresh.cfg.eq(self.commit.p.cfg), fresh.dyn.epsn.eq(self.commit.p.epsn)]
+            # every bit assigned: bits a process never drives come out undriven (X in Icarus)
+            m.d.comb += [fresh.eq(0), fresh.cfg.eq(self.commit.p.cfg), fresh.dyn.epsn.eq(self.commit.p.epsn)]
             m.d.comb += [wr.en.eq(1), wr.addr.eq(self.commit.p.qpn), wr.data.eq(fresh)]
             m.d.sync += last_valid.eq(0)
         return m

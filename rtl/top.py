@@ -14,6 +14,7 @@ from .axi import (AxiLiteSignature, AxiWriteSignature, AxiReadSignature, AxiSign
                   flat_members, connect_flat)
 from .ack_builder import AckBuilder, AckRequest
 from .axi_write_arbiter import AxiWriteArbiter
+from .completion_tracker import CompletionTracker
 from .control_registers import ControlRegisters, COUNTERS
 from .icrc_checker import IcrcChecker, MacRxAdapter
 from .responder import Responder, RxVerdict, RX_VERDICT_NAMES
@@ -126,6 +127,7 @@ class IbgdaNic(wiring.Component):
         m.submodules.cpl_fifo = cpl_fifo = _StreamFifo(Completion(nq, nc), 16)
         m.submodules.cqe_writer = cw = CqeWriter(num_qps=nq, num_cqs=nc)
         m.submodules.tx_mux = txm = TxMux(num_qps=nq, num_cqs=nc)
+        m.submodules.cpl_tracker = trk = CompletionTracker(num_qps=nq, num_cqs=nc, depth=P.RC_COMPLETIONS_PER_QP)
         # Receive path.
         m.submodules.mac_rx = rxa = MacRxAdapter()
         m.submodules.icrc_check = ick = IcrcChecker()
@@ -151,10 +153,15 @@ class IbgdaNic(wiring.Component):
         m.d.comb += [
             # A create goes to the QP table and the parser (PSN, consumer index) together:
             # the parser's ready does not depend on valid, the table's does.
-            qpt.commit.valid.eq(csr.qp_commit & ((wp.commit.ready & rsp.commit.ready) | ~csr.qp_commit_reset)),
+            qpt.commit.valid.eq(csr.qp_commit & ((wp.commit.ready & rsp.commit.ready & trk.commit.ready)
+                                                 | ~csr.qp_commit_reset)),
             qpt.commit.p.qpn.eq(csr.qp_num), qpt.commit.p.cfg.eq(csr.qp_cfg),
             qpt.commit.p.reset.eq(csr.qp_commit_reset),
-            wp.commit.valid.eq(csr.qp_commit & csr.qp_commit_reset & qpt.commit.ready & rsp.commit.ready),
+            wp.commit.valid.eq(csr.qp_commit & csr.qp_commit_reset & qpt.commit.ready & rsp.commit.ready
+                               & trk.commit.ready),
+            trk.commit.valid.eq(csr.qp_commit & csr.qp_commit_reset & qpt.commit.ready & rsp.commit.ready
+                                & wp.commit.ready),
+            trk.commit.p.qpn.eq(csr.qp_num), trk.commit.p.start_psn.eq(csr.qp_start_psn),
             wp.commit.p.qpn.eq(csr.qp_num), wp.commit.p.psn.eq(csr.qp_start_psn),
             csr.qp_commit_ack.eq(qpt.commit.ready),
             cw.commit.valid.eq(csr.cq_commit), cw.commit.p.cqn.eq(csr.cq_num), cw.commit.p.cfg.eq(csr.cq_cfg),
@@ -162,7 +169,8 @@ class IbgdaNic(wiring.Component):
             pb.port_mac.eq(csr.port_mac), pb.port_ip.eq(csr.port_ip),
             ackb.port_mac.eq(csr.port_mac), ackb.port_ip.eq(csr.port_ip),
             # A create also sets up the QP's receive side (QP_MODIFY leaves it alone).
-            rsp.commit.valid.eq(csr.qp_commit & csr.qp_commit_reset & qpt.commit.ready & wp.commit.ready),
+            rsp.commit.valid.eq(csr.qp_commit & csr.qp_commit_reset & qpt.commit.ready & wp.commit.ready
+                                & trk.commit.ready),
             rsp.commit.p.qpn.eq(csr.qp_num), rsp.commit.p.epsn.eq(csr.qp_rq_psn),
             rsp.commit.p.cfg.state.eq(csr.qp_cfg.state), rsp.commit.p.cfg.pd.eq(csr.qp_pd),
             rsp.commit.p.cfg.ack_every.eq(csr.qp_ack_every), rsp.commit.p.cfg.mtu.eq(csr.qp_cfg.mtu),
@@ -210,8 +218,10 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, rx_cmds.o, rpw.commands)
         wiring.connect(m, rsp.responses, ack_fifo.i)
         wiring.connect(m, ack_fifo.o, ackb.requests)
-        m.d.comb += rsp.acks.ready.eq(1)      # the requester's ACK handling comes next; counted only
-        wiring.connect(m, cpl_fifo.o, cw.completions)
+        wiring.connect(m, rsp.acks, trk.acks)
+        # RC completions wait in the tracker for the ACK that covers them
+        wiring.connect(m, cpl_fifo.o, trk.sent)
+        wiring.connect(m, trk.completions, cw.completions)
 
         # MAC TX: frame beats go out; marker beats (frame = 0) are absorbed here.
         # The last beat of a completing message hands its completion to the CQE writer,

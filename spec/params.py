@@ -53,3 +53,4 @@ def wire_bytes(frame_len):
 NUM_MRS = 1024                  # memory regions in the key table (key index = key >> 8)
 PD_BITS = 24                    # protection-domain number width
 RX_BEAT_BUFFER = 64             # received beats held until their frame's verdict (>= one 4 KiB frame + slack)
+RC_COMPLETIONS_PER_QP = 16      # signaled RC WQEs per QP waiting for their ACK (a full queue stalls MAC TX)

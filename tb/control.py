@@ -21,7 +21,7 @@ QP_NUM, QP_SQ_BASE_LO, QP_SQ_BASE_HI, QP_SQ_LOG_DEPTH = 0x100, 0x104, 0x108, 0x1
 QP_CQN, QP_REMOTE_QPN, QP_START_PSN, QP_DMAC_LO, QP_DMAC_HI = 0x110, 0x114, 0x118, 0x11C, 0x120
 QP_DIP, QP_MTU, QP_STATE, QP_COMMIT = 0x124, 0x128, 0x12C, 0x130
 QP_WEIGHT, QP_MODIFY = 0x134, 0x138
-QP_RQ_PSN, QP_PD, QP_ACK_EVERY = 0x13C, 0x140, 0x144
+QP_RQ_PSN, QP_PD, QP_ACK_EVERY, QP_SERVICE = 0x13C, 0x140, 0x144, 0x148
 MR_INDEX, MR_KEY, MR_BASE_LO, MR_BASE_HI, MR_LEN_LO, MR_LEN_HI = 0x300, 0x304, 0x308, 0x30C, 0x310, 0x314
 MR_ACCESS, MR_PD, MR_COMMIT, MR_DEREG = 0x318, 0x31C, 0x320, 0x324
 MAX_WEIGHT = 15
@@ -93,7 +93,7 @@ class NicControl:
         await self.write_reg(PORT_IP, ip)
 
     async def create_qp(self, qpn, sq_base, log_depth, cqn, remote_qpn, start_psn, dmac, dip,
-                        mtu_code, state=QpState.RTS, weight=1, rq_psn=0, pd=0, ack_every=1):
+                        mtu_code, state=QpState.RTS, weight=1, rq_psn=0, pd=0, ack_every=1, uc=False):
         """Stage a QP context and commit it to ``qpn`` (indices reset to 0, PSN to start_psn).
 
         Parameters:
@@ -105,6 +105,8 @@ class NicControl:
             rq_psn: receive side's first expected PSN (the peer's start PSN).
             pd: protection domain of the QP (memory keys must belong to it).
             ack_every: ACK coalescing count 1..255.
+            uc: an Unreliable Connection QP: its WQEs complete when sent; else (RC) when
+                the responder has acknowledged them.
         """
         _check("qpn", qpn, 0, self.num_qps - 1)
         _check_base("sq_base", sq_base)
@@ -124,7 +126,7 @@ class NicControl:
         regs = {QP_NUM: qpn, QP_SQ_BASE_LO: sq_base & 0xFFFF_FFFF, QP_SQ_BASE_HI: sq_base >> 32,
                 QP_SQ_LOG_DEPTH: log_depth, QP_CQN: cqn, QP_REMOTE_QPN: remote_qpn, QP_START_PSN: start_psn,
                 QP_DMAC_LO: lo, QP_DMAC_HI: hi, QP_DIP: dip, QP_MTU: mtu_code, QP_STATE: state,
-                QP_WEIGHT: weight, QP_RQ_PSN: rq_psn, QP_PD: pd, QP_ACK_EVERY: ack_every}
+                QP_WEIGHT: weight, QP_RQ_PSN: rq_psn, QP_PD: pd, QP_ACK_EVERY: ack_every, QP_SERVICE: int(uc)}
         for addr, value in regs.items():
             await self.write_reg(addr, value)
         await self.write_reg(QP_COMMIT, 1)

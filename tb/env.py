@@ -56,34 +56,47 @@ class NicEnv:
         GPU memory read bandwidth.
     """
     def __init__(self, dut, *, dma_latency=P.DMA_READ_LATENCY_CYCLES, dma_bytes_per_cycle=P.DMA_BYTES_PER_CYCLE,
-                 poll_interval=16):
+                 poll_interval=16, prefix="", port_mac=PORT_MAC, port_ip=PORT_IP, num_qps=P.NUM_QPS):
         self.dut = dut
         self.dma_latency = dma_latency
         self.dma_bytes_per_cycle = dma_bytes_per_cycle
         self.poll_interval = poll_interval
+        self.prefix = prefix                 # "n<i>_" for NIC i of an ``ibgda_nic_pair``
+        self.port_mac, self.port_ip = port_mac, port_ip
+        self.num_qps = num_qps
         self.log = dut._log
 
+    def attach(self, counter):
+        """Attach the models to this NIC's ports (the clock runs, reset is asserted)."""
+        dut, pre = self.dut, self.prefix
+        for name in _input_ports():          # no X into the design before the models drive
+            getattr(dut, pre + name).value = 0
+        for name in ("s_axil", "s_axi_db", "m_axi", "m_axi_wqe", "m_axis_tx", "s_axis_rx"):
+            logging.getLogger(f"cocotb.{dut._name}.{pre}{name}").setLevel(logging.WARNING)
+        self.counter = counter
+        self.mem = DmaMemory(dut, counter, read_latency=self.dma_latency, prefix=pre + "m_axi",
+                             read_bytes_per_cycle=self.dma_bytes_per_cycle, read_prefixes=(pre + "m_axi_wqe",))
+        self.wire = Wire400G(dut, counter, prefix=pre + "m_axis_tx")
+        self.rx = MacRx400G(dut, counter, prefix=pre + "s_axis_rx")
+        self.ctl = NicControl(dut, prefix=pre + "s_axil", num_qps=self.num_qps)
+        self.gpu = GpuModel(dut, self.mem, self.ctl, counter, poll_interval=self.poll_interval, prefix=pre + "s_axi_db")
+        self.qps, self.cqs = {}, {}
+
+    async def configure(self):
+        """After reset: the port's addresses."""
+        await self.ctl.set_port(self.port_mac, self.port_ip)
+        return self
+
     async def start(self):
+        """Clock, reset and models for a design with this one NIC."""
         dut = self.dut
         Clock(dut.clk, P.CLOCK_PERIOD_NS, unit="ns").start()
         dut.rst.value = 1
-        for name in _input_ports():          # no X into the design before the models drive
-            getattr(dut, name).value = 0
-        for name in ("s_axil", "s_axi_db", "m_axi", "m_axi_wqe", "m_axis_tx", "s_axis_rx"):
-            logging.getLogger(f"cocotb.{dut._name}.{name}").setLevel(logging.WARNING)
-        self.counter = CycleCounter(dut.clk)
-        self.mem = DmaMemory(dut, self.counter, read_latency=self.dma_latency,
-                             read_bytes_per_cycle=self.dma_bytes_per_cycle, read_prefixes=("m_axi_wqe",))
-        self.wire = Wire400G(dut, self.counter)
-        self.rx = MacRx400G(dut, self.counter)
-        self.ctl = NicControl(dut)
-        self.gpu = GpuModel(dut, self.mem, self.ctl, self.counter, poll_interval=self.poll_interval)
+        self.attach(CycleCounter(dut.clk))
         await ClockCycles(dut.clk, 8)
         dut.rst.value = 0
         await RisingEdge(dut.clk)
-        await self.ctl.set_port(PORT_MAC, PORT_IP)
-        self.qps, self.cqs = {}, {}
-        return self
+        return await self.configure()
 
     async def cq(self, cqn, log_depth=6, collapsed=False):
         cq = await self.gpu.create_cq(cqn, log_depth, collapsed)
@@ -91,15 +104,21 @@ class NicEnv:
         return cq
 
     async def qp(self, qpn, cq, *, log_depth=8, mtu=P.DEFAULT_MTU, start_psn=None, weight=1,
-                 remote_qpn=None, **receive):
-        """Create QP ``qpn`` whose peer is ``peer_mac/peer_ip(qpn)``, QP ``remote_qpn``
-        (default 0x1000 + qpn); ``receive``: rq_psn, pd, ack_every of its receive side."""
+                 remote_qpn=None, uc=True, dmac=None, dip=None, **receive):
+        """Create QP ``qpn`` whose peer is QP ``remote_qpn`` (default 0x1000 + qpn) at
+        ``dmac``/``dip`` (default ``peer_mac/peer_ip(qpn)``); ``receive``: rq_psn, pd,
+        ack_every of its receive side.
+
+        One NIC alone has no responder to acknowledge its packets, so its QPs are UC by
+        default (a WQE completes when sent); the two-NIC regressions use RC."""
         start_psn = (0x100 * qpn + 7) & 0xFFFFFF if start_psn is None else start_psn
         remote_qpn = 0x1000 + qpn if remote_qpn is None else remote_qpn
-        qp = await self.gpu.create_qp(qpn, log_depth, cq, remote_qpn=remote_qpn, dmac=peer_mac(qpn),
-                                      dip=peer_ip(qpn), start_psn=start_psn, mtu_code=mtu_code(mtu),
-                                      weight=weight, **receive)
-        qp.mtu, qp.start_psn, qp.remote_qpn = mtu, start_psn, remote_qpn
+        dmac = peer_mac(qpn) if dmac is None else dmac
+        dip = peer_ip(qpn) if dip is None else dip
+        qp = await self.gpu.create_qp(qpn, log_depth, cq, remote_qpn=remote_qpn, dmac=dmac,
+                                      dip=dip, start_psn=start_psn, mtu_code=mtu_code(mtu),
+                                      weight=weight, uc=uc, **receive)
+        qp.mtu, qp.start_psn, qp.remote_qpn, qp.dmac, qp.dip = mtu, start_psn, remote_qpn, dmac, dip
         self.qps[qpn] = qp
         return qp
 
@@ -137,13 +156,13 @@ class NicEnv:
 
     # ---- golden model ------------------------------------------------------------------
     def model(self):
-        qps = {q: QpContext(qpn=q, remote_qpn=qp.remote_qpn, dmac=peer_mac(q), dip=peer_ip(q),
+        qps = {q: QpContext(qpn=q, remote_qpn=qp.remote_qpn, dmac=qp.dmac, dip=qp.dip,
                             sq_base=qp.sq_base, log_depth=qp.log_depth, cqn=qp.cq.cqn,
                             start_psn=qp.start_psn, mtu=qp.mtu)
                for q, qp in self.qps.items()}
         cqs = {c: CqContext(cqn=c, log_depth=cq.log_depth, base=cq.base, collapsed=cq.collapsed)
                for c, cq in self.cqs.items()}
-        return EngineModel(Port(PORT_MAC, PORT_IP), qps, cqs, self.mem.read)
+        return EngineModel(Port(self.port_mac, self.port_ip), qps, cqs, self.mem.read)
 
     def predict(self):
         engine = self.model()
@@ -172,14 +191,15 @@ class NicEnv:
         frames = self.wire.frames
         assert self.wire.protocol_errors == 0, "AXI-Stream protocol errors on the MAC port"
         by_qp = {}
+        by_remote = {qp.remote_qpn: q for q, qp in self.qps.items()}
         for i, f in enumerate(frames):
             try:
                 fields = check_frame(f.data)               # scapy: headers, checksum, ICRC
             except AssertionError as e:
                 guess = self._closest(pred, f.data)
                 raise AssertionError(f"wire frame {i}: {e}\n" + (diff_frames(f.data, guess) if guess else "")) from None
-            qpn = fields["dqpn"] - 0x1000
-            assert qpn in self.qps, f"frame for unknown destination QP {fields['dqpn']:#x}"
+            assert fields["dqpn"] in by_remote, f"frame for unknown destination QP {fields['dqpn']:#x}"
+            qpn = by_remote[fields["dqpn"]]
             by_qp.setdefault(qpn, []).append(f.data)
         for qpn in self.qps:
             want = [r.frame for r in pred.frames.get(qpn, [])]

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rtl.build import generate, TOP_NAME       # noqa: E402
+from rtl.build import generate, TOP_NAME, PAIR_TOP_NAME       # noqa: E402
 
 SIMULATORS = ("icarus", "verilator")
 VERILATOR_CACHE = Path(os.environ.get("IBGDA_CACHE", Path.home() / ".cache" / "ibgda-nic"))
@@ -43,11 +43,14 @@ def require(sim):
         raise ValueError(f"unknown simulator {sim!r}; use one of {SIMULATORS}")
 
 
-def build_dir(sim, waves=False):
-    return ROOT / "build" / f"sim_{sim}{'_waves' if waves else ''}"
+def build_dir(sim, waves=False, top=TOP_NAME):
+    pair = "_pair" if top == PAIR_TOP_NAME else ""
+    return ROOT / "build" / f"sim_{sim}{pair}{'_waves' if waves else ''}"
 
 
 _KICK = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\S+)\s+= 0;$", re.M)
+# ``always @*`` whose only statement stores a constant: no input, so Icarus never runs it
+_CONST_ALWAYS = re.compile(r"^(\s*)always @\*\n\s*(\S[^=\n]*?) = (\d+'[hbd][0-9a-fA-FxXzZ_]+);$", re.M)
 
 
 def icarus_kick(path):
@@ -56,10 +59,13 @@ def icarus_kick(path):
     Yosys guards each ``always @*`` with a dummy register initialised to 0 so that
     simulators evaluate the block at time 0; Icarus sees no event on it and leaves
     such outputs X until an input changes. Toggling the register at 1 ns wakes them.
+    A block that only stores a constant has no input at all: it becomes ``initial``.
     """
     text = path.read_text()
     text = _KICK.sub(lambda m: f"{m.group(1)}reg {m.group(2)}  = 0;\n"
                                f"{m.group(1)}initial #1 {m.group(2)}  = 1;", text)
+    # and a block that only stores a constant becomes an initial store
+    text = _CONST_ALWAYS.sub(lambda m: f"{m.group(1)}initial {m.group(2)} = {m.group(3)};", text)
     out = path.with_name(path.stem + "_icarus.v")
     if not out.exists() or out.read_text() != text:
         out.write_text(text)
@@ -74,25 +80,25 @@ def _source_hash():
     return h.hexdigest()
 
 
-def _generate_once(outdir):
+def _generate_once(outdir, top):
     """Elaborate the design only when its sources changed (elaboration takes seconds)."""
     stamp = outdir / ".source-hash"
     digest = _source_hash()
-    verilog = outdir / f"{TOP_NAME}.v"
+    verilog = outdir / f"{top}.v"
     if not (verilog.exists() and stamp.exists() and stamp.read_text() == digest):
-        verilog = generate(outdir)
+        verilog = generate(outdir, top=top)
         stamp.write_text(digest)
     return verilog
 
 
-def build(sim, *, waves=False):
-    """Generate the Verilog and compile it for ``sim`` (skipped when up to date)."""
+def build(sim, *, waves=False, top=TOP_NAME):
+    """Generate the Verilog of ``top`` and compile it for ``sim`` (skipped when up to date)."""
     require(sim)
-    bdir = build_dir(sim, waves)
+    bdir = build_dir(sim, waves, top)
     bdir.mkdir(parents=True, exist_ok=True)
     with open(bdir.parent / f".{bdir.name}.lock", "w") as lock:   # pytest-xdist workers build once
         fcntl.flock(lock, fcntl.LOCK_EX)
-        verilog = _generate_once(bdir / "rtl")
+        verilog = _generate_once(bdir / "rtl", top)
         if sim == "icarus":
             verilog = icarus_kick(verilog)
         runner = get_runner(sim)
@@ -102,16 +108,16 @@ def build(sim, *, waves=False):
                     "--x-initial", "fast"]
             if waves:
                 args += ["--trace-fst", "--trace-structs"]
-        runner.build(sources=[verilog], hdl_toplevel=TOP_NAME, build_dir=bdir, build_args=args,
+        runner.build(sources=[verilog], hdl_toplevel=top, build_dir=bdir, build_args=args,
                      timescale=("1ns", "1ps"), waves=waves, always=False)
     return runner, bdir
 
 
-def run(sim, module, testcase=None, *, waves=False, extra_env=None, test_dir=None):
-    runner, bdir = build(sim, waves=waves)
+def run(sim, module, testcase=None, *, waves=False, extra_env=None, test_dir=None, top=TOP_NAME):
+    runner, bdir = build(sim, waves=waves, top=top)
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.update(extra_env or {})
     test_dir = Path(test_dir) if test_dir else bdir / "runs" / (testcase or module.rsplit(".", 1)[-1])
     test_dir.mkdir(parents=True, exist_ok=True)
-    return runner.test(hdl_toplevel=TOP_NAME, test_module=module, testcase=testcase, build_dir=bdir,
+    return runner.test(hdl_toplevel=top, test_module=module, testcase=testcase, build_dir=bdir,
                        test_dir=test_dir, waves=waves, extra_env=env)
