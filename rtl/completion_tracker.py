@@ -1,37 +1,49 @@
-"""Requester completions of RC QPs: a CQE only once the responder has acknowledged the WQE."""
+"""Requester side of RC: completions wait for their ACK; NAKs and timeouts trigger go-back-N."""
 from amaranth.hdl import *
 from amaranth.lib import wiring, data, stream
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from spec.formats import Aeth
 from .contexts import qp_bits
 from .message import Completion
 from .responder import ReceivedAck
 
-__all__ = ["CompletionTracker"]
+__all__ = ["CompletionTracker", "Retransmit"]
 
 PSN_BITS = 24
 PSN_HALF = 1 << (PSN_BITS - 1)
 
 
+def Retransmit(num_qps):
+    """Go back: fetch the QP's WQEs again from ``index`` (whose first PSN is ``psn``) and
+    send again from PSN ``skip_to`` (the WQE parser's ``retransmit`` port)."""
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "index": unsigned(16), "psn": unsigned(PSN_BITS),
+                              "skip_to": unsigned(PSN_BITS)})
+
+
 class CompletionTracker(wiring.Component):
-    """Holds each RC QP's completions until an ACK covers their last packet.
+    """Holds each RC QP's completions until an ACK covers them, and drives go-back-N.
 
-    A completion of the transmit path (a signaled WQE whose last packet has left, a NOP,
-    or a WQE that failed locally) carries the PSN of its message's last packet. A UC
-    QP's completion passes at once. An RC QP's completion passes when the QP's
-    acknowledged PSN has reached it: at once if it already has (a NOP behind
-    acknowledged work) and nothing of the QP is waiting, else it waits in the QP's
-    queue (a ring per QP in one RAM) until an ACK comes. An ACK with PSN p
-    acknowledges every packet up to p (serial arithmetic mod 2^24); the tracker then
-    releases the QP's waiting completions from the head while they are covered, one per
-    cycle, in order. Only signaled WQEs wait here: an unsignaled WQE is completed by the
-    next signaled one of its QP (mlx5 CQE semantics). NAKs are counted only for now
-    (retransmission and error completions come with go-back-N).
+    Completions: a completion of the transmit path (a signaled WQE whose last packet has
+    left, a NOP, a WQE that failed locally) carries the PSN of its message's last packet
+    and the index of the WQE after it. A UC QP's completion passes at once. An RC QP's
+    completion waits in the QP's queue (a ring per QP in one RAM) until the QP's
+    acknowledged PSN reaches it (serial arithmetic mod 2^24), and leaves in order. A
+    completion of a WQE already queued or released (a retransmitted WQE) is dropped.
 
-    One sequencer serves ACKs first, then new completions; an operation reads the QP's
-    state in one cycle and decides in the next. A completion for a full queue waits (the
-    transmit path then stalls at its MAC port) while ACKs keep being served.
+    Go-back-N: the QP's restart point is the WQE after its last released completion
+    (index and first PSN). A PSN-sequence NAK for PSN e acknowledges every PSN before e
+    and sends a ``retransmit`` from the restart point, skipping to e. An ACK timer per
+    QP runs while completions wait; a scanner visits one QP per idle cycle and, when
+    the timer has run out, sends a retransmit skipping to the first unacknowledged PSN.
+    ACK progress restarts the timer and clears the retry count; a timeout adds one; past
+    the QP's retry count the QP stops retrying (``retry_exceeded``; its error CQE and the
+    flush of its WQEs are not built yet).
+
+    One sequencer serves, in this order: QP creates, received ACK/NAKs, new
+    completions, the timer scan. An operation reads the QP's state in one cycle and
+    decides in the next; releasing completions takes one cycle each.
 
     Parameters
     ----------
@@ -47,11 +59,13 @@ class CompletionTracker(wiring.Component):
     acks : In(stream.Signature(ReceivedAck))
         ACK/NAK frames received for this NIC's QPs.
     commit : In(stream.Signature(...))
-        ``qpn``, ``start_psn``: a QP create (queue emptied, nothing acknowledged).
+        ``qpn``, ``start_psn``, ``timeout`` (cycles), ``retry_cnt``: a QP create.
     completions : Out(stream.Signature(Completion))
         To the CQE writer.
-    naks : Out(1)
-        Strobe per NAK received.
+    retransmit : Out(stream.Signature(Retransmit))
+        To the WQE parser.
+    naks, retransmits, timeouts, retry_exceeded : Out(1)
+        One strobe per event (counters).
     """
     def __init__(self, *, num_qps, num_cqs, depth=16):
         if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
@@ -64,89 +78,149 @@ class CompletionTracker(wiring.Component):
             "sent": In(stream.Signature(cpl)),
             "acks": In(stream.Signature(ReceivedAck)),
             "commit": In(stream.Signature(data.StructLayout({
-                "qpn": unsigned(qp_bits(num_qps)), "start_psn": unsigned(PSN_BITS)}))),
+                "qpn": unsigned(qp_bits(num_qps)), "start_psn": unsigned(PSN_BITS),
+                "timeout": unsigned(32), "retry_cnt": unsigned(3)}))),
             "completions": Out(stream.Signature(cpl)),
-            "naks": Out(1),
+            "retransmit": Out(stream.Signature(Retransmit(num_qps))),
+            "naks": Out(1), "retransmits": Out(1), "timeouts": Out(1), "retry_exceeded": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
         qb, db = qp_bits(self.num_qps), (self.depth - 1).bit_length()
         cpl_layout = Completion(self.num_qps, self.num_cqs)
-        state_layout = data.StructLayout({"head": unsigned(db + 1), "tail": unsigned(db + 1),
-                                          "acked": unsigned(PSN_BITS)})
+        state_layout = data.StructLayout({
+            "head": unsigned(db + 1), "tail": unsigned(db + 1),
+            "acked": unsigned(PSN_BITS),                     # last acknowledged PSN
+            "rs_index": unsigned(16), "rs_psn": unsigned(PSN_BITS),   # restart point
+            "last_index": unsigned(16), "has_last": unsigned(1),      # last WQE queued or released
+            "deadline": unsigned(32), "retries": unsigned(3), "dead": unsigned(1),
+            "rtx_pending": unsigned(1), "rtx_skip": unsigned(PSN_BITS),   # a retransmit not yet taken
+            "timeout": unsigned(32), "retry_cnt": unsigned(3),
+        })
         m.submodules.state = st_ram = Memory(shape=state_layout, depth=self.num_qps, init=[])
         m.submodules.queue = q_ram = Memory(shape=cpl_layout, depth=self.num_qps * self.depth, init=[])
         st_wr, st_rd = st_ram.write_port(), st_ram.read_port(transparent_for=())
         q_wr, q_rd = q_ram.write_port(), q_ram.read_port(transparent_for=())
+        m.d.comb += [st_rd.en.eq(1), q_rd.en.eq(1)]
+
+        now = Signal(32)                                   # cycles, for the ACK timers
+        m.d.sync += now.eq(now + 1)
 
         def covered(psn, acked):
-            # psn <= acked in serial arithmetic: acked - psn is "non-negative"
-            return ((acked - psn)[:PSN_BITS] < PSN_HALF)
+            # psn <= acked in serial arithmetic
+            return (acked - psn)[:PSN_BITS] < PSN_HALF
 
         qpn = Signal(qb)
         st = Signal(state_layout)       # the QP's state as read from RAM
-        st_reg = Signal(state_layout)   # the QP's state while draining
+        st_reg = Signal(state_layout)   # the QP's state while releasing / retransmitting
         ack = Signal(ReceivedAck)
         cpl = Signal(cpl_layout)
-        out = self.completions
-        m.d.comb += [st_rd.en.eq(1), q_rd.en.eq(1)]
-        with m.If(out.valid & out.ready):
-            m.d.sync += out.valid.eq(0)
+        scan = Signal(qb)               # the timer scanner's next QP
+        nak_rtx = Signal()              # after the release: a PSN-sequence NAK sends again
+        rtx_from = Signal(PSN_BITS)
+        rtx = self.retransmit
+        with m.If(rtx.valid & rtx.ready):
+            m.d.sync += rtx.valid.eq(0)
+        rtx_free = Signal()
+        m.d.comb += rtx_free.eq(~rtx.valid | rtx.ready)
+
+        # Two output registers: UC completions pass through their own, whatever the
+        # sequencer does (so a UC QP's CQE timing is the transmit path's alone); RC ones
+        # leave through the sequencer's. The UC one goes first when both are full.
+        out = stream.Signature(cpl_layout).create(path=("rc_out",))   # the sequencer's
+        uc_out = stream.Signature(cpl_layout).create(path=("uc_out",))
+        cmp = self.completions
+        m.d.comb += [
+            cmp.valid.eq(uc_out.valid | out.valid),
+            cmp.p.eq(Mux(uc_out.valid, uc_out.p.as_value(), out.p.as_value())),
+            uc_out.ready.eq(cmp.ready), out.ready.eq(cmp.ready & ~uc_out.valid),
+        ]
+        for s_ in (out, uc_out):
+            with m.If(s_.valid & s_.ready):
+                m.d.sync += s_.valid.eq(0)
         out_free = Signal()
-        m.d.comb += out_free.eq(~out.valid | out.ready)
+        uc_free = Signal()
+        m.d.comb += [out_free.eq(~out.valid | out.ready), uc_free.eq(~uc_out.valid | uc_out.ready)]
+        sent_rc_ready = Signal()          # the sequencer takes the RC completion at the head
+        m.d.comb += self.sent.ready.eq(Mux(self.sent.p.uc, uc_free, sent_rc_ready))
+        with m.If(self.sent.valid & self.sent.p.uc & uc_free):
+            m.d.sync += [uc_out.valid.eq(1), uc_out.p.eq(self.sent.p)]
+
+        def write_state(value):
+            m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(qpn), st_wr.data.eq(value)]
 
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.commit.ready.eq(1)         # not dependent on valid: commits join others
                 with m.If(self.commit.valid):
-                    m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(self.commit.p.qpn),
-                                 st_wr.data.head.eq(0), st_wr.data.tail.eq(0),
-                                 st_wr.data.acked.eq(self.commit.p.start_psn - 1)]
+                    c = self.commit.p
+                    m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(c.qpn), st_wr.data.eq(0),
+                                 st_wr.data.acked.eq(c.start_psn - 1), st_wr.data.rs_psn.eq(c.start_psn),
+                                 st_wr.data.timeout.eq(c.timeout), st_wr.data.retry_cnt.eq(c.retry_cnt)]
                 with m.Elif(self.acks.valid):
                     m.d.comb += [self.acks.ready.eq(1), st_rd.addr.eq(self.acks.p.qpn[:qb])]
                     m.d.sync += [ack.eq(self.acks.p), qpn.eq(self.acks.p.qpn[:qb])]
                     m.next = "ACK"
-                with m.Elif(self.sent.valid & self.sent.p.uc):
-                    # UC: complete when sent
-                    with m.If(out_free):
-                        m.d.comb += self.sent.ready.eq(1)
-                        m.d.sync += [out.valid.eq(1), out.p.eq(self.sent.p)]
-                with m.Elif(self.sent.valid):
+                with m.Elif(self.sent.valid & ~self.sent.p.uc):
                     m.d.comb += st_rd.addr.eq(self.sent.p.qpn)
                     m.d.sync += [cpl.eq(self.sent.p), qpn.eq(self.sent.p.qpn)]
                     m.next = "ENQUEUE"
+                with m.Else():
+                    m.d.comb += st_rd.addr.eq(scan)
+                    m.d.sync += [qpn.eq(scan), scan.eq(scan + 1)]
+                    m.next = "SCAN"
+
             with m.State("ENQUEUE"):
                 m.d.comb += st.eq(st_rd.data)
                 empty = st.head == st.tail
                 full = (st.tail - st.head)[:db + 1] == self.depth
-                with m.If(empty & covered(cpl.psn, st.acked)):
+                seen = st.has_last & ((cpl.index - st.last_index)[15] | (cpl.index == st.last_index))
+                nxt = Signal(state_layout)
+                m.d.comb += [nxt.eq(st), nxt.last_index.eq(cpl.index), nxt.has_last.eq(1)]
+                with m.If(seen):
+                    # a retransmitted WQE's second completion
+                    m.d.comb += sent_rc_ready.eq(1)
+                    m.next = "IDLE"
+                with m.Elif(empty & covered(cpl.psn, st.acked)):
                     # already acknowledged (a NOP behind acknowledged work): out at once
                     with m.If(out_free):
-                        m.d.comb += self.sent.ready.eq(1)
+                        m.d.comb += [sent_rc_ready.eq(1), nxt.rs_index.eq(cpl.next_index),
+                                     nxt.rs_psn.eq(cpl.psn + 1)]
+                        write_state(nxt)
                         m.d.sync += [out.valid.eq(1), out.p.eq(cpl)]
                         m.next = "IDLE"
                 with m.Elif(~full):
-                    m.d.comb += [self.sent.ready.eq(1),
+                    m.d.comb += [sent_rc_ready.eq(1),
                                  q_wr.en.eq(1), q_wr.addr.eq(Cat(st.tail[:db], qpn)), q_wr.data.eq(cpl),
-                                 st_wr.en.eq(1), st_wr.addr.eq(qpn), st_wr.data.eq(st)]
-                    m.d.comb += st_wr.data.tail.eq(st.tail + 1)
+                                 nxt.tail.eq(st.tail + 1)]
+                    with m.If(empty):
+                        m.d.comb += nxt.deadline.eq(now + st.timeout)       # the timer starts
+                    write_state(nxt)
                     m.next = "IDLE"
                 with m.Else():
                     m.next = "IDLE"          # full: try again after the ACKs waiting
+
             with m.State("ACK"):
                 m.d.comb += st.eq(st_rd.data)
-                is_ack = ack.syndrome[5:7] == 0
-                m.d.comb += self.naks.eq(~is_ack & (ack.syndrome[5:7] == 3))
+                kind = ack.syndrome[5:7]
+                is_ack = kind == Aeth.KIND_ACK
+                is_seq_nak = ack.syndrome == Aeth.NAK_PSN_SEQ
+                m.d.comb += self.naks.eq(kind == Aeth.KIND_NAK)
+                # an ACK acknowledges its PSN; a PSN-sequence NAK every PSN before its PSN
+                upto = Signal(PSN_BITS)
+                m.d.comb += upto.eq(Mux(is_seq_nak, ack.psn - 1, ack.psn))
                 newer = Signal()
-                m.d.comb += newer.eq(~covered(ack.psn, st.acked))
+                m.d.comb += newer.eq((is_ack | is_seq_nak) & ~covered(upto, st.acked))
                 nxt = Signal(state_layout)
-                m.d.comb += [nxt.eq(st), nxt.acked.eq(Mux(is_ack & newer, ack.psn, st.acked))]
-                m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(qpn), st_wr.data.eq(nxt)]
-                m.d.sync += st_reg.eq(nxt)
-                # read the head entry for the drain
+                m.d.comb += nxt.eq(st)
+                with m.If(newer):
+                    m.d.comb += [nxt.acked.eq(upto), nxt.retries.eq(0), nxt.deadline.eq(now + st.timeout)]
+                write_state(nxt)
+                m.d.sync += [st_reg.eq(nxt), nak_rtx.eq(is_seq_nak & ~st.dead), rtx_from.eq(ack.psn)]
                 m.d.comb += q_rd.addr.eq(Cat(st.head[:db], qpn))
                 m.next = "DRAIN"
+
             with m.State("DRAIN"):
                 # st_reg is the QP's state; q_rd.data the head entry
                 head = q_rd.data
@@ -154,11 +228,51 @@ class CompletionTracker(wiring.Component):
                 m.d.comb += new_head.eq(st_reg.head + 1)
                 with m.If((st_reg.head == st_reg.tail) | ~covered(head.psn, st_reg.acked)):
                     m.next = "IDLE"
+                    with m.If(nak_rtx):
+                        m.next = "RETX"
                 with m.Elif(out_free):
-                    m.d.sync += [out.valid.eq(1), out.p.eq(head), st_reg.head.eq(new_head)]
-                    m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(qpn), st_wr.data.eq(st_reg),
-                                 st_wr.data.head.eq(new_head),
-                                 q_rd.addr.eq(Cat(new_head[:db], qpn))]
+                    upd = Signal(state_layout)
+                    m.d.comb += [upd.eq(st_reg), upd.head.eq(new_head), upd.rs_index.eq(head.next_index),
+                                 upd.rs_psn.eq(head.psn + 1)]
+                    m.d.sync += [out.valid.eq(1), out.p.eq(head), st_reg.eq(upd)]
+                    write_state(upd)
+                    m.d.comb += q_rd.addr.eq(Cat(new_head[:db], qpn))
                 with m.Else():
                     m.d.comb += q_rd.addr.eq(Cat(st_reg.head[:db], qpn))
+
+            with m.State("SCAN"):
+                m.d.comb += st.eq(st_rd.data)
+                late = Signal()                 # completions wait and now >= deadline (mod 2^32)
+                m.d.comb += late.eq((st.head != st.tail) & ~st.dead & ~(now - st.deadline)[31])
+                with m.If(st.rtx_pending):
+                    # a retransmission the parser could not take when it was decided
+                    m.d.sync += [st_reg.eq(st), rtx_from.eq(st.rtx_skip)]
+                    m.next = "RETX"
+                with m.Elif(late):
+                    nxt = Signal(state_layout)
+                    m.d.comb += [nxt.eq(st), nxt.retries.eq(st.retries + 1), nxt.deadline.eq(now + st.timeout)]
+                    m.d.comb += self.timeouts.eq(1)
+                    with m.If(st.retries >= st.retry_cnt):
+                        m.d.comb += [nxt.dead.eq(1), self.retry_exceeded.eq(1)]
+                        write_state(nxt)
+                        m.next = "IDLE"
+                    with m.Else():
+                        write_state(nxt)
+                        m.d.sync += [st_reg.eq(nxt), rtx_from.eq(st.acked + 1)]
+                        m.next = "RETX"
+                with m.Else():
+                    m.next = "IDLE"
+
+            with m.State("RETX"):
+                # Never wait here: the parser may be held up by the transmit path, which
+                # waits on the completions this sequencer takes. A retransmission the
+                # parser cannot take now is left pending in the QP's state for the scan.
+                upd = Signal(state_layout)
+                m.d.comb += [upd.eq(st_reg), upd.rtx_pending.eq(~rtx_free), upd.rtx_skip.eq(rtx_from)]
+                write_state(upd)
+                with m.If(rtx_free):
+                    m.d.comb += self.retransmits.eq(1)
+                    m.d.sync += [rtx.valid.eq(1), rtx.p.qpn.eq(qpn), rtx.p.index.eq(st_reg.rs_index),
+                                 rtx.p.psn.eq(st_reg.rs_psn), rtx.p.skip_to.eq(rtx_from)]
+                m.next = "IDLE"
         return m

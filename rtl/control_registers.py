@@ -7,6 +7,14 @@ from .axi import AxiLiteSignature
 from .contexts import QpConfig, CqConfig, qp_bits, cq_bits
 
 
+def counter_address(name):
+    """CSR address of counter ``name``."""
+    for base, names in ((0x040, TX_COUNTERS), (RX_COUNTER_BASE, RX_COUNTERS), (REQ_COUNTER_BASE, REQ_COUNTERS)):
+        if name in names:
+            return base + 4 * names.index(name)
+    raise KeyError(name)
+
+
 def MrStage(pd_bits):
     """The staged memory region of the MR_* registers."""
     return data.StructLayout({
@@ -14,7 +22,8 @@ def MrStage(pd_bits):
         "access": unsigned(4), "pd": unsigned(pd_bits),
     })
 
-__all__ = ["ControlRegisters", "COUNTERS", "TX_COUNTERS", "RX_COUNTERS", "RX_COUNTER_BASE", "ID_VALUE",
+__all__ = ["ControlRegisters", "COUNTERS", "TX_COUNTERS", "RX_COUNTERS", "RX_COUNTER_BASE", "REQ_COUNTERS",
+           "REQ_COUNTER_BASE", "counter_address", "ID_VALUE",
            "MrStage"]
 
 ID_VALUE = 0x49424741       # "IBGA"
@@ -24,8 +33,12 @@ TX_COUNTERS = ("doorbells", "doorbells_dropped", "wqes", "packets", "cqes", "err
 RX_COUNTERS = ("rx_accepted", "rx_ack_received", "rx_bad_length", "rx_not_roce", "rx_bad_ip_checksum",
                "rx_bad_icrc", "rx_bad_pkey", "rx_bad_opcode", "rx_qp_not_ready", "rx_psn_duplicate",
                "rx_psn_out_of_order", "rx_access_error", "rx_invalid_request", "acks_sent", "naks_sent")
-COUNTERS = TX_COUNTERS + RX_COUNTERS
+# Requester reliability (0x0C0): NAKs received, go-back-N retransmissions, ACK timeouts,
+# QPs that ran out of retries.
+REQ_COUNTERS = ("naks_received", "retransmits", "timeouts", "retry_exceeded")
+COUNTERS = TX_COUNTERS + RX_COUNTERS + REQ_COUNTERS
 RX_COUNTER_BASE = 0x080
+REQ_COUNTER_BASE = 0x0C0
 
 
 class ControlRegisters(wiring.Component):
@@ -51,6 +64,8 @@ class ControlRegisters(wiring.Component):
     qp_rq_psn, qp_pd, qp_ack_every : Out
         The receive side of the QP a create (QP_COMMIT) writes: the first expected PSN,
         the protection domain and the ACK coalescing count.
+    qp_timeout, qp_retry_cnt : Out
+        The QP's ACK timeout (cycles) and retry count (go-back-N).
     mr : Out(MrStage), mr_commit : Out(1), mr_valid : Out(1)
         Register (``mr_valid`` = 1) or deregister the staged region; held until
         ``mr_commit_ack``.
@@ -68,6 +83,7 @@ class ControlRegisters(wiring.Component):
             "cq_num": Out(cq_bits(num_cqs)), "cq_cfg": Out(CqConfig),
             "cq_commit": Out(1), "cq_commit_ack": In(1),
             "qp_rq_psn": Out(24), "qp_pd": Out(pd_bits), "qp_ack_every": Out(8),
+            "qp_timeout": Out(32), "qp_retry_cnt": Out(3),
             "mr": Out(MrStage(pd_bits)), "mr_commit": Out(1), "mr_valid": Out(1), "mr_commit_ack": In(1),
             "counter_inc": In(len(COUNTERS)),
         })
@@ -90,6 +106,7 @@ class ControlRegisters(wiring.Component):
             0x118: self.qp_start_psn, 0x11C: qp.dmac[:32], 0x120: qp.dmac[32:],
             0x124: qp.dip, 0x128: qp.mtu, 0x12C: qp.state, 0x134: qp.weight,
             0x13C: self.qp_rq_psn, 0x140: self.qp_pd, 0x144: self.qp_ack_every, 0x148: qp.uc,
+            0x14C: self.qp_timeout, 0x150: self.qp_retry_cnt,
             0x300: self.mr.index, 0x304: self.mr.key, 0x308: self.mr.base[:32], 0x30C: self.mr.base[32:],
             0x310: self.mr.length[:32], 0x314: self.mr.length[32:], 0x318: self.mr.access, 0x31C: self.mr.pd,
             0x200: self.cq_num, 0x204: cq.base[:32], 0x208: cq.base[32:],
@@ -97,8 +114,8 @@ class ControlRegisters(wiring.Component):
         }
         ro = {0x000: Const(ID_VALUE, 32),
               0x004: Cat(Const(self.num_qps, 16), Const(self.num_cqs, 16))}
-        for i, c in enumerate(counters):
-            ro[(0x040 + 4 * i) if i < len(TX_COUNTERS) else RX_COUNTER_BASE + 4 * (i - len(TX_COUNTERS))] = c
+        for name, c in zip(COUNTERS, counters):
+            ro[counter_address(name)] = c
 
         # Write: take AW and W together, answer B.
         with m.If(self.qp_commit_ack):

@@ -26,6 +26,8 @@ def Message(num_qps, num_cqs):
         "inline":   unsigned(1),      # payload from the WQE itself (inline segment)
         "addr":     unsigned(64),     # payload address in GPU memory (data segment)
         "psn":      unsigned(24),     # PSN of the first packet
+        "resume":   unsigned(1),      # a retransmission from inside the WQE: no FIRST packet
+        "next_index": unsigned(16),   # WQE index after this WQE (the requester's restart point)
     })
 
 
@@ -37,4 +39,5 @@ def Completion(num_qps, num_cqs):
         "index": unsigned(16), "byte_cnt": unsigned(32), "error": unsigned(1),
         "psn": unsigned(24),      # PSN of the message's last packet (no packets: the PSN before)
         "uc": unsigned(1),        # UC QP: complete when sent, not when acknowledged
+        "next_index": unsigned(16),  # WQE index after this WQE
     })

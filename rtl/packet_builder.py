@@ -151,6 +151,7 @@ class PacketBuilder(wiring.Component):
             cur_cpl.qpn.eq(msg.qpn), cur_cpl.cqn.eq(msg.cfg.cqn), cur_cpl.index.eq(msg.index),
             cur_cpl.byte_cnt.eq(msg.length), cur_cpl.error.eq(msg.kind == MessageKind.ERROR),
             cur_cpl.psn.eq(Mux(msg.kind == MessageKind.WRITE, psn, psn - 1)), cur_cpl.uc.eq(msg.cfg.uc),
+            cur_cpl.next_index.eq(msg.next_index),
             out.p.cpl.eq(cur_cpl), out.p.flen.eq(flen),
         ]
         msg_cpl = Signal()
@@ -179,7 +180,7 @@ class PacketBuilder(wiring.Component):
                 m.d.sync += [
                     msg.eq(p), msg_left.eq(p.length), pkt_len.eq(first_len), pkt_left.eq(first_len),
                     rest.eq(p.length - first_len), is_last_pkt.eq(p.length == first_len),
-                    pkt_first.eq(1), pkt_start.eq(1), psn.eq(p.psn),
+                    pkt_first.eq(~p.resume), pkt_start.eq(1), psn.eq(p.psn),
                     pos.eq(Mux(p.inline, 36, p.addr[:7])),
                 ]
                 with m.If(p.kind == MessageKind.WRITE):

@@ -162,6 +162,7 @@ class IbgdaNic(wiring.Component):
             trk.commit.valid.eq(csr.qp_commit & csr.qp_commit_reset & qpt.commit.ready & rsp.commit.ready
                                 & wp.commit.ready),
             trk.commit.p.qpn.eq(csr.qp_num), trk.commit.p.start_psn.eq(csr.qp_start_psn),
+            trk.commit.p.timeout.eq(csr.qp_timeout), trk.commit.p.retry_cnt.eq(csr.qp_retry_cnt),
             wp.commit.p.qpn.eq(csr.qp_num), wp.commit.p.psn.eq(csr.qp_start_psn),
             csr.qp_commit_ack.eq(qpt.commit.ready),
             cw.commit.valid.eq(csr.cq_commit), cw.commit.p.cqn.eq(csr.cq_num), cw.commit.p.cfg.eq(csr.cq_cfg),
@@ -219,6 +220,7 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, rsp.responses, ack_fifo.i)
         wiring.connect(m, ack_fifo.o, ackb.requests)
         wiring.connect(m, rsp.acks, trk.acks)
+        wiring.connect(m, trk.retransmit, wp.retransmit)
         # RC completions wait in the tracker for the ACK that covers them
         wiring.connect(m, cpl_fifo.o, trk.sent)
         wiring.connect(m, trk.completions, cw.completions)
@@ -260,5 +262,7 @@ class IbgdaNic(wiring.Component):
         m.d.comb += resp_sent.eq(rsp.responses.valid & rsp.responses.ready)
         incs["acks_sent"] = resp_sent & (rsp.responses.p.syndrome == F.Aeth.ACK)
         incs["naks_sent"] = resp_sent & (rsp.responses.p.syndrome != F.Aeth.ACK)
+        incs.update({"naks_received": trk.naks, "retransmits": trk.retransmits, "timeouts": trk.timeouts,
+                     "retry_exceeded": trk.retry_exceeded})
         m.d.comb += csr.counter_inc.eq(Cat(*(incs[n] for n in COUNTERS)))
         return m

@@ -32,6 +32,14 @@ class WqeParser(wiring.Component):
     starts and written when it ends. A burst that does not start at the consumer
     index (behind a cut WQE) or of a QP in error is discarded.
 
+    Retransmission (go-back-N): a ``retransmit`` command (from the completion tracker)
+    sets the QP's consumer index and next PSN back to the requester's restart point
+    and asks the QP table to fetch again from there; bursts already in flight are then
+    stale and discarded. The WQEs are walked again: a WQE whose packets all precede
+    ``skip_to`` (the first PSN to send again) is skipped, the WQE holding it leaves as
+    a message resumed at that packet (``resume``: MIDDLE/LAST opcodes, addresses and
+    length advanced by whole MTUs), and the ones after leave as usual.
+
     A WQE cut by the burst end is left for the next turn: its WQEBBs are dropped,
     ``updates`` tells the QP table to fetch again from it. An unsupported opcode or
     malformed WQE becomes an ERROR message (the builder turns it into an error CQE),
@@ -50,6 +58,9 @@ class WqeParser(wiring.Component):
         WQE bytes 0..127 (and 128..255 when the inline data reaches them) of each
         inline WRITE, in message order: the payload starts at byte 36.
     updates : Out(stream.Signature(QpUpdate))
+    retransmit : In(stream.Signature(...))
+        ``qpn``, ``index``, ``psn`` (the restart point: a WQE index and its first PSN)
+        and ``skip_to`` (the first PSN to send again). Taken between bursts.
     """
     INLINE_OFFSET = 36          # ctrl (16) + raddr (16) + inline byte count (4)
 
@@ -64,11 +75,15 @@ class WqeParser(wiring.Component):
             "messages": Out(stream.Signature(Message(num_qps, num_cqs))),
             "inline": Out(stream.Signature(1024)),
             "updates": Out(stream.Signature(QpUpdate(num_qps))),
+            "retransmit": In(stream.Signature(data.StructLayout({
+                "qpn": unsigned(qp_bits(num_qps)), "index": unsigned(16), "psn": unsigned(24),
+                "skip_to": unsigned(24)}))),
         })
 
     def elaborate(self, platform):
         m = Module()
-        ctx_layout = data.StructLayout({"index": unsigned(16), "psn": unsigned(24), "err": unsigned(1)})
+        ctx_layout = data.StructLayout({"index": unsigned(16), "psn": unsigned(24), "err": unsigned(1),
+                                        "skip_to": unsigned(24), "resume": unsigned(1)})
         m.submodules.ctx = ctx_ram = Memory(shape=ctx_layout, depth=self.num_qps, init=[])
         wr = ctx_ram.write_port()
         rd = ctx_ram.read_port(transparent_for=(wr,))   # a burst may follow its QP's previous one
@@ -147,6 +162,21 @@ class WqeParser(wiring.Component):
         m.d.comb += mtu_shift.eq(job.cfg.mtu + 7)
         npkts = Signal(24)
         m.d.comb += npkts.eq(Mux(length == 0, 1, ((length - 1) >> mtu_shift) + 1))
+        # Go-back-N: skip WQEs wholly before skip_to, resume the one holding it.
+        resuming = Signal()                          # the QP is still walking up to skip_to
+        resuming_now = Signal()
+        m.d.comb += resuming_now.eq(Mux(fresh, ctx.resume, resuming))
+        dist = Signal(24)
+        m.d.comb += dist.eq(ctx.skip_to - cur_psn)
+        npk = Signal(24)
+        m.d.comb += npk.eq(Mux(kind == MessageKind.WRITE, npkts, 0))
+        ahead = Signal()
+        m.d.comb += ahead.eq(resuming_now & (dist != 0) & ~dist[23])
+        skip_wqe = Signal()
+        resume_wqe = Signal()
+        m.d.comb += [skip_wqe.eq(ahead & (dist >= npk)), resume_wqe.eq(ahead & (dist < npk))]
+        advance = Signal(36)
+        m.d.comb += advance.eq(dist << mtu_shift)
         send_inline = Signal()
         m.d.comb += send_inline.eq((kind == MessageKind.WRITE) & (ds != 2) & is_inline & (inline_len != 0))
         two_beats = Signal()
@@ -155,10 +185,13 @@ class WqeParser(wiring.Component):
         m.d.comb += [
             self.messages.p.qpn.eq(job.qpn), self.messages.p.cfg.eq(job.cfg),
             self.messages.p.kind.eq(kind), self.messages.p.signaled.eq((fm_ce_se & F.FM_CE_SE_CQ_UPDATE) != 0),
-            self.messages.p.index.eq(index), self.messages.p.raddr.eq(raddr), self.messages.p.rkey.eq(rkey),
-            self.messages.p.length.eq(Mux(kind == MessageKind.WRITE, length, 0)),
+            self.messages.p.index.eq(index), self.messages.p.raddr.eq(Mux(resume_wqe, raddr + advance, raddr)),
+            self.messages.p.rkey.eq(rkey),
+            self.messages.p.length.eq(Mux(kind == MessageKind.WRITE, Mux(resume_wqe, length - advance, length), 0)),
             self.messages.p.inline.eq(is_inline & (ds != 2)),
-            self.messages.p.addr.eq(seg_addr), self.messages.p.psn.eq(cur_psn),
+            self.messages.p.addr.eq(Mux(resume_wqe, seg_addr + advance, seg_addr)),
+            self.messages.p.psn.eq(Mux(resume_wqe, ctx.skip_to, cur_psn)),
+            self.messages.p.resume.eq(resume_wqe), self.messages.p.next_index.eq(index + nbb),
             self.updates.p.qpn.eq(job.qpn), self.updates.p.ci.eq(index),
             self.updates.p.end.eq(job.ci + job.count),
             self.updates.p.error.eq(error),
@@ -169,21 +202,24 @@ class WqeParser(wiring.Component):
         m.d.comb += self.commit.ready.eq(commit_ok)
         with m.If(self.commit.valid & commit_ok):
             m.d.comb += [wr.en.eq(1), wr.addr.eq(self.commit.p.qpn), wr.data.index.eq(0),
-                         wr.data.psn.eq(self.commit.p.psn), wr.data.err.eq(0)]
+                         wr.data.psn.eq(self.commit.p.psn), wr.data.err.eq(0), wr.data.resume.eq(0)]
 
         end_now = Signal()                           # RUN ends the burst this cycle (RAM write)
 
-        def store_ctx(index_, psn_, err_):
-            # the burst's end: the QP's consumer index, next PSN and error flag
+        def store_ctx(index_, psn_, err_, resume_=None):
+            # the burst's end: the QP's consumer index, next PSN, error flag, go-back-N state
             m.d.comb += [wr.en.eq(1), wr.addr.eq(job.qpn), wr.data.index.eq(index_),
-                         wr.data.psn.eq(psn_), wr.data.err.eq(err_)]
+                         wr.data.psn.eq(psn_), wr.data.err.eq(err_), wr.data.skip_to.eq(ctx.skip_to),
+                         wr.data.resume.eq(resuming_now if resume_ is None else resume_)]
 
         def start_burst():
-            m.d.comb += [self.bursts.ready.eq(1), rd.addr.eq(self.bursts.p.qpn), rd.en.eq(1)]
-            with m.If(self.bursts.valid):
-                m.d.sync += [job.eq(self.bursts.p), left.eq(self.bursts.p.count), index.eq(self.bursts.p.ci),
-                             fresh.eq(1), error.eq(0), cut.eq(0), stale.eq(0), got.eq(0)]
-                m.next = "RUN"
+            # a waiting retransmission goes first (from IDLE), so busy bursts cannot starve it
+            with m.If(~self.retransmit.valid):
+                m.d.comb += [self.bursts.ready.eq(1), rd.addr.eq(self.bursts.p.qpn), rd.en.eq(1)]
+                with m.If(self.bursts.valid):
+                    m.d.sync += [job.eq(self.bursts.p), left.eq(self.bursts.p.count), index.eq(self.bursts.p.ci),
+                                 fresh.eq(1), error.eq(0), cut.eq(0), stale.eq(0), got.eq(0)]
+                    m.next = "RUN"
 
         # Where the QP's consumer index stands in this burst: WQEBBs the previous burst
         # already took (it read past its end to finish a WQE), or beyond the burst (stale).
@@ -202,8 +238,19 @@ class WqeParser(wiring.Component):
 
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += commit_ok.eq(1)
-                start_burst()
+                rtx = self.retransmit
+                m.d.comb += commit_ok.eq(~rtx.valid)
+                with m.If(rtx.valid):
+                    # Go back: the QP table fetches again from the restart point.
+                    m.d.comb += [self.updates.valid.eq(1), self.updates.p.qpn.eq(rtx.p.qpn),
+                                 self.updates.p.ci.eq(rtx.p.index), self.updates.p.end.eq(rtx.p.index),
+                                 self.updates.p.error.eq(0)]
+                    with m.If(self.updates.ready):
+                        m.d.comb += [rtx.ready.eq(1), wr.en.eq(1), wr.addr.eq(rtx.p.qpn),
+                                     wr.data.index.eq(rtx.p.index), wr.data.psn.eq(rtx.p.psn),
+                                     wr.data.err.eq(0), wr.data.skip_to.eq(rtx.p.skip_to), wr.data.resume.eq(1)]
+                with m.Else():
+                    start_burst()
             with m.State("RUN"):
                 m.d.comb += commit_ok.eq(~end_now)
                 with m.If(fresh & (ctx.err | (skip > job.count))):
@@ -230,28 +277,29 @@ class WqeParser(wiring.Component):
                         with m.If(got == 0):
                             m.d.sync += need.eq(nbb_first)
                     with m.Else():
-                        # The WQE is whole: hand it on with its inline beat.
+                        # The WQE is whole: hand it on with its inline beat (or skip it:
+                        # it was acknowledged before the retransmission's first PSN).
+                        emit = ~skip_wqe
                         inline_ok = ~send_inline | self.inline.ready
                         m.d.comb += [
-                            self.messages.valid.eq(inline_ok),
-                            self.inline.valid.eq(send_inline & self.messages.ready),
+                            self.messages.valid.eq(emit & inline_ok),
+                            self.inline.valid.eq(emit & send_inline & self.messages.ready),
                             self.inline.p.eq(view[:1024]),
                         ]
-                        with m.If(self.messages.ready & inline_ok):
+                        with m.If(~emit | (self.messages.ready & inline_ok)):
                             m.d.comb += src.ready.eq(1)
                             m.d.sync += [index.eq(index + nbb), left.eq(left - 1), got.eq(0), fresh.eq(0),
-                                         psn.eq(cur_psn + Mux(kind == MessageKind.WRITE, npkts, 0)),
-                                         wqe.eq(view)]
-                            with m.If(kind == MessageKind.ERROR):
+                                         psn.eq(cur_psn + npk), wqe.eq(view), resuming.eq(skip_wqe)]
+                            with m.If(emit & (kind == MessageKind.ERROR)):
                                 m.d.sync += error.eq(1)
                                 drop_then(left - 1)
-                            with m.Elif(send_inline & two_beats):
+                            with m.Elif(emit & send_inline & two_beats):
                                 m.next = "INLINE1"
                             with m.Elif(left == 1):
                                 # The burst's last WQE: store the QP's state and take the
                                 # next burst in this same cycle (no END cycle).
                                 m.d.comb += end_now.eq(1)
-                                store_ctx(index + nbb, cur_psn + Mux(kind == MessageKind.WRITE, npkts, 0), 0)
+                                store_ctx(index + nbb, cur_psn + npk, 0, skip_wqe)
                                 m.next = "IDLE"
                                 start_burst()
             with m.State("INLINE1"):

@@ -7,7 +7,7 @@ import logging
 
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 
-from rtl.control_registers import RX_COUNTERS, RX_COUNTER_BASE
+from rtl.control_registers import RX_COUNTERS, REQ_COUNTERS, counter_address
 from spec.formats import Access, QpState, mtu_bytes
 from spec.params import NUM_CQS, NUM_MRS, NUM_QPS, PD_BITS
 
@@ -16,18 +16,19 @@ ID, PARAMS = 0x000, 0x004
 PORT_MAC_LO, PORT_MAC_HI, PORT_IP = 0x010, 0x014, 0x018
 COUNTERS = (("doorbells_accepted", 0x040), ("doorbells_dropped", 0x044), ("wqes_executed", 0x048),
             ("packets_sent", 0x04C), ("cqes_written", 0x050), ("error_cqes", 0x054)) \
-    + tuple((name, RX_COUNTER_BASE + 4 * i) for i, name in enumerate(RX_COUNTERS))
+    + tuple((name, counter_address(name)) for name in RX_COUNTERS + REQ_COUNTERS)
 QP_NUM, QP_SQ_BASE_LO, QP_SQ_BASE_HI, QP_SQ_LOG_DEPTH = 0x100, 0x104, 0x108, 0x10C
 QP_CQN, QP_REMOTE_QPN, QP_START_PSN, QP_DMAC_LO, QP_DMAC_HI = 0x110, 0x114, 0x118, 0x11C, 0x120
 QP_DIP, QP_MTU, QP_STATE, QP_COMMIT = 0x124, 0x128, 0x12C, 0x130
 QP_WEIGHT, QP_MODIFY = 0x134, 0x138
-QP_RQ_PSN, QP_PD, QP_ACK_EVERY, QP_SERVICE = 0x13C, 0x140, 0x144, 0x148
+QP_RQ_PSN, QP_PD, QP_ACK_EVERY, QP_SERVICE, QP_TIMEOUT, QP_RETRY = 0x13C, 0x140, 0x144, 0x148, 0x14C, 0x150
 MR_INDEX, MR_KEY, MR_BASE_LO, MR_BASE_HI, MR_LEN_LO, MR_LEN_HI = 0x300, 0x304, 0x308, 0x30C, 0x310, 0x314
 MR_ACCESS, MR_PD, MR_COMMIT, MR_DEREG = 0x318, 0x31C, 0x320, 0x324
 MAX_WEIGHT = 15
 CQ_NUM, CQ_BASE_LO, CQ_BASE_HI, CQ_LOG_DEPTH, CQ_FLAGS, CQ_COMMIT = 0x200, 0x204, 0x208, 0x20C, 0x210, 0x214
 ID_VALUE = 0x49424741            # "IBGA"
 MAX_LOG_DEPTH = 15
+DEFAULT_TIMEOUT_CYCLES = 1 << 20   # about 2 ms at 500 MHz (IB's local ACK timeout codes are 4.096 us x 2^n)
 
 
 def _check(name, value, lo, hi):
@@ -93,7 +94,8 @@ class NicControl:
         await self.write_reg(PORT_IP, ip)
 
     async def create_qp(self, qpn, sq_base, log_depth, cqn, remote_qpn, start_psn, dmac, dip,
-                        mtu_code, state=QpState.RTS, weight=1, rq_psn=0, pd=0, ack_every=1, uc=False):
+                        mtu_code, state=QpState.RTS, weight=1, rq_psn=0, pd=0, ack_every=1, uc=False,
+                        timeout=DEFAULT_TIMEOUT_CYCLES, retry_cnt=7):
         """Stage a QP context and commit it to ``qpn`` (indices reset to 0, PSN to start_psn).
 
         Parameters:
@@ -107,6 +109,8 @@ class NicControl:
             ack_every: ACK coalescing count 1..255.
             uc: an Unreliable Connection QP: its WQEs complete when sent; else (RC) when
                 the responder has acknowledged them.
+            timeout: ACK timeout in core cycles; retry_cnt: retransmissions on timeout
+                before the QP gives up (0..7).
         """
         _check("qpn", qpn, 0, self.num_qps - 1)
         _check_base("sq_base", sq_base)
@@ -122,11 +126,14 @@ class NicControl:
         _check("rq_psn", rq_psn, 0, 2**24 - 1)
         _check("pd", pd, 0, 2**PD_BITS - 1)
         _check("ack_every", ack_every, 1, 255)
+        _check("timeout", timeout, 1, 2**32 - 1)
+        _check("retry_cnt", retry_cnt, 0, 7)
         lo, hi = mac_split(dmac)
         regs = {QP_NUM: qpn, QP_SQ_BASE_LO: sq_base & 0xFFFF_FFFF, QP_SQ_BASE_HI: sq_base >> 32,
                 QP_SQ_LOG_DEPTH: log_depth, QP_CQN: cqn, QP_REMOTE_QPN: remote_qpn, QP_START_PSN: start_psn,
                 QP_DMAC_LO: lo, QP_DMAC_HI: hi, QP_DIP: dip, QP_MTU: mtu_code, QP_STATE: state,
-                QP_WEIGHT: weight, QP_RQ_PSN: rq_psn, QP_PD: pd, QP_ACK_EVERY: ack_every, QP_SERVICE: int(uc)}
+                QP_WEIGHT: weight, QP_RQ_PSN: rq_psn, QP_PD: pd, QP_ACK_EVERY: ack_every, QP_SERVICE: int(uc),
+                QP_TIMEOUT: timeout, QP_RETRY: retry_cnt}
         for addr, value in regs.items():
             await self.write_reg(addr, value)
         await self.write_reg(QP_COMMIT, 1)

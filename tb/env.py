@@ -207,7 +207,11 @@ class NicEnv:
             for i, (g, w) in enumerate(zip(got, want)):
                 assert g == w, f"QP {qpn} frame {i}: {diff_frames(g, w)}"
             assert len(got) == len(want), f"QP {qpn}: {len(got)} frames on the wire, model predicts {len(want)}"
-        # CQEs: per CQ, in the order written, against the model replayed in that order.
+        self.check_cqes()
+        return pred
+
+    def check_cqes(self):
+        """Every CQE written, per CQ in the order written, against the model replayed in that order."""
         writes = self.cqe_writes()
         for cqn, cq in self.cqs.items():
             mine = [(slot, raw) for c, slot, raw, _ in writes if c == cqn]
@@ -221,7 +225,6 @@ class NicEnv:
             depth = 1 if cq.collapsed else cq.depth
             assert self.mem.read(cq.base, depth * CQE_SIZE) == expect.buffer()[:depth * CQE_SIZE], \
                 f"CQ {cqn}: buffer differs from the model"
-        return pred
 
     @staticmethod
     def _closest(pred, data):

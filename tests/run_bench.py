@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rtl.build import PAIR_TOP_NAME         # noqa: E402
 from tests.run_sim import default_sim        # noqa: E402
 from tests.sim import SIMULATORS, run        # noqa: E402
 
@@ -40,6 +41,14 @@ def points(quick):
         out += [{"kind": "share", "weights": [1, 1, 1, 1], "window": 100_000, "latency_ns": 1000},
                 {"kind": "share", "weights": [1, 2, 4], "window": 50_000, "latency_ns": 1000}]
     return out
+
+
+def pair_points(quick):
+    """Two-node points (tb/bench_pair.py): RC with the responder in the loop, lossless and lossy."""
+    if quick:
+        return [{"size": 4096, "qps": 4, "msgs": 32, "loss": l} for l in (0, 0.01)]
+    return [{"size": 4096, "qps": 4, "msgs": 128, "loss": l} for l in (0, 0.001, 0.01)] \
+        + [{"size": 1024, "qps": 4, "msgs": 256, "loss": 0}, {"size": 8, "qps": 4, "msgs": 1024, "loss": 0}]
 
 
 def _plot(path, title, xlabel, ylabel, x, series, *, base=10, hline=None):
@@ -92,11 +101,16 @@ def main():
     print(f"running {len(pts)} points on {sim}{' (QUICK)' if args.quick else ''} ...", flush=True)
     run(sim, "tb.bench", None, extra_env={"IBGDA_BENCH_OUT": str(out), "BENCH_POINTS": json.dumps(pts)},
         test_dir=out / "run")
+    ppts = pair_points(args.quick)
+    print(f"running {len(ppts)} two-node points on {sim} ...", flush=True)
+    run(sim, "tb.bench_pair", None, extra_env={"IBGDA_BENCH_OUT": str(out), "BENCH_PAIR_POINTS": json.dumps(ppts)},
+        test_dir=out / "run_pair", top=PAIR_TOP_NAME)
+    pairs = [json.loads(f.read_text()) for f in sorted(out.glob("pair_*.json"))]
     recs = [json.loads(f.read_text()) for f in sorted(out.glob("write_*.json"))]
     recs.sort(key=lambda r: (r["dma_latency_ns"], r["doorbell_batch"], r["qps"], r["payload_bytes"]))
     shares = [json.loads(f.read_text()) for f in sorted(out.glob("share_*.json"))]
     lats = [json.loads(f.read_text()) for f in sorted(out.glob("latency_*.json"))]
-    (out / "results.json").write_text(json.dumps(recs + lats + shares, indent=2))
+    (out / "results.json").write_text(json.dumps(recs + lats + shares + pairs, indent=2))
     print(f"\n{'payload':>8} {'QPs':>4} {'batch':>5} {'DMA ns':>6} {'msgs':>6} {'M msg/s':>8} {'Gb/s':>7} "
           f"{'limit':>7} {'ratio':>6} {'model Gb/s':>10}")
     for r in recs:
@@ -115,6 +129,16 @@ def main():
         ideal = ", ".join(f"{s_:.4f}" for s_ in r["ideal_shares"])
         print(f"\nscheduler shares, weights {r['weights']}, {r['window_frames']} frames: {got} "
               f"(ideal {ideal}; largest error {100 * r['max_share_error']:.2f}%)")
+    if pairs:
+        print("\ntwo nodes, RC, responder in the loop (cable 100 cycles each way, loss on both directions):")
+        print(f"{'payload':>8} {'QPs':>4} {'msgs':>6} {'loss':>6} {'Gb/s':>7} {'M msg/s':>8} {'vs lossless':>11} "
+              f"{'frames':>7} {'dropped':>8} {'NAKs':>5} {'retx':>5} {'timeouts':>8}")
+        base = {r["payload_bytes"]: r["goodput_gbps"] for r in pairs if r["loss"] == 0}
+        for r in sorted(pairs, key=lambda r: (-r["payload_bytes"], r["loss"])):
+            ratio = r["goodput_gbps"] / base[r["payload_bytes"]] if r["payload_bytes"] in base else float("nan")
+            print(f"{r['payload_bytes']:>8} {r['qps']:>4} {r['messages']:>6} {r['loss']:>6g} {r['goodput_gbps']:>7.1f} "
+                  f"{r['messages_per_s'] / 1e6:>8.1f} {ratio:>11.3f} {r['frames_sent']:>7} "
+                  f"{sum(r['dropped'].values()):>8} {r['naks']:>5} {r['retransmits']:>5} {r['timeouts']:>8}")
     plots(recs, out)
     print(f"\nresults: {out / 'results.json'}; plots and one pcap per point beside it")
 

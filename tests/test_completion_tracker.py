@@ -1,9 +1,13 @@
-"""CompletionTracker: RC completions wait for the ACK that covers them, UC ones pass.
+"""CompletionTracker: RC completions wait for the ACK that covers them, UC ones pass;
+PSN-sequence NAKs and ACK timeouts send go-back-N retransmissions.
 
 Random completions of several QPs (PSNs wrapping at 2^24), ACKs that advance in
-random steps (plus stale ones and NAKs), random stalls on the output. Checked: every
-completion whose last PSN an ACK covered comes out exactly once, in its QP's order,
-never before that ACK was taken; nothing uncovered comes out; UC completions all pass.
+random steps (plus stale ones), PSN-sequence NAKs (which acknowledge every PSN before
+theirs), repeated completions of WQEs sent again, random stalls on the output.
+Checked: every completion whose last PSN an ACK covered comes out exactly once, in
+its QP's order, never before that ACK was taken; nothing uncovered comes out; UC
+completions all pass; one retransmission per NAK, from the WQE after the last released
+completion; and a QP left waiting gets timer retransmissions up to its retry count.
 """
 import random
 
@@ -21,6 +25,7 @@ def covered(psn, acked):
 def test_completion_tracker():
     rnd = random.Random(4)
     dut = CompletionTracker(num_qps=8, num_cqs=4, depth=8)
+    timeout = 3000
     start = {q: (0xFFFFF0 if q == 1 else rnd.randrange(1 << 24)) for q in range(4)}
     uc_qp = 3
     # per QP: completions (index, last psn) with PSNs advancing; a few share the PSN
@@ -49,13 +54,16 @@ def test_completion_tracker():
             # a responder acknowledges everything eventually: the queue (depth 8) never
             # needs more than 6 (a full queue stalls the transmit path until ACKs come)
             events.append(("ack", q, psn, 0x1F))
-        if rnd.random() < 0.05:
-            events.append(("ack", q, rnd.randrange(1 << 24), 0x60))      # a NAK: counted only
+        if q != uc_qp and rnd.random() < 0.08 and pos[q] < 24:
+            # a PSN-sequence NAK for a PSN just after one already sent
+            events.append(("ack", q, (plan[q][rnd.randrange(pos[q])][1] + 1) & PSN_MASK, 0x60))
+        if q != uc_qp and rnd.random() < 0.05 and pos[q] > 1:
+            events.append(("sent", q, *plan[q][pos[q] - 2]))               # a WQE sent again
     for q in range(3):
         events.append(("ack", q, (plan[q][-3][1]), 0x1F))                # the last ones stay waiting
 
-    out, ack_taken = [], []
-    naks = [0]
+    out, ack_taken, rtx = [], [], []
+    naks, timeouts = [0], [0]
 
     sent_count = [0]
     sends = [e for e in events if e[0] == "sent"]
@@ -70,6 +78,8 @@ def test_completion_tracker():
         for q in range(4):
             ctx.set(dut.commit.p.qpn, q)
             ctx.set(dut.commit.p.start_psn, start[q])
+            ctx.set(dut.commit.p.timeout, timeout)
+            ctx.set(dut.commit.p.retry_cnt, 2)
             ctx.set(dut.commit.valid, 1)
             await ctx.tick().until(dut.commit.ready)
             ctx.set(dut.commit.valid, 0)
@@ -79,6 +89,7 @@ def test_completion_tracker():
             ctx.set(dut.sent.p.as_value(), 0)
             ctx.set(dut.sent.p.qpn, q)
             ctx.set(dut.sent.p.index, i)
+            ctx.set(dut.sent.p.next_index, i + 1)
             ctx.set(dut.sent.p.psn, psn)
             ctx.set(dut.sent.p.uc, q == uc_qp)
             ctx.set(dut.sent.valid, 1)
@@ -100,15 +111,20 @@ def test_completion_tracker():
 
     async def sink(ctx):
         cycle = 0
-        async for _, _, v, r, p, av, ar, ap, nk in ctx.tick().sample(
+        ctx.set(dut.retransmit.ready, 1)
+        async for _, _, v, r, p, av, ar, ap, nk, rv, rp, to in ctx.tick().sample(
                 dut.completions.valid, dut.completions.ready, dut.completions.p,
-                dut.acks.valid, dut.acks.ready, dut.acks.p, dut.naks):
+                dut.acks.valid, dut.acks.ready, dut.acks.p, dut.naks, dut.retransmit.valid, dut.retransmit.p,
+                dut.timeouts):
             cycle += 1
             if v and r:
                 out.append((cycle, p.qpn, p.index, p.psn))
             if av and ar:
                 ack_taken.append((cycle, ap.qpn, ap.psn, ap.syndrome))
+            if rv:
+                rtx.append((cycle, rp.qpn, rp.index, rp.psn, rp.skip_to))
             naks[0] += nk
+            timeouts[0] += to
             ctx.set(dut.completions.ready, rnd.random() < 0.7)
 
     sim = Simulator(dut)
@@ -116,23 +132,38 @@ def test_completion_tracker():
     sim.add_testbench(drive_sent)
     sim.add_testbench(drive_acks)
     sim.add_process(sink)
-    sim.run_until(2e-9 * 5000)
+    sim.run_until(2e-9 * 20000)
 
     for q in range(4):
         got = [(i, psn) for _, qq, i, psn in out if qq == q]
         if q == uc_qp:
             assert got == plan[q]
             continue
-        acks = [(c, psn) for c, qq, psn, syn in ack_taken if qq == q and syn == 0x1F]
+        # an ACK acknowledges its PSN, a PSN-sequence NAK every PSN before its PSN
+        acks = [(c, psn if syn == 0x1F else (psn - 1) & PSN_MASK) for c, qq, psn, syn in ack_taken if qq == q]
         best = (start[q] - 1) & PSN_MASK
         for _, psn in acks:
             if not covered(psn, best):
                 best = psn
         want = [(i, psn) for i, psn in plan[q] if covered(psn, best)]
         assert got == want, q
+        # one retransmission per NAK, skipping to its PSN, from the WQE after the last
+        # completion released before it; then timer retransmissions for what still waits
+        nak_cycles = [(c, psn) for c, qq, psn, syn in ack_taken if qq == q and syn == 0x60]
+        mine = [r for r in rtx if r[1] == q]
+        assert [r[4] for r in mine[:len(nak_cycles)]] == [psn for _, psn in nak_cycles], q
+        for (c, _), r in zip(nak_cycles, mine):
+            released = [(i, psn) for cc, qq, i, psn in out if qq == q and cc <= r[0]]
+            want_index = released[-1][0] + 1 if released else 0
+            want_psn = (released[-1][1] + 1) & PSN_MASK if released else start[q]
+            assert (r[2], r[3]) == (want_index, want_psn), (q, r, released[-1:] )
+        late = mine[len(nak_cycles):]
+        assert len(late) == 2, (q, late)           # retry count 2: two timer retransmissions, then it stops
+        assert all(r[4] == (best + 1) & PSN_MASK for r in late), (q, late)
         assert len(want) < len(plan[q])          # some stayed waiting
         # never before an ACK covering it was taken (unless nothing needed acknowledging)
         for c, qq, i, psn in out:
             if qq == q and not covered(psn, (start[q] - 1) & PSN_MASK):
                 assert any(ac < c and covered(psn, ap) for ac, ap in acks), (q, i, c)
     assert naks[0] == sum(1 for e in events if e[0] == "ack" and e[3] == 0x60)
+    assert timeouts[0] == 3 * 3                    # 3 RC QPs: 2 retries each, then the third gives up

@@ -1,0 +1,91 @@
+"""Two-node benchmark points (``make bench``): RC WRITEs from NIC 0 to NIC 1 with the responder in the loop.
+
+Each point (``BENCH_PAIR_POINTS``: ``{"size", "qps", "msgs", "loss"}``) posts ``msgs``
+WRITEs per QP on RC QPs (NVSHMEM posting: a doorbell and a CQE per 32), over a cable of
+100 cycles each way that drops frames at ``loss`` in both directions. Goodput is the
+payload delivered over the time from the first frame on the wire to the last CQE (so
+it includes ACK round trips and every retransmission); every byte is checked in NIC 1's
+memory. Writes ``pair_<point>.json``.
+"""
+import json
+import os
+import random
+from pathlib import Path
+
+import cocotb
+
+from spec import params as P
+from spec.formats import Access
+from tb.network import FaultSpec
+from tb.pair_env import NicPairEnv
+
+OUT = Path(os.environ.get("IBGDA_BENCH_OUT", "build/bench"))
+POINTS = json.loads(os.environ.get("BENCH_PAIR_POINTS", '[{"size": 4096, "qps": 4, "msgs": 32, "loss": 0}]'))
+KEY = (0x09 << 8) | 0x33
+DST = 0x8000_0000
+PD = 1
+TIMEOUT_CYCLES = 4000        # 8 us: a few ACK round trips of this cable and GPU memory
+
+
+def point_name(p):
+    return f"pair_{p['size']}B_{p['qps']}qp_loss{p['loss']:g}"
+
+
+async def _point(dut, p):
+    size, nq, msgs, loss = p["size"], p["qps"], p["msgs"], p["loss"]
+    faults = FaultSpec(drop=loss) if loss else None
+    env = await NicPairEnv(dut, latency_cycles=100, faults=faults, seed=11).start()
+    a, b = env.nics
+    cq_a, cq_b = await a.cq(0, 0, collapsed=True), await b.cq(0, 0, collapsed=True)
+    region = max(1 << 20, nq * msgs * max(size, 64))
+    await b.ctl.register_mr(KEY, DST, region, Access.LOCAL_WRITE | Access.REMOTE_WRITE, PD)
+    pairs = [await env.connect(0, q + 1, 1, q + 1, cq_a=cq_a, cq_b=cq_b, mtu=4096, pd=PD, ack_every=8,
+                               timeout=TIMEOUT_CYCLES, log_depth=max(8, (msgs * 2).bit_length()))
+             for q in range(nq)]
+    rnd = random.Random(3)
+    sent = []
+    for q, (qp, _) in enumerate(pairs):
+        for i in range(msgs):
+            raddr = DST + (q * msgs + i) * max(size, 64)
+            data = bytes(rnd.randrange(256) for _ in range(size)) if i % 8 == 0 else bytes([i & 0xFF]) * size
+            last = i % 32 == 31 or i == msgs - 1
+            if size <= 28:
+                qp.post_write(raddr, KEY, inline=data, signaled=last)
+            else:
+                addr = a.gpu.alloc(size, 128)
+                a.gpu.write(addr, data)
+                qp.post_write(raddr, KEY, local_addr=addr, length=size, signaled=last)
+            sent.append((raddr, data))
+            if last:
+                await qp.ring_nvshmem()
+    want = sum((msgs + 31) // 32 for _ in pairs)
+    await a.wait_for(lambda: len(a.cqe_writes()) >= want, 5_000_000, f"{want} CQEs")
+    for raddr, data in sent:
+        assert b.mem.read(raddr, len(data)) == data, f"NIC 1 memory at {raddr:#x}"
+    a.check_cqes()
+    first = a.wire.frames[0].start_bytes / P.WIRE_BYTES_PER_CYCLE
+    last_cqe = max(c for *_, c in a.cqe_writes())
+    ns = (last_cqe - first) * P.CLOCK_PERIOD_NS
+    payload = size * msgs * nq
+    ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
+    return {"point": point_name(p), "kind": "pair", "payload_bytes": size, "qps": nq, "messages": msgs * nq,
+            "loss": loss, "goodput_gbps": 8 * payload / ns, "messages_per_s": msgs * nq / ns * 1e9,
+            "frames_sent": len(a.wire.frames), "acks": len(b.wire.frames),
+            "retransmits": ca["retransmits"], "timeouts": ca["timeouts"], "naks": ca["naks_received"],
+            "dropped": {d: env.net.tx_links[d].counters["dropped"] for d in (0, 1)},
+            "duplicates_at_responder": cb["rx_psn_duplicate"], "out_of_order_at_responder": cb["rx_psn_out_of_order"],
+            "simulated_ns": ns}
+
+
+def _make(k, p):
+    async def bench(dut):
+        print(f"[bench] pair point {k + 1}/{len(POINTS)}: {point_name(p)}", flush=True)
+        rec = await _point(dut, p)
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"{rec['point']}.json").write_text(json.dumps(rec, indent=2))
+    bench.__name__ = bench.__qualname__ = f"bench_pair_{k:03d}"
+    return cocotb.test()(bench)
+
+
+for _k, _p in enumerate(POINTS):
+    globals()[f"bench_pair_{_k:03d}"] = _make(_k, _p)
