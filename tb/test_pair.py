@@ -22,7 +22,7 @@ from tb.pair_env import NIC_IPS, NIC_MACS, NicPairEnv
 PD = 3
 KEY = (0x05 << 8) | 0x77
 DST = 0x4000_0000
-REGION = MemoryRegion(key=KEY, base=DST, length=1 << 22, access=Access.LOCAL_WRITE | Access.REMOTE_WRITE, pd=PD)
+REGION = MemoryRegion(key=KEY, base=DST, length=1 << 24, access=Access.LOCAL_WRITE | Access.REMOTE_WRITE, pd=PD)
 
 
 async def _pair(dut, links, *, mtu=1024, ack_every=(1, 4, 8), faults=None, seed=0, timeout=None):
@@ -114,10 +114,10 @@ async def _faulty(dut, kind, rate, seed):
     env, a, b, pairs = await _pair(dut, [(1, 11), (2, 12)], mtu=mtu, ack_every=(1, 4), faults=spec, seed=seed,
                                    timeout=3000)
     sent = []
-    for i in range(48):
+    for i in range(fault_matrix.messages(rate)):
         for k, (qp_a, _) in enumerate(pairs):
             n = rnd.choice([8, 64, 700, mtu, 2 * mtu + 5, 4 * mtu])
-            raddr = DST + 0x100000 * qp_a.qpn + 0x4000 * i
+            raddr = DST + 0x400000 * qp_a.qpn + 0x4000 * i
             data = bytes(rnd.randrange(256) for _ in range(n))
             if n <= 28:
                 qp_a.post_write(raddr, KEY, inline=data, signaled=(i % 4 == 3))

@@ -1,7 +1,7 @@
 """Two-engine system regressions (tb/test_pair.py, design ``ibgda_nic_pair``).
 
 The lossless test runs on Icarus and on Verilator; the fault-injection matrix (5 fault
-kinds x 2 rates, tens of thousands of cycles of two 1024-bit engines each) runs on
+kinds x 3 rates, tens of thousands of cycles of two 1024-bit engines each) runs on
 Verilator only: on Icarus (about 70 cycles/s for two engines) it alone would take over
 an hour, and the RTL it exercises is the same.
 """
