@@ -28,6 +28,14 @@ def find_verilator():
     return Path(which).parent if which else None
 
 
+def cocotb_tests(module):
+    """Names of the ``@cocotb.test()`` coroutines written out in ``tb/<module>.py``."""
+    names = re.findall(r"@cocotb\.test\(\)\nasync def (\w+)", (ROOT / "tb" / f"{module}.py").read_text())
+    if not names:
+        raise RuntimeError(f"no cocotb tests found in tb/{module}.py")
+    return names
+
+
 def require(sim):
     """Fail (not skip) with a clear message when a simulator is missing."""
     if sim == "icarus":

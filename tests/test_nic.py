@@ -3,16 +3,11 @@
 The design is generated and compiled once per simulator (build/sim_<sim>/) and reused.
 A missing simulator fails the run with a message saying how to install it.
 """
-import re
-from pathlib import Path
-
 import pytest
 
-from tests.sim import SIMULATORS, run
+from tests.sim import SIMULATORS, cocotb_tests, run
 
-COCOTB_TESTS = re.findall(r"@cocotb\.test\(\)\nasync def (\w+)",
-                          (Path(__file__).resolve().parents[1] / "tb" / "test_nic.py").read_text())
-assert COCOTB_TESTS, "no cocotb tests found in tb/test_nic.py"
+COCOTB_TESTS = cocotb_tests("test_nic")
 
 
 @pytest.mark.parametrize("testcase", COCOTB_TESTS)

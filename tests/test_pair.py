@@ -5,18 +5,13 @@ kinds x 3 rates, tens of thousands of cycles of two 1024-bit engines each) runs 
 Verilator only: on Icarus (about 70 cycles/s for two engines) it alone would take over
 an hour, and the RTL it exercises is the same.
 """
-import re
-from pathlib import Path
-
 import pytest
 
 from rtl.build import PAIR_TOP_NAME
 from tb import fault_matrix
-from tests.sim import SIMULATORS, run
+from tests.sim import SIMULATORS, cocotb_tests, run
 
-COCOTB_TESTS = re.findall(r"@cocotb\.test\(\)\nasync def (\w+)",
-                          (Path(__file__).resolve().parents[1] / "tb" / "test_pair.py").read_text())
-assert COCOTB_TESTS, "no cocotb tests found in tb/test_pair.py"
+COCOTB_TESTS = cocotb_tests("test_pair")
 
 
 @pytest.mark.parametrize("testcase", COCOTB_TESTS)
