@@ -1,7 +1,4 @@
 """ICRC unit: computes each frame's invariant CRC and writes it into the frame's last 4 bytes."""
-from functools import reduce
-from operator import xor
-
 from amaranth.hdl import *
 from amaranth.lib import wiring, stream
 from amaranth.lib.wiring import In, Out

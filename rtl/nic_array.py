@@ -1,7 +1,7 @@
 """Several engines in one design, for system tests of NICs talking to each other."""
 from amaranth.hdl import *
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import Out
 
 from .top import IbgdaNic
 

@@ -5,7 +5,7 @@
       -> (last beat of a completing message) -> CqeWriter -> CQE in GPU memory
 """
 from amaranth.hdl import *
-from amaranth.lib import wiring, stream, fifo, data
+from amaranth.lib import wiring, stream, fifo
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
@@ -17,7 +17,7 @@ from .axi_write_arbiter import AxiWriteArbiter
 from .completion_tracker import CompletionTracker
 from .control_registers import ControlRegisters, COUNTERS
 from .icrc_checker import IcrcChecker, MacRxAdapter
-from .responder import Responder, RxVerdict, RX_VERDICT_NAMES
+from .responder import Responder, RX_VERDICT_NAMES
 from .rx_beat import RxBeat
 from .rx_header_parser import RxHeaderParser
 from .rx_packet import RxPacket

@@ -1,6 +1,6 @@
 """WQE fetch: AXI4 burst reads of WQEBBs from the send queues in GPU memory."""
 from amaranth.hdl import *
-from amaranth.lib import wiring, data, stream, fifo
+from amaranth.lib import wiring, stream, fifo
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F

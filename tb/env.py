@@ -16,7 +16,7 @@ from model.engine import EngineModel
 from model.frames import Port, QpContext
 from model import timing
 from spec import params as P
-from spec.formats import CQE_SIZE, mtu_bytes, mtu_code, unpack, CQE64
+from spec.formats import CQE_SIZE, mtu_code, unpack, CQE64
 from tb.clock import CycleCounter
 from tb.control import NicControl
 from tb.gpu import GpuModel

@@ -11,7 +11,6 @@ import random
 from amaranth.sim import Simulator
 
 from model.frames import Port, QpContext, build_write_frames
-from model.icrc import icrc
 from model.mr import MemoryRegion
 from model.rc import RcResponder, build_response, parse_frame
 from rtl.responder import Responder, RxVerdict, RX_VERDICT_NAMES
