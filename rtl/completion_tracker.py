@@ -4,7 +4,7 @@ from amaranth.lib import wiring, data, stream
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from spec.formats import Aeth
+from spec.formats import Aeth, Syndrome
 from .contexts import qp_bits
 from .message import Completion
 from .responder import ReceivedAck
@@ -17,9 +17,10 @@ PSN_HALF = 1 << (PSN_BITS - 1)
 
 def Retransmit(num_qps):
     """Go back: fetch the QP's WQEs again from ``index`` (whose first PSN is ``psn``) and
-    send again from PSN ``skip_to`` (the WQE parser's ``retransmit`` port)."""
+    send again from PSN ``skip_to`` (the WQE parser's ``retransmit`` port). ``fail``: do
+    not send; fail the WQE holding ``skip_to`` with ``syndrome`` and flush the ones after."""
     return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "index": unsigned(16), "psn": unsigned(PSN_BITS),
-                              "skip_to": unsigned(PSN_BITS)})
+                              "skip_to": unsigned(PSN_BITS), "fail": unsigned(1), "syndrome": unsigned(8)})
 
 
 class CompletionTracker(wiring.Component):
@@ -37,9 +38,18 @@ class CompletionTracker(wiring.Component):
     and sends a ``retransmit`` from the restart point, skipping to e. An ACK timer per
     QP runs while completions wait; a scanner visits one QP per idle cycle and, when
     the timer has run out, sends a retransmit skipping to the first unacknowledged PSN.
-    ACK progress restarts the timer and clears the retry count; a timeout adds one; past
-    the QP's retry count the QP stops retrying (``retry_exceeded``; its error CQE and the
-    flush of its WQEs are not built yet).
+    ACK progress restarts the timer and clears the retry count; a timeout adds one.
+
+    Failure: a timeout past the QP's retry count (TRANSPORT_RETRY_EXC_ERR), or a NAK
+    invalid request / remote access / remote operational error (REMOTE_INVAL_REQ_ERR /
+    REMOTE_ACCESS_ERR / REMOTE_OP_ERR; another NAK code: BAD_RESP_ERR) fails the QP. The
+    completions covered (a NAK acknowledges every PSN before its own) are released, the
+    rest of the queue is emptied, and a ``retransmit`` with ``fail`` has the WQE parser
+    walk the WQEs again: the WQE holding the failing PSN leaves with the error syndrome,
+    every later one, also those posted afterwards, with WR_FLUSH_ERR. From then on the
+    QP's error completions pass in order and its other completions (WQEs that were in
+    the transmit path) are dropped: their WQEs are flushed by the walk. ACKs, NAKs and
+    the timer no longer move a failed QP. A QP create clears the failure.
 
     One sequencer serves, in this order: QP creates, received ACK/NAKs, new
     completions, the timer scan. An operation reads the QP's state in one cycle and
@@ -94,8 +104,9 @@ class CompletionTracker(wiring.Component):
             "acked": unsigned(PSN_BITS),                     # last acknowledged PSN
             "rs_index": unsigned(16), "rs_psn": unsigned(PSN_BITS),   # restart point
             "last_index": unsigned(16), "has_last": unsigned(1),      # last WQE queued or released
-            "deadline": unsigned(32), "retries": unsigned(3), "dead": unsigned(1),
+            "deadline": unsigned(32), "retries": unsigned(3), "failed": unsigned(1),
             "rtx_pending": unsigned(1), "rtx_skip": unsigned(PSN_BITS),   # a retransmit not yet taken
+            "rtx_fail": unsigned(1), "rtx_syn": unsigned(8),
             "timeout": unsigned(32), "retry_cnt": unsigned(3),
         })
         m.submodules.state = st_ram = Memory(shape=state_layout, depth=self.num_qps, init=[])
@@ -118,7 +129,10 @@ class CompletionTracker(wiring.Component):
         cpl = Signal(cpl_layout)
         scan = Signal(qb)               # the timer scanner's next QP
         nak_rtx = Signal()              # after the release: a PSN-sequence NAK sends again
+        nak_fail = Signal()             # after the release: a fatal NAK fails the QP
         rtx_from = Signal(PSN_BITS)
+        rtx_fail = Signal()             # the retransmit to send is a failure walk ...
+        rtx_syn = Signal(8)             # ... with this syndrome
         rtx = self.retransmit
         with m.If(rtx.valid & rtx.ready):
             m.d.sync += rtx.valid.eq(0)
@@ -178,7 +192,17 @@ class CompletionTracker(wiring.Component):
                 seen = st.has_last & ((cpl.index - st.last_index)[15] | (cpl.index == st.last_index))
                 nxt = Signal(state_layout)
                 m.d.comb += [nxt.eq(st), nxt.last_index.eq(cpl.index), nxt.has_last.eq(1)]
-                with m.If(seen):
+                with m.If(st.failed):
+                    # the failure walk's error CQEs go out in order; a completion of a WQE
+                    # that was in the transmit path is dropped (the walk flushes its WQE)
+                    with m.If(~cpl.error):
+                        m.d.comb += sent_rc_ready.eq(1)
+                        m.next = "IDLE"
+                    with m.Elif(out_free):
+                        m.d.comb += sent_rc_ready.eq(1)
+                        m.d.sync += [out.valid.eq(1), out.p.eq(cpl)]
+                        m.next = "IDLE"
+                with m.Elif(seen):
                     # a retransmitted WQE's second completion
                     m.d.comb += sent_rc_ready.eq(1)
                     m.next = "IDLE"
@@ -206,18 +230,31 @@ class CompletionTracker(wiring.Component):
                 kind = ack.syndrome[5:7]
                 is_ack = kind == Aeth.KIND_ACK
                 is_seq_nak = ack.syndrome == Aeth.NAK_PSN_SEQ
-                m.d.comb += self.naks.eq(kind == Aeth.KIND_NAK)
-                # an ACK acknowledges its PSN; a PSN-sequence NAK every PSN before its PSN
+                is_nak = kind == Aeth.KIND_NAK
+                is_fatal = is_nak & ~is_seq_nak
+                m.d.comb += self.naks.eq(is_nak)
+                # an ACK acknowledges its PSN; a NAK every PSN before its PSN
                 upto = Signal(PSN_BITS)
-                m.d.comb += upto.eq(Mux(is_seq_nak, ack.psn - 1, ack.psn))
+                m.d.comb += upto.eq(Mux(is_nak, ack.psn - 1, ack.psn))
                 newer = Signal()
-                m.d.comb += newer.eq((is_ack | is_seq_nak) & ~covered(upto, st.acked))
+                m.d.comb += newer.eq((is_ack | is_nak) & ~covered(upto, st.acked) & ~st.failed)
                 nxt = Signal(state_layout)
                 m.d.comb += nxt.eq(st)
                 with m.If(newer):
                     m.d.comb += [nxt.acked.eq(upto), nxt.retries.eq(0), nxt.deadline.eq(now + st.timeout)]
                 write_state(nxt)
-                m.d.sync += [st_reg.eq(nxt), nak_rtx.eq(is_seq_nak & ~st.dead), rtx_from.eq(ack.psn)]
+                fatal_syn = Signal(8)
+                with m.Switch(ack.syndrome):
+                    with m.Case(Aeth.NAK_INVALID_REQ):
+                        m.d.comb += fatal_syn.eq(Syndrome.REMOTE_INVAL_REQ_ERR)
+                    with m.Case(Aeth.NAK_REMOTE_ACCESS):
+                        m.d.comb += fatal_syn.eq(Syndrome.REMOTE_ACCESS_ERR)
+                    with m.Case(Aeth.NAK_REMOTE_OP):
+                        m.d.comb += fatal_syn.eq(Syndrome.REMOTE_OP_ERR)
+                    with m.Default():
+                        m.d.comb += fatal_syn.eq(Syndrome.BAD_RESP_ERR)
+                m.d.sync += [st_reg.eq(nxt), nak_rtx.eq(is_seq_nak & ~st.failed), nak_fail.eq(is_fatal & ~st.failed),
+                             rtx_from.eq(ack.psn), rtx_fail.eq(is_fatal), rtx_syn.eq(fatal_syn)]
                 m.d.comb += q_rd.addr.eq(Cat(st.head[:db], qpn))
                 m.next = "DRAIN"
 
@@ -229,6 +266,10 @@ class CompletionTracker(wiring.Component):
                 with m.If((st_reg.head == st_reg.tail) | ~covered(head.psn, st_reg.acked)):
                     m.next = "IDLE"
                     with m.If(nak_rtx):
+                        m.next = "RETX"
+                    with m.If(nak_fail):
+                        # the rest of the queue is flushed by the failure walk
+                        m.d.sync += [st_reg.failed.eq(1), st_reg.head.eq(st_reg.tail)]
                         m.next = "RETX"
                 with m.Elif(out_free):
                     upd = Signal(state_layout)
@@ -243,23 +284,23 @@ class CompletionTracker(wiring.Component):
             with m.State("SCAN"):
                 m.d.comb += st.eq(st_rd.data)
                 late = Signal()                 # completions wait and now >= deadline (mod 2^32)
-                m.d.comb += late.eq((st.head != st.tail) & ~st.dead & ~(now - st.deadline)[31])
+                m.d.comb += late.eq((st.head != st.tail) & ~st.failed & ~(now - st.deadline)[31])
                 with m.If(st.rtx_pending):
                     # a retransmission the parser could not take when it was decided
-                    m.d.sync += [st_reg.eq(st), rtx_from.eq(st.rtx_skip)]
+                    m.d.sync += [st_reg.eq(st), rtx_from.eq(st.rtx_skip), rtx_fail.eq(st.rtx_fail),
+                                 rtx_syn.eq(st.rtx_syn)]
                     m.next = "RETX"
                 with m.Elif(late):
                     nxt = Signal(state_layout)
                     m.d.comb += [nxt.eq(st), nxt.retries.eq(st.retries + 1), nxt.deadline.eq(now + st.timeout)]
                     m.d.comb += self.timeouts.eq(1)
+                    m.d.sync += [st_reg.eq(nxt), rtx_from.eq(st.acked + 1),
+                                 rtx_fail.eq(st.retries >= st.retry_cnt), rtx_syn.eq(Syndrome.TRANSPORT_RETRY_EXC_ERR)]
                     with m.If(st.retries >= st.retry_cnt):
-                        m.d.comb += [nxt.dead.eq(1), self.retry_exceeded.eq(1)]
-                        write_state(nxt)
-                        m.next = "IDLE"
-                    with m.Else():
-                        write_state(nxt)
-                        m.d.sync += [st_reg.eq(nxt), rtx_from.eq(st.acked + 1)]
-                        m.next = "RETX"
+                        # out of retries: fail the WQE of the first unacknowledged PSN
+                        m.d.comb += self.retry_exceeded.eq(1)
+                        m.d.sync += [st_reg.failed.eq(1), st_reg.head.eq(st.tail)]
+                    m.next = "RETX"
                 with m.Else():
                     m.next = "IDLE"
 
@@ -268,11 +309,13 @@ class CompletionTracker(wiring.Component):
                 # waits on the completions this sequencer takes. A retransmission the
                 # parser cannot take now is left pending in the QP's state for the scan.
                 upd = Signal(state_layout)
-                m.d.comb += [upd.eq(st_reg), upd.rtx_pending.eq(~rtx_free), upd.rtx_skip.eq(rtx_from)]
+                m.d.comb += [upd.eq(st_reg), upd.rtx_pending.eq(~rtx_free), upd.rtx_skip.eq(rtx_from),
+                             upd.rtx_fail.eq(rtx_fail), upd.rtx_syn.eq(rtx_syn)]
                 write_state(upd)
                 with m.If(rtx_free):
-                    m.d.comb += self.retransmits.eq(1)
+                    m.d.comb += self.retransmits.eq(~rtx_fail)
                     m.d.sync += [rtx.valid.eq(1), rtx.p.qpn.eq(qpn), rtx.p.index.eq(st_reg.rs_index),
-                                 rtx.p.psn.eq(st_reg.rs_psn), rtx.p.skip_to.eq(rtx_from)]
+                                 rtx.p.psn.eq(st_reg.rs_psn), rtx.p.skip_to.eq(rtx_from),
+                                 rtx.p.fail.eq(rtx_fail), rtx.p.syndrome.eq(rtx_syn)]
                 m.next = "IDLE"
         return m

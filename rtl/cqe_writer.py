@@ -65,7 +65,7 @@ class CqeWriter(wiring.Component):
         opcode = Mux(cpl.error, F.CqeOp.REQ_ERR, F.CqeOp.REQ)
         m.d.comb += [
             cqe.byte_cnt.eq(be(Mux(cpl.error, 0, cpl.byte_cnt), 4)),
-            cqe.syndrome.eq(Mux(cpl.error, F.Syndrome.LOCAL_QP_OP_ERR, 0)),
+            cqe.syndrome.eq(Mux(cpl.error, cpl.syndrome, 0)),
             cqe.sop_drop_qpn.eq(be(cpl.qpn, 4)),
             cqe.wqe_counter.eq(be(cpl.index, 2)),
             cqe.op_own.eq(Cat(owner, C(0, 3), opcode.as_unsigned()[:4])),

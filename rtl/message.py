@@ -28,6 +28,7 @@ def Message(num_qps, num_cqs):
         "psn":      unsigned(24),     # PSN of the first packet
         "resume":   unsigned(1),      # a retransmission from inside the WQE: no FIRST packet
         "next_index": unsigned(16),   # WQE index after this WQE (the requester's restart point)
+        "syndrome": unsigned(8),      # ERROR: the CQE syndrome (spec.formats.Syndrome)
     })
 
 
@@ -40,4 +41,5 @@ def Completion(num_qps, num_cqs):
         "psn": unsigned(24),      # PSN of the message's last packet (no packets: the PSN before)
         "uc": unsigned(1),        # UC QP: complete when sent, not when acknowledged
         "next_index": unsigned(16),  # WQE index after this WQE
+        "syndrome": unsigned(8),     # error: the CQE syndrome
     })

@@ -40,6 +40,12 @@ class WqeParser(wiring.Component):
     a message resumed at that packet (``resume``: MIDDLE/LAST opcodes, addresses and
     length advanced by whole MTUs), and the ones after leave as usual.
 
+    Failure (RC error): a ``retransmit`` with ``fail`` set walks the WQEs the same way,
+    but the WQE holding ``skip_to`` leaves as an ERROR message with the command's
+    ``syndrome`` and every WQE after it, also those posted later, as an ERROR message
+    with WR_FLUSH_ERR: each gets an error CQE and no packet (verbs flushes every
+    outstanding work request of a QP in error).
+
     A WQE cut by the burst end is left for the next turn: its WQEBBs are dropped,
     ``updates`` tells the QP table to fetch again from it. An unsupported opcode or
     malformed WQE becomes an ERROR message (the builder turns it into an error CQE),
@@ -60,7 +66,8 @@ class WqeParser(wiring.Component):
     updates : Out(stream.Signature(QpUpdate))
     retransmit : In(stream.Signature(...))
         ``qpn``, ``index``, ``psn`` (the restart point: a WQE index and its first PSN)
-        and ``skip_to`` (the first PSN to send again). Taken between bursts.
+        and ``skip_to`` (the first PSN to send again); ``fail``: fail the WQE holding
+        ``skip_to`` with ``syndrome`` and flush the rest. Taken between bursts.
     """
     INLINE_OFFSET = 36          # ctrl (16) + raddr (16) + inline byte count (4)
 
@@ -77,13 +84,14 @@ class WqeParser(wiring.Component):
             "updates": Out(stream.Signature(QpUpdate(num_qps))),
             "retransmit": In(stream.Signature(data.StructLayout({
                 "qpn": unsigned(qp_bits(num_qps)), "index": unsigned(16), "psn": unsigned(24),
-                "skip_to": unsigned(24)}))),
+                "skip_to": unsigned(24), "fail": unsigned(1), "syndrome": unsigned(8)}))),
         })
 
     def elaborate(self, platform):
         m = Module()
         ctx_layout = data.StructLayout({"index": unsigned(16), "psn": unsigned(24), "err": unsigned(1),
-                                        "skip_to": unsigned(24), "resume": unsigned(1)})
+                                        "skip_to": unsigned(24), "resume": unsigned(1),
+                                        "fail": unsigned(1), "fsyn": unsigned(8)})
         m.submodules.ctx = ctx_ram = Memory(shape=ctx_layout, depth=self.num_qps, init=[])
         wr = ctx_ram.write_port()
         rd = ctx_ram.read_port(transparent_for=(wr,))   # a burst may follow its QP's previous one
@@ -106,6 +114,10 @@ class WqeParser(wiring.Component):
         fresh = Signal()                             # psn not loaded yet: it is ctx.psn
         cur_psn = Signal(24)
         m.d.comb += cur_psn.eq(Mux(fresh, ctx.psn, psn))
+        # RC failure: every WQE leaves as an ERROR message (the first with fsyn, then flushes)
+        failing, fsyn = Signal(), Signal(8)
+        cur_fail, cur_syn = Signal(), Signal(8)
+        m.d.comb += [cur_fail.eq(Mux(fresh, ctx.fail, failing)), cur_syn.eq(Mux(fresh, ctx.fsyn, fsyn))]
         error = Signal()                             # this burst hit a malformed WQE
         cut = Signal()                               # this burst ended inside a WQE
         stale = Signal()                             # this burst is discarded as a whole
@@ -178,13 +190,18 @@ class WqeParser(wiring.Component):
         advance = Signal(36)
         m.d.comb += advance.eq(dist << mtu_shift)
         send_inline = Signal()
-        m.d.comb += send_inline.eq((kind == MessageKind.WRITE) & (ds != 2) & is_inline & (inline_len != 0))
+        m.d.comb += send_inline.eq((kind == MessageKind.WRITE) & (ds != 2) & is_inline & (inline_len != 0)
+                                   & ~cur_fail)
+        next_syn = Signal(8)              # the syndrome of the WQE after this one
+        m.d.comb += next_syn.eq(Mux(cur_fail & ~skip_wqe, F.Syndrome.WR_FLUSH_ERR, cur_syn))
         two_beats = Signal()
         m.d.comb += two_beats.eq(self.INLINE_OFFSET + inline_len > 128)
 
         m.d.comb += [
             self.messages.p.qpn.eq(job.qpn), self.messages.p.cfg.eq(job.cfg),
-            self.messages.p.kind.eq(kind), self.messages.p.signaled.eq((fm_ce_se & F.FM_CE_SE_CQ_UPDATE) != 0),
+            self.messages.p.kind.eq(Mux(cur_fail, MessageKind.ERROR, kind)),
+            self.messages.p.syndrome.eq(Mux(cur_fail, cur_syn, F.Syndrome.LOCAL_QP_OP_ERR)),
+            self.messages.p.signaled.eq((fm_ce_se & F.FM_CE_SE_CQ_UPDATE) != 0),
             self.messages.p.index.eq(index), self.messages.p.raddr.eq(Mux(resume_wqe, raddr + advance, raddr)),
             self.messages.p.rkey.eq(rkey),
             self.messages.p.length.eq(Mux(kind == MessageKind.WRITE, Mux(resume_wqe, length - advance, length), 0)),
@@ -202,15 +219,18 @@ class WqeParser(wiring.Component):
         m.d.comb += self.commit.ready.eq(commit_ok)
         with m.If(self.commit.valid & commit_ok):
             m.d.comb += [wr.en.eq(1), wr.addr.eq(self.commit.p.qpn), wr.data.index.eq(0),
-                         wr.data.psn.eq(self.commit.p.psn), wr.data.err.eq(0), wr.data.resume.eq(0)]
+                         wr.data.psn.eq(self.commit.p.psn), wr.data.err.eq(0), wr.data.resume.eq(0),
+                         wr.data.fail.eq(0)]
 
         end_now = Signal()                           # RUN ends the burst this cycle (RAM write)
 
-        def store_ctx(index_, psn_, err_, resume_=None):
-            # the burst's end: the QP's consumer index, next PSN, error flag, go-back-N state
+        def store_ctx(index_, psn_, err_, resume_=None, syn_=None):
+            # the burst's end: the QP's consumer index, next PSN, error flag, go-back-N and
+            # failure state
             m.d.comb += [wr.en.eq(1), wr.addr.eq(job.qpn), wr.data.index.eq(index_),
                          wr.data.psn.eq(psn_), wr.data.err.eq(err_), wr.data.skip_to.eq(ctx.skip_to),
-                         wr.data.resume.eq(resuming_now if resume_ is None else resume_)]
+                         wr.data.resume.eq(resuming_now if resume_ is None else resume_),
+                         wr.data.fail.eq(cur_fail), wr.data.fsyn.eq(cur_syn if syn_ is None else syn_)]
 
         def start_burst():
             # a waiting retransmission goes first (from IDLE), so busy bursts cannot starve it
@@ -248,7 +268,8 @@ class WqeParser(wiring.Component):
                     with m.If(self.updates.ready):
                         m.d.comb += [rtx.ready.eq(1), wr.en.eq(1), wr.addr.eq(rtx.p.qpn),
                                      wr.data.index.eq(rtx.p.index), wr.data.psn.eq(rtx.p.psn),
-                                     wr.data.err.eq(0), wr.data.skip_to.eq(rtx.p.skip_to), wr.data.resume.eq(1)]
+                                     wr.data.err.eq(0), wr.data.skip_to.eq(rtx.p.skip_to), wr.data.resume.eq(1),
+                                     wr.data.fail.eq(rtx.p.fail), wr.data.fsyn.eq(rtx.p.syndrome)]
                 with m.Else():
                     start_burst()
             with m.State("RUN"):
@@ -289,8 +310,9 @@ class WqeParser(wiring.Component):
                         with m.If(~emit | (self.messages.ready & inline_ok)):
                             m.d.comb += src.ready.eq(1)
                             m.d.sync += [index.eq(index + nbb), left.eq(left - 1), got.eq(0), fresh.eq(0),
-                                         psn.eq(cur_psn + npk), wqe.eq(view), resuming.eq(skip_wqe)]
-                            with m.If(emit & (kind == MessageKind.ERROR)):
+                                         psn.eq(cur_psn + npk), wqe.eq(view), resuming.eq(skip_wqe),
+                                         failing.eq(cur_fail), fsyn.eq(next_syn)]
+                            with m.If(emit & (kind == MessageKind.ERROR) & ~cur_fail):
                                 m.d.sync += error.eq(1)
                                 drop_then(left - 1)
                             with m.Elif(emit & send_inline & two_beats):
@@ -299,7 +321,7 @@ class WqeParser(wiring.Component):
                                 # The burst's last WQE: store the QP's state and take the
                                 # next burst in this same cycle (no END cycle).
                                 m.d.comb += end_now.eq(1)
-                                store_ctx(index + nbb, cur_psn + npk, 0, skip_wqe)
+                                store_ctx(index + nbb, cur_psn + npk, 0, skip_wqe, next_syn)
                                 m.next = "IDLE"
                                 start_burst()
             with m.State("INLINE1"):

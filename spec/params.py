@@ -15,7 +15,7 @@ NUM_CQS = 64
 DEFAULT_MTU = 4096
 # Engine build defaults (rtl/top.py) that the cycle model must know too.
 # Scheduler quantum: a QP of weight w gets up to w x QUANTUM_WQEBBS WQEBBs per turn.
-QUANTUM_WQEBBS = 64
+QUANTUM_WQEBBS = 128
 MAX_WEIGHT = 15
 MAX_BURST_WQEBBS = QUANTUM_WQEBBS * MAX_WEIGHT
 # WQEBB buffer = WQE reads in flight. At one WQEBB per cycle, 1 us of latency (500

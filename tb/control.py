@@ -103,7 +103,7 @@ class NicControl:
             log_depth: log2 SQ depth in WQEBBs (0..15). cqn: send CQ (< num_cqs).
             remote_qpn, start_psn: 24-bit. dmac: 48-bit. dip: IPv4 (32-bit).
             mtu_code: ibv_mtu 1..5. state: ibv_qp_state 0..6 (only RTS sends).
-            weight: scheduler weight 1..15 (weight x 64 WQEBBs per turn).
+            weight: scheduler weight 1..15 (weight x 128 WQEBBs per turn).
             rq_psn: receive side's first expected PSN (the peer's start PSN).
             pd: protection domain of the QP (memory keys must belong to it).
             ack_every: ACK coalescing count 1..255.

@@ -1,50 +1,55 @@
-"""Two NICs in RTL joined by a cable model (``ibgda_nic_pair``): the RC regressions' environment.
+"""NICs in RTL joined by a network model: the RC regressions' environments.
+
+:class:`NicNetEnv`: the NICs of a ``NicArray`` top level (``ibgda_nic_pair``,
+``ibgda_nic_quad``) on a ``tb.network`` fabric, NIC i on port i. :class:`NicPairEnv`:
+two NICs and a ``BackToBack`` cable. :class:`NicSwitchEnv`: NICs through a ``Switch``.
 
 Each NIC gets its own GPU memory, GPU, CPU control and MAC models (a :class:`NicEnv`
-on its ``n<i>_`` ports). Frames leaving one NIC's MAC TX cross a
-``tb.network.BackToBack`` link (latency, optional faults) and enter the other's MAC RX
-at the cycle the link delivers them.
+on its ``n<i>_`` ports). Frames leaving a NIC's MAC TX enter the fabric at the cycle
+their last wire byte has left, and enter the destination NIC's MAC RX at the cycle the
+fabric delivers them.
 """
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 
-from rtl.build import PAIR_PARAMS
+from rtl.build import PAIR_PARAMS, QUAD_PARAMS
 from spec import params as P
 from tb.clock import CycleCounter
 from tb.env import NicEnv
-from tb.network import BackToBack
+from tb.network import BackToBack, Switch
 from tb.wire import BYTES_PER_CYCLE
 
-NIC_MACS = (0x02_00_00_00_0A_01, 0x02_00_00_00_0B_01)
-NIC_IPS = (0x0A00_0001, 0x0A00_0002)        # 10.0.0.1, 10.0.0.2
+NIC_MACS = tuple(0x02_00_00_00_0A_01 + (i << 8) for i in range(4))   # 02:00:00:00:0a:01, 0b:01, ...
+NIC_IPS = tuple(0x0A00_0001 + i for i in range(4))                 # 10.0.0.1 .. 10.0.0.4
 
 
-class NicPairEnv:
-    """NIC 0 and NIC 1 back to back.
+class NicNetEnv:
+    """``count`` NICs of a ``NicArray`` on a fabric, NIC i on port i.
 
     Parameters
     ----------
-    dut : the cocotb handle of ``ibgda_nic_pair``.
-    latency_cycles : int
-        One-way cable latency.
-    faults : None, a ``tb.network.FaultSpec`` for both directions, or a dict as
-        ``BackToBack`` takes.
-    seed : int
-        Seed of the fault draws.
+    dut : the cocotb handle of the ``NicArray`` top level.
+    count : int
+        NICs used (the first ``count`` of the top level).
+    net : a ``tb.network`` fabric (``BackToBack``, ``Switch``) with ``count`` ports.
+    num_qps : int
+        QPs per NIC of the build.
     **nic_kw
-        Passed to both ``NicEnv`` (e.g. ``dma_latency``).
+        Passed to every ``NicEnv`` (e.g. ``dma_latency``).
 
     Members
     -------
-    nics : the two ``NicEnv``.
-    net : the ``BackToBack`` link model (its counters and fault log).
+    nics : the ``NicEnv`` of each NIC.
+    net : the fabric (its counters and fault log).
     """
-    def __init__(self, dut, *, latency_cycles=100, faults=None, seed=0, **nic_kw):
+    def __init__(self, dut, count, net, *, num_qps, **nic_kw):
+        if not 2 <= count <= len(NIC_MACS):
+            raise ValueError(f"count must be 2..{len(NIC_MACS)}, not {count!r}")
         self.dut = dut
         self.nics = [NicEnv(dut, prefix=f"n{i}_", port_mac=NIC_MACS[i], port_ip=NIC_IPS[i],
-                            num_qps=PAIR_PARAMS["num_qps"], **nic_kw) for i in range(2)]
-        self.net = BackToBack(latency_cycles=latency_cycles, faults=faults, seed=seed)
+                            num_qps=num_qps, **nic_kw) for i in range(count)]
+        self.net = net
 
     async def start(self):
         dut = self.dut
@@ -62,8 +67,8 @@ class NicPairEnv:
         return self
 
     async def _bridge(self):
-        """Every cycle: new frames of each MAC TX onto the link, delivered ones into MAC RX."""
-        seen = [0, 0]
+        """Every cycle: new frames of each MAC TX onto the fabric, delivered ones into MAC RX."""
+        seen = [0] * len(self.nics)
         edge = RisingEdge(self.dut.clk)
         while True:
             await edge
@@ -95,3 +100,45 @@ class NicPairEnv:
                            dmac=na.port_mac, dip=na.port_ip, rq_psn=psn_a, pd=pd, ack_every=ack_every,
                            **reliability)
         return qp_a, qp_b
+
+
+class NicPairEnv(NicNetEnv):
+    """NIC 0 and NIC 1 of ``ibgda_nic_pair`` back to back.
+
+    Parameters
+    ----------
+    dut : the cocotb handle of ``ibgda_nic_pair``.
+    latency_cycles : int
+        One-way cable latency.
+    faults : None, a ``tb.network.FaultSpec`` for both directions, or a dict as
+        ``BackToBack`` takes.
+    seed : int
+        Seed of the fault draws.
+    **nic_kw
+        Passed to both ``NicEnv`` (e.g. ``dma_latency``).
+    """
+    def __init__(self, dut, *, latency_cycles=100, faults=None, seed=0, **nic_kw):
+        super().__init__(dut, 2, BackToBack(latency_cycles=latency_cycles, faults=faults, seed=seed),
+                         num_qps=PAIR_PARAMS["num_qps"], **nic_kw)
+
+
+class NicSwitchEnv(NicNetEnv):
+    """The four NICs of ``ibgda_nic_quad`` through a 400G ``Switch`` (output queues).
+
+    Parameters
+    ----------
+    dut : the cocotb handle of ``ibgda_nic_quad``.
+    latency_cycles : int
+        Forwarding latency of the switch; link_latency_cycles: of each cable.
+    queue_bytes : int
+        Output queue per port.
+    faults : None, a ``FaultSpec`` for every link, or a dict as ``Switch`` takes.
+    seed : int
+        Seed of the fault draws.
+    """
+    def __init__(self, dut, *, latency_cycles=50, link_latency_cycles=20, queue_bytes=256 * 1024, faults=None,
+                 seed=0, **nic_kw):
+        count = QUAD_PARAMS["count"]
+        net = Switch({NIC_MACS[i]: i for i in range(count)}, count, latency_cycles=latency_cycles,
+                     queue_bytes=queue_bytes, link_latency_cycles=link_latency_cycles, faults=faults, seed=seed)
+        super().__init__(dut, count, net, num_qps=QUAD_PARAMS["num_qps"], **nic_kw)

@@ -266,8 +266,8 @@ async def weighted_share(dut):
     """Weights 1:2:4 (set through QP_MODIFY): turns of 1, 2 and 4 quanta of WQEs in a row, shares 1:2:4."""
     from spec.params import QUANTUM_WQEBBS
     weights = (1, 2, 4)
-    rounds = 8
-    env, qps = await env_with(dut, 3, sq_depth=11, collapsed=True, cq_depth=0, dma_latency=250)
+    rounds = 7
+    env, qps = await env_with(dut, 3, sq_depth=12, collapsed=True, cq_depth=0, dma_latency=250)
     for qp, w in zip(qps, weights):
         await env.set_weight(qp, w)
         for i in range(rounds * w * QUANTUM_WQEBBS):
@@ -277,7 +277,7 @@ async def weighted_share(dut):
     pred = env.check(await env.drain())
     env.check_cycles()
     runs = _runs(env.wire.frames)
-    # Once every QP is backlogged the frames come in turns of weight x 32, in QP order:
+    # Once every QP is backlogged the frames come in turns of weight x quantum, in QP order:
     # the longest stretch of such turns must hold at least 5 whole rounds.
     best = cur = []
     for q, n in runs:

@@ -11,10 +11,11 @@ import random
 import cocotb
 from cocotb.triggers import ClockCycles
 
+from model.cqe import CqContext, parse_cqe
 from model.frames import Port, QpContext
 from model.mr import MemoryRegion
-from model.rc import RcResponder
-from spec.formats import Access, CQE64, unpack
+from model.rc import RcRequester, RcResponder, simulate
+from spec.formats import Access, CQE64, CqeOp, Syndrome, unpack
 from tb import fault_matrix
 from tb.network import FaultSpec
 from tb.pair_env import NIC_IPS, NIC_MACS, NicPairEnv
@@ -102,6 +103,196 @@ async def rc_writes_back_to_back(dut):
     assert cb["rx_accepted"] == len(a.wire.frames) and cb["acks_sent"] == len(want) and cb["naks_sent"] == 0
     assert ca["rx_ack_received"] == len(b.wire.frames)
     dut._log.info(f"{len(a.wire.frames)} frames, {len(want)} ACKs, {len(a.cqe_writes())} CQEs")
+
+
+# Regions of NIC 1 that a WRITE of PD 3 must not write: read-only, and of another PD.
+RO_REGION = MemoryRegion(key=(0x06 << 8) | 0x11, base=DST + 0x200_0000, length=1 << 20,
+                         access=Access.LOCAL_WRITE | Access.REMOTE_READ, pd=PD)
+PD4_REGION = MemoryRegion(key=(0x07 << 8) | 0x22, base=DST + 0x300_0000, length=1 << 20,
+                          access=Access.LOCAL_WRITE | Access.REMOTE_WRITE, pd=PD + 1)
+
+
+@cocotb.test()
+async def rc_access_errors(dut):
+    """Access violations and a dead peer. QP 1..4 each post good WRITEs, one bad one
+    (wrong rkey, out of bounds, no remote-write right, other PD) and good ones after;
+    QP 5 only good ones; QP 6's peer QP does not exist (no ACK ever: timeouts, then
+    TRANSPORT_RETRY_EXC_ERR). Each failing QP: its signaled WQEs before the bad one
+    complete, the bad one gets REQ_ERR with the syndrome (signaled or not), every later
+    WQE, also those posted after the failure, REQ_ERR WR_FLUSH_ERR; QP 5 carries on.
+    NIC 1's memory outside the good WRITEs is untouched. The CQEs equal the golden RC
+    model's (model/rc.py simulate) for the same WQEs."""
+    mtu = 1024
+    env = await NicPairEnv(dut, latency_cycles=100).start()
+    a, b = env.nics
+    cq_a = await a.cq(0, 7)
+    cq_b = await b.cq(0, 7)
+    for r in (REGION, RO_REGION, PD4_REGION):
+        await b.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
+    pairs = [await env.connect(0, q, 1, 10 + q, cq_a=cq_a, cq_b=cq_b, mtu=mtu, pd=PD, ack_every=2)
+             for q in range(1, 6)]
+    timeout, retry_cnt = 1500, 1
+    dead = await a.qp(6, cq_a, log_depth=8, mtu=mtu, start_psn=0x600, remote_qpn=16, uc=False,
+                      dmac=b.port_mac, dip=b.port_ip, rq_psn=0x700, pd=PD, timeout=timeout, retry_cnt=retry_cnt)
+    bad = {1: (DST + 0xF0_0000, (KEY ^ 0x100)),                 # no region under this key
+           2: (REGION.base + REGION.length - 60, KEY),          # runs 40 bytes past the region
+           3: (RO_REGION.base + 0x100, RO_REGION.key),          # no REMOTE_WRITE
+           4: (PD4_REGION.base + 0x100, PD4_REGION.key)}        # another PD
+    syndrome = {q: Syndrome.REMOTE_ACCESS_ERR for q in bad} | {6: Syndrome.TRANSPORT_RETRY_EXC_ERR}
+    good = []                                                    # (raddr, data) that must land
+    untouched = []                                               # (raddr, n) that must not be written
+    expect = {}                                                  # qpn -> [(index, opcode, syndrome, byte_cnt)]
+    qps = [qp for qp, _ in pairs] + [dead]
+
+    def post(qp, i, raddr, key, n, signaled):
+        data = bytes((qp.qpn * 31 + i * 7 + j) & 0xFF for j in range(n))
+        addr = a.gpu.alloc(n, 128)
+        a.gpu.write(addr, data)
+        qp.post_write(raddr, key, local_addr=addr, length=n, signaled=signaled)
+        return data
+
+    for qp in qps:
+        q, exp, failed = qp.qpn, [], False
+        for i in range(6):
+            n = (100, 2 * mtu + 10, 300)[i % 3]
+            signaled = i in (1, 5)
+            raddr, key = bad[q] if (q in bad and i == 3) else (DST + 0x10_0000 * q + 0x4000 * i, KEY)
+            data = post(qp, i, raddr, key, n, signaled)
+            fails = (q in bad and i == 3) or (q == 6 and i == 0)
+            if fails:
+                exp.append((i, CqeOp.REQ_ERR, syndrome[q], 0))
+                failed = True
+            elif failed:
+                exp.append((i, CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 0))
+            elif signaled:
+                exp.append((i, CqeOp.REQ, 0, n))
+            (untouched if failed or q == 6 else good).append((raddr, data) if not failed and q != 6 else
+                                                            (raddr, n))
+        expect[q] = exp
+        await qp.ring_nvshmem()
+    want = sum(len(e) for e in expect.values())
+    await a.wait_for(lambda: len(a.cqe_writes()) >= want, 200_000, f"{want} CQEs (got {len(a.cqe_writes())})")
+    # WQEs posted to a QP in error are flushed too
+    for qp in qps:
+        if qp.qpn in syndrome:
+            for i in (6, 7):
+                raddr = DST + 0x10_0000 * qp.qpn + 0x4000 * i
+                post(qp, i, raddr, KEY, 64, i == 7)
+                expect[qp.qpn].append((i, CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 0))
+                untouched.append((raddr, 64))
+            await qp.ring_nvshmem()
+    want = sum(len(e) for e in expect.values())
+    await a.wait_for(lambda: len(a.cqe_writes()) >= want, 50_000, f"{want} CQEs (got {len(a.cqe_writes())})")
+    await ClockCycles(dut.clk, 3000)
+    cqes = [parse_cqe(raw) for _, _, raw, _ in a.cqe_writes()]
+    assert len(cqes) == want, f"{len(cqes)} CQEs, {want} expected"
+    got = {}
+    for c in cqes:
+        got.setdefault(c["qpn"], []).append((c["wqe_counter"], c["opcode"], c["syndrome"], c["byte_cnt"]))
+    assert got == expect, f"CQEs per QP {got}, expected {expect}"
+    # the golden RC model gives the same CQEs for the same WQEs
+    req = RcRequester(Port(smac=NIC_MACS[0], sip=NIC_IPS[0]), {0: CqContext(0, 7)}, a.mem.read)
+    for qp in qps:
+        req.add_qp(QpContext(qpn=qp.qpn, remote_qpn=qp.remote_qpn, dmac=NIC_MACS[1], dip=NIC_IPS[1],
+                             start_psn=qp.start_psn, mtu=mtu, cqn=0), timeout_ns=2 * timeout, retry_cnt=retry_cnt)
+    rsp = RcResponder(Port(smac=NIC_MACS[1], sip=NIC_IPS[1]), ack_every=2)
+    for qp_a, qp_b in pairs:
+        rsp.add_qp(QpContext(qpn=qp_b.qpn, remote_qpn=qp_a.qpn, dmac=NIC_MACS[0], dip=NIC_IPS[0],
+                             start_psn=qp_a.start_psn, mtu=mtu), PD)
+    for r in (REGION, RO_REGION, PD4_REGION):
+        rsp.register(r)
+    posts = [(0 if w.index < 6 else 10 ** 7, qp.qpn, w.wqe) for qp in qps for w in qp.posted]
+    res = simulate(req, rsp, sorted(posts, key=lambda p: p[0]))
+    assert not res.hung
+    model = {}
+    for rec in req.completions:
+        c = parse_cqe(rec.cqe)
+        model.setdefault(c["qpn"], []).append((c["wqe_counter"], c["opcode"], c["syndrome"], c["byte_cnt"]))
+    assert got == model, f"CQEs per QP {got}, the RC model's {model}"
+    # memory: the good WRITEs landed; nothing else of NIC 1's memory was written
+    for raddr, data in good:
+        assert b.mem.read(raddr, len(data)) == data, f"remote memory at {raddr:#x}"
+    payload_writes = [w for w in b.mem.writes if w.id == 2]
+    for raddr, n in untouched:
+        hit = [w for w in payload_writes if w.addr < raddr + n and raddr < w.addr + w.length]
+        assert not hit, f"NIC 1 wrote [{raddr:#x}, +{n}) of a WRITE that failed or was flushed: {hit}"
+    for w in payload_writes:
+        assert any(w.addr < ra + len(d) and ra < w.addr + w.length for ra, d in good), \
+            f"NIC 1 wrote {w.addr:#x}+{w.length} outside every good WRITE"
+    ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
+    dut._log.info(f"NIC 0 {dict((k, v) for k, v in ca.items() if v)}; NIC 1 {dict((k, v) for k, v in cb.items() if v)}")
+    assert cb["rx_access_error"] == len(bad) and ca["naks_received"] >= len(bad)
+    assert ca["error_cqes"] == sum(1 for e in expect.values() for x in e if x[1] == CqeOp.REQ_ERR)
+    assert ca["timeouts"] == retry_cnt + 1 and ca["retry_exceeded"] == 1 and ca["retransmits"] == retry_cnt
+
+
+# Explicit faults by frame index (tb.network.FaultSpec pattern = model.rc.simulate faults).
+# Each episode is one 4-packet WRITE posted when the previous one completed; frame
+# indices below follow from the protocol alone (the episode's packets all leave before a
+# response can come back), so the model's frame sequences are the RTL's, byte for byte.
+PATTERN_DATA = [(5, "drop"),                 # episode 1: a middle packet: NAK, go back to it
+                (14, "drop"),                # episode 2: the last packet: timeout, resend all 4
+                (20, "corrupt", 8 * 300),    # episode 3: a payload bit: bad ICRC, NAK
+                (27, "duplicate")]           # episode 4: the responder re-ACKs the copy
+PATTERN_ACKS = [(11, "drop")]                # episode 5's ACK: timeout, 4 duplicates re-ACKed
+EPISODES = 7
+
+
+@cocotb.test()
+async def rc_fault_pattern(dut):
+    """Go-back-N against the golden RC model for a given fault pattern: a dropped middle
+    packet (NAK), a dropped last packet (timeout), a corrupted packet (ICRC, NAK), a
+    duplicate, a dropped ACK (timeout, duplicates re-acknowledged). Every frame on both
+    directions equals the model's (model/rc.py simulate with the same pattern), and so
+    do the CQEs, the memory and the NAK, timeout and go-back counts."""
+    mtu, n, timeout, ack_every = 1024, 3 * 1024 + 100, 800, 4
+    faults = {("tx", 0): FaultSpec(pattern=PATTERN_DATA), ("tx", 1): FaultSpec(pattern=PATTERN_ACKS)}
+    env = await NicPairEnv(dut, latency_cycles=100, faults=faults, dma_latency=100).start()
+    a, b = env.nics
+    cq_a, cq_b = await a.cq(0, 4), await b.cq(0, 4)
+    await b.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
+    qp_a, qp_b = await env.connect(0, 1, 1, 11, cq_a=cq_a, cq_b=cq_b, mtu=mtu, pd=PD, ack_every=ack_every,
+                                   timeout=timeout, retry_cnt=3)
+    sent = []
+    for e in range(EPISODES):
+        data = bytes((e * 13 + j * 7) & 0xFF for j in range(n))
+        addr = a.gpu.alloc(n, 128)
+        a.gpu.write(addr, data)
+        raddr = DST + 0x10000 * e
+        qp_a.post_write(raddr, KEY, local_addr=addr, length=n, signaled=True)
+        sent.append((raddr, data))
+        await qp_a.ring_rdma_core()
+        await a.wait_for(lambda: len(a.cqe_writes()) > e, 20_000, f"the CQE of episode {e}")
+    await ClockCycles(dut.clk, 500)
+    # the golden model, the same WQEs and fault pattern
+    req = RcRequester(Port(smac=NIC_MACS[0], sip=NIC_IPS[0]), {0: CqContext(0, 4, base=cq_a.base)}, a.mem.read)
+    req.add_qp(QpContext(qpn=1, remote_qpn=11, dmac=NIC_MACS[1], dip=NIC_IPS[1], start_psn=qp_a.start_psn, mtu=mtu,
+                         cqn=0), timeout_ns=2 * timeout, retry_cnt=3)
+    rsp = RcResponder(Port(smac=NIC_MACS[1], sip=NIC_IPS[1]), ack_every=ack_every)
+    rsp.add_qp(QpContext(qpn=11, remote_qpn=1, dmac=NIC_MACS[0], dip=NIC_IPS[0], start_psn=qp_a.start_psn, mtu=mtu), PD)
+    rsp.register(REGION)
+    posts = [(e * 10 ** 6, 1, w.wqe) for e, w in enumerate(qp_a.posted)]
+    # the model inverts another byte of a corrupted frame: the ICRC check catches both
+    res = simulate(req, rsp, posts, faults=[f[:2] for f in PATTERN_DATA], response_faults=PATTERN_ACKS,
+                   latency_ns=200)
+    assert not res.hung
+    for name, nic, direction in (("NIC 0 -> NIC 1", a, "req"), ("NIC 1 -> NIC 0", b, "resp")):
+        want = [r.frame for r in res.records if r.direction == direction]
+        got = [f.data for f in nic.wire.frames]
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert g == w, f"{name}: frame {k} differs from the model's"
+        assert len(got) == len(want), f"{name}: {len(got)} frames, the model sends {len(want)}"
+    got_cqes = [raw for _, _, raw, _ in a.cqe_writes()]
+    assert got_cqes == [rec.cqe for rec in req.completions], "CQEs differ from the model's"
+    for raddr, data in sent:
+        assert b.mem.read(raddr, len(data)) == data, f"remote memory at {raddr:#x}"
+    ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
+    mc = req.counters
+    dut._log.info(f"NIC 0 {dict((k, v) for k, v in ca.items() if v)}; NIC 1 {dict((k, v) for k, v in cb.items() if v)}")
+    assert ca["naks_received"] == sum(mc.naks_received.values()) == 2
+    assert ca["timeouts"] == mc.timeouts == 2
+    assert ca["retransmits"] == mc.go_back_n == 4
+    assert cb["rx_bad_icrc"] == 1 and cb["naks_sent"] == 2
 
 
 async def _faulty(dut, kind, rate, seed):

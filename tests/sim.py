@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rtl.build import generate, TOP_NAME, PAIR_TOP_NAME       # noqa: E402
+from rtl.build import generate, TOP_NAME       # noqa: E402
 
 SIMULATORS = ("icarus", "verilator")
 VERILATOR_CACHE = Path(os.environ.get("IBGDA_CACHE", Path.home() / ".cache" / "ibgda-nic"))
@@ -52,8 +52,9 @@ def require(sim):
 
 
 def build_dir(sim, waves=False, top=TOP_NAME):
-    pair = "_pair" if top == PAIR_TOP_NAME else ""
-    return ROOT / "build" / f"sim_{sim}{pair}{'_waves' if waves else ''}"
+    # ibgda_nic -> sim_<sim>, ibgda_nic_pair -> sim_<sim>_pair, ...
+    suffix = top[len(TOP_NAME):] if top.startswith(TOP_NAME) else f"_{top}"
+    return ROOT / "build" / f"sim_{sim}{suffix}{'_waves' if waves else ''}"
 
 
 _KICK = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\S+)\s+= 0;$", re.M)

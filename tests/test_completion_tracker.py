@@ -122,7 +122,7 @@ def test_completion_tracker():
             if av and ar:
                 ack_taken.append((cycle, ap.qpn, ap.psn, ap.syndrome))
             if rv:
-                rtx.append((cycle, rp.qpn, rp.index, rp.psn, rp.skip_to))
+                rtx.append((cycle, rp.qpn, rp.index, rp.psn, rp.skip_to, rp.fail, rp.syndrome))
             naks[0] += nk
             timeouts[0] += to
             ctx.set(dut.completions.ready, rnd.random() < 0.7)
@@ -158,8 +158,11 @@ def test_completion_tracker():
             want_psn = (released[-1][1] + 1) & PSN_MASK if released else start[q]
             assert (r[2], r[3]) == (want_index, want_psn), (q, r, released[-1:] )
         late = mine[len(nak_cycles):]
-        assert len(late) == 2, (q, late)           # retry count 2: two timer retransmissions, then it stops
+        # retry count 2: two timer retransmissions, then the third timeout fails the QP:
+        # a failure walk from the first unacknowledged PSN with TRANSPORT_RETRY_EXC_ERR
+        assert [r[5] for r in late] == [0, 0, 1], (q, late)
         assert all(r[4] == (best + 1) & PSN_MASK for r in late), (q, late)
+        assert late[2][6] == 0x15, late
         assert len(want) < len(plan[q])          # some stayed waiting
         # never before an ACK covering it was taken (unless nothing needed acknowledging)
         for c, qq, i, psn in out:
@@ -167,3 +170,77 @@ def test_completion_tracker():
                 assert any(ac < c and covered(psn, ap) for ac, ap in acks), (q, i, c)
     assert naks[0] == sum(1 for e in events if e[0] == "ack" and e[3] == 0x60)
     assert timeouts[0] == 3 * 3                    # 3 RC QPs: 2 retries each, then the third gives up
+
+
+def test_completion_tracker_failure():
+    """A NAK remote-access error: the completions before its PSN are released, the rest
+    of the queue is dropped, one failure walk (fail, REMOTE_ACCESS_ERR, skip to the NAK's
+    PSN) goes to the parser; afterwards the QP's error completions pass in order, its
+    other completions are dropped, ACKs and NAKs change nothing, and other QPs carry on."""
+    dut = CompletionTracker(num_qps=4, num_cqs=4, depth=8)
+    out, rtx = [], []
+    base = 100
+
+    async def drive(ctx):
+        ctx.set(dut.retransmit.ready, 1)
+        ctx.set(dut.completions.ready, 1)
+        for q in (0, 1):
+            ctx.set(dut.commit.p.qpn, q)
+            ctx.set(dut.commit.p.start_psn, base)
+            ctx.set(dut.commit.p.timeout, 1 << 20)
+            ctx.set(dut.commit.p.retry_cnt, 3)
+            ctx.set(dut.commit.valid, 1)
+            await ctx.tick().until(dut.commit.ready)
+            ctx.set(dut.commit.valid, 0)
+
+        async def sent(q, i, psn, error=0, syndrome=0):
+            ctx.set(dut.sent.p.as_value(), 0)
+            ctx.set(dut.sent.p.qpn, q)
+            ctx.set(dut.sent.p.index, i)
+            ctx.set(dut.sent.p.next_index, i + 1)
+            ctx.set(dut.sent.p.psn, psn)
+            ctx.set(dut.sent.p.error, error)
+            ctx.set(dut.sent.p.syndrome, syndrome)
+            ctx.set(dut.sent.valid, 1)
+            await ctx.tick().until(dut.sent.ready)
+            ctx.set(dut.sent.valid, 0)
+
+        async def ack(q, psn, syn):
+            ctx.set(dut.acks.p.qpn, q)
+            ctx.set(dut.acks.p.psn, psn)
+            ctx.set(dut.acks.p.syndrome, syn)
+            ctx.set(dut.acks.valid, 1)
+            await ctx.tick().until(dut.acks.ready)
+            ctx.set(dut.acks.valid, 0)
+        for i in range(6):                      # WQE i: PSNs base+2i, base+2i+1
+            for q in (0, 1):
+                await sent(q, i, base + 2 * i + 1)
+        await ack(0, base + 6, 0x62)            # NAK remote access at PSN base+6 (WQE 3)
+        await ctx.tick().repeat(10)
+        await sent(0, 6, base + 13)             # a WQE that was in the transmit path: dropped
+        for i, syn in ((3, 0x13), (4, 0x05), (5, 0x05), (6, 0x05)):
+            await sent(0, i, base + 2 * i, 1, syn)   # the walk's error completions
+        await ack(0, base + 20, 0x1F)           # changes nothing on a failed QP
+        await ack(0, base + 8, 0x60)
+        await ack(1, base + 11, 0x1F)           # QP 1 carries on
+        await ctx.tick().repeat(20)
+
+    async def sink(ctx):
+        async for _, _, v, r, p, rv, rp in ctx.tick().sample(
+                dut.completions.valid, dut.completions.ready, dut.completions.p, dut.retransmit.valid,
+                dut.retransmit.p):
+            if v and r:
+                out.append((p.qpn, p.index, p.error, p.syndrome))
+            if rv:
+                rtx.append((p.qpn, rp.qpn, rp.index, rp.psn, rp.skip_to, rp.fail, rp.syndrome))
+
+    sim = Simulator(dut)
+    sim.add_clock(2e-9)
+    sim.add_testbench(drive)
+    sim.add_process(sink)
+    sim.run_until(2e-9 * 600)
+    assert [o for o in out if o[0] == 0] == [(0, i, 0, 0) for i in range(3)] + \
+        [(0, 3, 1, 0x13), (0, 4, 1, 0x05), (0, 5, 1, 0x05), (0, 6, 1, 0x05)], out
+    assert [o for o in out if o[0] == 1] == [(1, i, 0, 0) for i in range(6)], out
+    # one failure walk: restart point WQE 3 (PSN base+6), skip to base+6
+    assert [r[1:] for r in rtx] == [(0, 3, base + 6, base + 6, 1, 0x13)], rtx
