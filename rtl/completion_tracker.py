@@ -51,8 +51,8 @@ class CompletionTracker(wiring.Component):
     the transmit path) are dropped: their WQEs are flushed by the walk. ACKs, NAKs and
     the timer no longer move a failed QP. A QP create clears the failure.
 
-    One sequencer serves, in this order: QP creates, received ACK/NAKs, new
-    completions, the timer scan. An operation reads the QP's state in one cycle and
+    One sequencer serves, in this order: QP creates, then received ACK/NAKs and new
+    completions (taking turns when both wait), then the timer scan. An operation reads the QP's state in one cycle and
     decides in the next; releasing completions takes one cycle each.
 
     Parameters
@@ -128,6 +128,7 @@ class CompletionTracker(wiring.Component):
         ack = Signal(ReceivedAck)
         cpl = Signal(cpl_layout)
         scan = Signal(qb)               # the timer scanner's next QP
+        sent_first = Signal()           # ACKs and completions take turns when both wait
         nak_rtx = Signal()              # after the release: a PSN-sequence NAK sends again
         nak_fail = Signal()             # after the release: a fatal NAK fails the QP
         rtx_from = Signal(PSN_BITS)
@@ -172,13 +173,14 @@ class CompletionTracker(wiring.Component):
                     m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(c.qpn), st_wr.data.eq(0),
                                  st_wr.data.acked.eq(c.start_psn - 1), st_wr.data.rs_psn.eq(c.start_psn),
                                  st_wr.data.timeout.eq(c.timeout), st_wr.data.retry_cnt.eq(c.retry_cnt)]
-                with m.Elif(self.acks.valid):
+                with m.Elif(self.acks.valid & ~(sent_first & self.sent.valid & ~self.sent.p.uc)):
                     m.d.comb += [self.acks.ready.eq(1), st_rd.addr.eq(self.acks.p.qpn[:qb])]
-                    m.d.sync += [ack.eq(self.acks.p), qpn.eq(self.acks.p.qpn[:qb])]
+                    m.d.sync += [ack.eq(self.acks.p), qpn.eq(self.acks.p.qpn[:qb]), sent_first.eq(1)]
                     m.next = "ACK"
                 with m.Elif(self.sent.valid & ~self.sent.p.uc):
+                    # (a full queue sends it back here: the ACKs that free it go next)
                     m.d.comb += st_rd.addr.eq(self.sent.p.qpn)
-                    m.d.sync += [cpl.eq(self.sent.p), qpn.eq(self.sent.p.qpn)]
+                    m.d.sync += [cpl.eq(self.sent.p), qpn.eq(self.sent.p.qpn), sent_first.eq(0)]
                     m.next = "ENQUEUE"
                 with m.Else():
                     m.d.comb += st_rd.addr.eq(scan)

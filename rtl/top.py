@@ -13,6 +13,7 @@ from spec import params as P
 from .axi import (AxiLiteSignature, AxiWriteSignature, AxiReadSignature, AxiSignature, AxiStreamSignature,
                   flat_members, connect_flat)
 from .ack_builder import AckBuilder, AckRequest
+from .ack_merger import AckMerger
 from .axi_write_arbiter import AxiWriteArbiter
 from .completion_tracker import CompletionTracker
 from .control_registers import ControlRegisters, COUNTERS
@@ -128,6 +129,7 @@ class IbgdaNic(wiring.Component):
         m.submodules.cqe_writer = cw = CqeWriter(num_qps=nq, num_cqs=nc)
         m.submodules.tx_mux = txm = TxMux(num_qps=nq, num_cqs=nc)
         m.submodules.cpl_tracker = trk = CompletionTracker(num_qps=nq, num_cqs=nc, depth=P.RC_COMPLETIONS_PER_QP)
+        m.submodules.ack_merger = ack_merger = AckMerger()
         # Receive path.
         m.submodules.mac_rx = rxa = MacRxAdapter()
         m.submodules.icrc_check = ick = IcrcChecker()
@@ -219,7 +221,8 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, rx_cmds.o, rpw.commands)
         wiring.connect(m, rsp.responses, ack_fifo.i)
         wiring.connect(m, ack_fifo.o, ackb.requests)
-        wiring.connect(m, rsp.acks, trk.acks)
+        wiring.connect(m, rsp.acks, ack_merger.i)
+        wiring.connect(m, ack_merger.o, trk.acks)
         wiring.connect(m, trk.retransmit, wp.retransmit)
         # RC completions wait in the tracker for the ACK that covers them
         wiring.connect(m, cpl_fifo.o, trk.sent)
@@ -263,6 +266,6 @@ class IbgdaNic(wiring.Component):
         incs["acks_sent"] = resp_sent & (rsp.responses.p.syndrome == F.Aeth.ACK)
         incs["naks_sent"] = resp_sent & (rsp.responses.p.syndrome != F.Aeth.ACK)
         incs.update({"naks_received": trk.naks, "retransmits": trk.retransmits, "timeouts": trk.timeouts,
-                     "retry_exceeded": trk.retry_exceeded})
+                     "retry_exceeded": trk.retry_exceeded, "acks_merged": ack_merger.merged})
         m.d.comb += csr.counter_inc.eq(Cat(*(incs[n] for n in COUNTERS)))
         return m

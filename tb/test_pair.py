@@ -123,7 +123,7 @@ async def rc_access_errors(dut):
     NIC 1's memory outside the good WRITEs is untouched. The CQEs equal the golden RC
     model's (model/rc.py simulate) for the same WQEs."""
     mtu = 1024
-    env = await NicPairEnv(dut, latency_cycles=100).start()
+    env = await NicPairEnv(dut, latency_cycles=100, dma_latency=100).start()
     a, b = env.nics
     cq_a = await a.cq(0, 7)
     cq_b = await b.cq(0, 7)
@@ -131,7 +131,7 @@ async def rc_access_errors(dut):
         await b.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
     pairs = [await env.connect(0, q, 1, 10 + q, cq_a=cq_a, cq_b=cq_b, mtu=mtu, pd=PD, ack_every=2)
              for q in range(1, 6)]
-    timeout, retry_cnt = 1500, 1
+    timeout, retry_cnt = 1000, 1
     dead = await a.qp(6, cq_a, log_depth=8, mtu=mtu, start_psn=0x600, remote_qpn=16, uc=False,
                       dmac=b.port_mac, dip=b.port_ip, rq_psn=0x700, pd=PD, timeout=timeout, retry_cnt=retry_cnt)
     bad = {1: (DST + 0xF0_0000, (KEY ^ 0x100)),                 # no region under this key
