@@ -233,16 +233,18 @@ async def rc_access_errors(dut):
 PATTERN_DATA = [(5, "drop"),                 # episode 1: a middle packet: NAK, go back to it
                 (14, "drop"),                # episode 2: the last packet: timeout, resend all 4
                 (20, "corrupt", 8 * 300),    # episode 3: a payload bit: bad ICRC, NAK
-                (27, "duplicate")]           # episode 4: the responder re-ACKs the copy
+                (27, "duplicate"),           # episode 4: the responder re-ACKs the copy
+                (45, "delay", 200)]          # episode 7: the last packet 200 cycles late (before the timeout)
 PATTERN_ACKS = [(11, "drop")]                # episode 5's ACK: timeout, 4 duplicates re-ACKed
-EPISODES = 7
+PATTERN_DELAY_NS = 400                       # the delay above in ns (2 ns cycles)
+EPISODES = 8
 
 
 @cocotb.test()
 async def rc_fault_pattern(dut):
     """Go-back-N against the golden RC model for a given fault pattern: a dropped middle
     packet (NAK), a dropped last packet (timeout), a corrupted packet (ICRC, NAK), a
-    duplicate, a dropped ACK (timeout, duplicates re-acknowledged). Every frame on both
+    duplicate, a dropped ACK (timeout, duplicates re-acknowledged), a late last packet. Every frame on both
     directions equals the model's (model/rc.py simulate with the same pattern), and so
     do the CQEs, the memory and the NAK, timeout and go-back counts."""
     mtu, n, timeout, ack_every = 1024, 3 * 1024 + 100, 800, 4
@@ -274,7 +276,7 @@ async def rc_fault_pattern(dut):
     posts = [(e * 10 ** 6, 1, w.wqe) for e, w in enumerate(qp_a.posted)]
     # the model inverts another byte of a corrupted frame: the ICRC check catches both
     res = simulate(req, rsp, posts, faults=[f[:2] for f in PATTERN_DATA], response_faults=PATTERN_ACKS,
-                   latency_ns=200)
+                   latency_ns=200, delay_ns=PATTERN_DELAY_NS)
     assert not res.hung
     for name, nic, direction in (("NIC 0 -> NIC 1", a, "req"), ("NIC 1 -> NIC 0", b, "resp")):
         want = [r.frame for r in res.records if r.direction == direction]
