@@ -5,7 +5,9 @@ WRITEs per QP on RC QPs (NVSHMEM posting: a doorbell and a CQE per 32), over a c
 100 cycles each way that drops frames at ``loss`` in both directions. Goodput is the
 payload delivered over the time from the first frame on the wire to the last CQE (so
 it includes ACK round trips and every retransmission); every byte is checked in NIC 1's
-memory. Writes ``pair_<point>.json``.
+memory. The steady-state message rate counts NIC 0's frames on the wire over the middle
+half of the run (whether ACK handling holds the sender back), as the one-NIC points do.
+Writes ``pair_<point>.json``.
 """
 import json
 import os
@@ -69,8 +71,14 @@ async def _point(dut, p):
     ns = (last_cqe - first) * P.CLOCK_PERIOD_NS
     payload = size * msgs * nq
     ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
+    frames = a.wire.frames
+    n = len(frames)
+    lo, hi = frames[n // 4], frames[3 * n // 4]
+    steady_ns = (hi.start_bytes - lo.start_bytes) / P.WIRE_BYTES_PER_CYCLE * P.CLOCK_PERIOD_NS
     return {"point": point_name(p), "kind": "pair", "payload_bytes": size, "qps": nq, "messages": msgs * nq,
             "loss": loss, "goodput_gbps": 8 * payload / ns, "messages_per_s": msgs * nq / ns * 1e9,
+            "steady_frames_per_s": (3 * n // 4 - n // 4) / steady_ns * 1e9 if steady_ns else None,
+            "acks_merged": ca["acks_merged"],
             "frames_sent": len(a.wire.frames), "acks": len(b.wire.frames),
             "retransmits": ca["retransmits"], "timeouts": ca["timeouts"], "naks": ca["naks_received"],
             "dropped": {d: env.net.tx_links[d].counters["dropped"] for d in (0, 1)},

@@ -131,13 +131,14 @@ def main():
               f"(ideal {ideal}; largest error {100 * r['max_share_error']:.2f}%)")
     if pairs:
         print("\ntwo nodes, RC, responder in the loop (cable 100 cycles each way, loss on both directions):")
-        print(f"{'payload':>8} {'QPs':>4} {'msgs':>6} {'loss':>6} {'Gb/s':>7} {'M msg/s':>8} {'vs lossless':>11} "
-              f"{'frames':>7} {'dropped':>8} {'NAKs':>5} {'retx':>5} {'timeouts':>8}")
+        print(f"{'payload':>8} {'QPs':>4} {'msgs':>6} {'loss':>6} {'Gb/s':>7} {'M msg/s':>8} {'steady':>7} "
+              f"{'vs lossless':>11} {'frames':>7} {'dropped':>8} {'NAKs':>5} {'retx':>5} {'timeouts':>8}")
         base = {r["payload_bytes"]: r["goodput_gbps"] for r in pairs if r["loss"] == 0}
         for r in sorted(pairs, key=lambda r: (-r["payload_bytes"], r["loss"])):
             ratio = r["goodput_gbps"] / base[r["payload_bytes"]] if r["payload_bytes"] in base else float("nan")
             print(f"{r['payload_bytes']:>8} {r['qps']:>4} {r['messages']:>6} {r['loss']:>6g} {r['goodput_gbps']:>7.1f} "
-                  f"{r['messages_per_s'] / 1e6:>8.1f} {ratio:>11.3f} {r['frames_sent']:>7} "
+                  f"{r['messages_per_s'] / 1e6:>8.1f} {(r.get('steady_frames_per_s') or 0) / 1e6:>7.1f} "
+                  f"{ratio:>11.3f} {r['frames_sent']:>7} "
                   f"{sum(r['dropped'].values()):>8} {r['naks']:>5} {r['retransmits']:>5} {r['timeouts']:>8}")
     plots(recs, out)
     print(f"\nresults: {out / 'results.json'}; plots and one pcap per point beside it")
