@@ -32,7 +32,7 @@ $(PY):
 	@echo "the Python environment is missing: run 'make setup' first" >&2; exit 1
 
 test: $(PY)
-	$(PY) -m pytest -n $(JOBS) -p no:cacheprovider --durations=12 tests
+	$(PY) -m pytest -n $(JOBS) --maxschedchunk=1 -p no:cacheprovider --durations=12 tests
 
 sim: $(PY)
 	$(PY) tests/run_sim.py $(if $(SIM),--sim $(SIM))
