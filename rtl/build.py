@@ -1,11 +1,11 @@
 """Generate Verilog for the engine: ``python -m rtl.build [outdir]``."""
+import re
 import sys
 from pathlib import Path
 
 from amaranth.back import verilog
 
 from .top import IbgdaNic
-from .nic_array import NicArray
 
 TOP_NAME = "ibgda_nic"
 PAIR_TOP_NAME = "ibgda_nic_pair"
@@ -16,6 +16,44 @@ QUAD_TOP_NAME = "ibgda_nic_quad"
 # Four engines through a switch model (all-to-all): 16 QPs each, the same logic.
 QUAD_PARAMS = {"count": 4, "num_qps": 16}
 
+_PORT = re.compile(r"^\s*(input|output)\s+(\[\d+:0\]\s+)?(\w+);$", re.M)
+
+
+def array_verilog(name, count, **params):
+    """Verilog of ``count`` engines side by side, as :class:`NicArray` describes them.
+
+    Amaranth elaborates every instance of a ``NicArray`` into its own copy of each
+    module, so a simulator compiles the engine ``count`` times. This writes the engine
+    once (module ``<name>_engine``) and a top level ``name`` that instantiates it
+    ``count`` times with NicArray's port names (``n<i>_<port>``; ``clk`` and ``rst``
+    shared): the same circuit, compiled once.
+    """
+    if not isinstance(count, int) or count < 2:
+        raise ValueError(f"count must be an integer >= 2, not {count!r}")
+    engine = f"{name}_engine"
+    text = verilog.convert(IbgdaNic(**params), name=engine, emit_src=False)
+    start = text.index(f"module {engine}(")
+    header = text[start:text.index("endmodule", start)]
+    # Verilator inlines modules into their parent unless told not to; inlined, the
+    # engine would again be compiled once per instance
+    body = text.index(");\n", start) + 3
+    text = text[:body] + "  /*verilator no_inline_module*/\n" + text[body:]
+    ports = [(d, (w or "").strip(), p) for d, w, p in _PORT.findall(header)]
+    shared = {"clk", "rst"}
+    if not shared <= {p for _, _, p in ports}:
+        raise RuntimeError(f"module {engine} has no clk/rst ports")
+    names = ["clk", "rst"] + [f"n{i}_{p}" for i in range(count) for _, _, p in ports if p not in shared]
+    out = [f"\nmodule {name}({', '.join(names)});", "  input clk;", "  input rst;"]
+    for i in range(count):
+        for d, w, p in ports:
+            if p not in shared:
+                out.append(f"  {d} {w + ' ' if w else ''}n{i}_{p};")
+    for i in range(count):
+        conns = ", ".join(f".{p}({p if p in shared else f'n{i}_{p}'})" for _, _, p in ports)
+        out.append(f"  {engine} nic{i} ({conns});")
+    out.append("endmodule\n")
+    return text + "\n".join(out)
+
 
 def generate(outdir="build/verilog", *, top=TOP_NAME, **params):
     """Write the Verilog of ``top`` (``ibgda_nic``: one engine; ``ibgda_nic_pair``: two;
@@ -23,14 +61,14 @@ def generate(outdir="build/verilog", *, top=TOP_NAME, **params):
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     if top == TOP_NAME:
-        design = IbgdaNic(**params)
+        text = verilog.convert(IbgdaNic(**params), name=top, emit_src=False)
     elif top == PAIR_TOP_NAME:
-        design = NicArray(2, **(PAIR_PARAMS | params))
+        text = array_verilog(top, 2, **(PAIR_PARAMS | params))
     elif top == QUAD_TOP_NAME:
-        design = NicArray(**(QUAD_PARAMS | params))
+        p = QUAD_PARAMS | params
+        text = array_verilog(top, p.pop("count"), **p)
     else:
         raise ValueError(f"unknown top level {top!r}; use {TOP_NAME!r}, {PAIR_TOP_NAME!r} or {QUAD_TOP_NAME!r}")
-    text = verilog.convert(design, name=top, emit_src=False)
     path = out / f"{top}.v"
     if not path.exists() or path.read_text() != text:      # keep the mtime: simulators rebuild on change
         path.write_text(text)

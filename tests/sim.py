@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rtl.build import generate, TOP_NAME, QUAD_TOP_NAME       # noqa: E402
+from rtl.build import generate, TOP_NAME       # noqa: E402
 
 SIMULATORS = ("icarus", "verilator")
 VERILATOR_CACHE = Path(os.environ.get("IBGDA_CACHE", Path.home() / ".cache" / "ibgda-nic"))
@@ -49,12 +49,6 @@ def require(sim):
             os.environ["PATH"] = f"{path}{os.pathsep}{os.environ['PATH']}"
     else:
         raise ValueError(f"unknown simulator {sim!r}; use one of {SIMULATORS}")
-
-
-# C++ optimisation of the Verilator model per top level (default: Verilator's -Os). The
-# four-engine model takes over 7 minutes to compile at -Os on 2 cores and 2 at -O0; its
-# regressions are short (about 15,000 cycles), so compile time is what counts there.
-VERILATOR_CFLAGS = {QUAD_TOP_NAME: ["-CFLAGS", "-O0"]}
 
 
 def build_dir(sim, waves=False, top=TOP_NAME):
@@ -120,7 +114,7 @@ def build(sim, *, waves=False, top=TOP_NAME):
         args = []
         if sim == "verilator":
             args = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O3", "--x-assign", "fast",
-                    "--x-initial", "fast"] + VERILATOR_CFLAGS.get(top, [])
+                    "--x-initial", "fast"]
             if waves:
                 args += ["--trace-fst", "--trace-structs"]
         runner.build(sources=[verilog], hdl_toplevel=top, build_dir=bdir, build_args=args,
