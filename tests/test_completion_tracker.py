@@ -22,6 +22,16 @@ def covered(psn, acked):
     return ((acked - psn) & PSN_MASK) < (1 << 23)
 
 
+async def send_ack(ctx, dut, q, psn, syn):
+    """One received ACK/NAK into the tracker."""
+    ctx.set(dut.acks.p.qpn, q)
+    ctx.set(dut.acks.p.psn, psn)
+    ctx.set(dut.acks.p.syndrome, syn)
+    ctx.set(dut.acks.valid, 1)
+    await ctx.tick().until(dut.acks.ready)
+    ctx.set(dut.acks.valid, 0)
+
+
 def test_completion_tracker():
     rnd = random.Random(4)
     dut = CompletionTracker(num_qps=8, num_cqs=4, depth=8)
@@ -102,12 +112,7 @@ def test_completion_tracker():
         for need, (_, q, psn, syn) in acks_plan:
             while sent_count[0] < need or rnd.random() < 0.3:
                 await ctx.tick()
-            ctx.set(dut.acks.p.qpn, q)
-            ctx.set(dut.acks.p.psn, psn)
-            ctx.set(dut.acks.p.syndrome, syn)
-            ctx.set(dut.acks.valid, 1)
-            await ctx.tick().until(dut.acks.ready)
-            ctx.set(dut.acks.valid, 0)
+            await send_ack(ctx, dut, q, psn, syn)
 
     async def sink(ctx):
         cycle = 0
@@ -205,24 +210,17 @@ def test_completion_tracker_failure():
             await ctx.tick().until(dut.sent.ready)
             ctx.set(dut.sent.valid, 0)
 
-        async def ack(q, psn, syn):
-            ctx.set(dut.acks.p.qpn, q)
-            ctx.set(dut.acks.p.psn, psn)
-            ctx.set(dut.acks.p.syndrome, syn)
-            ctx.set(dut.acks.valid, 1)
-            await ctx.tick().until(dut.acks.ready)
-            ctx.set(dut.acks.valid, 0)
         for i in range(6):                      # WQE i: PSNs base+2i, base+2i+1
             for q in (0, 1):
                 await sent(q, i, base + 2 * i + 1)
-        await ack(0, base + 6, 0x62)            # NAK remote access at PSN base+6 (WQE 3)
+        await send_ack(ctx, dut, 0, base + 6, 0x62)            # NAK remote access at PSN base+6 (WQE 3)
         await ctx.tick().repeat(10)
         await sent(0, 6, base + 13)             # a WQE that was in the transmit path: dropped
         for i, syn in ((3, 0x13), (4, 0x05), (5, 0x05), (6, 0x05)):
             await sent(0, i, base + 2 * i, 1, syn)   # the walk's error completions
-        await ack(0, base + 20, 0x1F)           # changes nothing on a failed QP
-        await ack(0, base + 8, 0x60)
-        await ack(1, base + 11, 0x1F)           # QP 1 carries on
+        await send_ack(ctx, dut, 0, base + 20, 0x1F)           # changes nothing on a failed QP
+        await send_ack(ctx, dut, 0, base + 8, 0x60)
+        await send_ack(ctx, dut, 1, base + 11, 0x1F)           # QP 1 carries on
         await ctx.tick().repeat(20)
 
     async def sink(ctx):
