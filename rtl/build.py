@@ -20,13 +20,13 @@ _PORT = re.compile(r"^\s*(input|output)\s+(\[\d+:0\]\s+)?(\w+);$", re.M)
 
 
 def array_verilog(name, count, **params):
-    """Verilog of ``count`` engines side by side, as :class:`NicArray` describes them.
+    """Verilog of ``count`` independent engines on one clock, for system tests of NICs
+    talking to each other (a cocotb simulation has one top level).
 
-    Amaranth elaborates every instance of a ``NicArray`` into its own copy of each
-    module, so a simulator compiles the engine ``count`` times. This writes the engine
-    once (module ``<name>_engine``) and a top level ``name`` that instantiates it
-    ``count`` times with NicArray's port names (``n<i>_<port>``; ``clk`` and ``rst``
-    shared): the same circuit, compiled once.
+    The engine is written once (module ``<name>_engine``) and a top level ``name``
+    instantiates it ``count`` times, NIC i's ports named ``n<i>_<port>`` (``clk`` and
+    ``rst`` shared). An Amaranth design holding several engines would be elaborated into
+    a copy of every module per engine, which a simulator compiles ``count`` times.
     """
     if not isinstance(count, int) or count < 2:
         raise ValueError(f"count must be an integer >= 2, not {count!r}")

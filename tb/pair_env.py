@@ -1,6 +1,6 @@
 """NICs in RTL joined by a network model: the RC regressions' environments.
 
-:class:`NicNetEnv`: the NICs of a ``NicArray`` top level (``ibgda_nic_pair``,
+:class:`NicNetEnv`: the NICs of a multi-engine top level (``ibgda_nic_pair``,
 ``ibgda_nic_quad``) on a ``tb.network`` fabric, NIC i on port i. :class:`NicPairEnv`:
 two NICs and a ``BackToBack`` cable. :class:`NicSwitchEnv`: NICs through a ``Switch``.
 
@@ -25,11 +25,12 @@ NIC_IPS = tuple(0x0A00_0001 + i for i in range(4))                 # 10.0.0.1 ..
 
 
 class NicNetEnv:
-    """``count`` NICs of a ``NicArray`` on a fabric, NIC i on port i.
+    """``count`` NICs of a multi-engine top level (``rtl.build.array_verilog``) on a
+    fabric, NIC i on port i.
 
     Parameters
     ----------
-    dut : the cocotb handle of the ``NicArray`` top level.
+    dut : the cocotb handle of the top level (ports ``n<i>_<port>``).
     count : int
         NICs used (the first ``count`` of the top level).
     net : a ``tb.network`` fabric (``BackToBack``, ``Switch``) with ``count`` ports.

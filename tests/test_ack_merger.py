@@ -12,6 +12,7 @@ import random
 from amaranth.sim import Simulator
 
 from rtl.ack_merger import AckMerger
+from tests.stream_sim import put
 
 MASK = (1 << 24) - 1
 
@@ -29,13 +30,7 @@ def _run(items, ready_p, seed):
         for q, psn, syn, msn in items:
             while rnd.random() < 0.2:
                 await ctx.tick()
-            ctx.set(dut.i.p.qpn, q)
-            ctx.set(dut.i.p.psn, psn)
-            ctx.set(dut.i.p.syndrome, syn)
-            ctx.set(dut.i.p.msn, msn)
-            ctx.set(dut.i.valid, 1)
-            await ctx.tick().until(dut.i.ready)
-            ctx.set(dut.i.valid, 0)
+            await put(ctx, dut.i, qpn=q, psn=psn, syndrome=syn, msn=msn)
 
     async def sink(ctx):
         async for _, _, iv, ir, ip, mg, ov, orr, op in ctx.tick().sample(

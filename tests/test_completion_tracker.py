@@ -14,6 +14,7 @@ import random
 from amaranth.sim import Simulator
 
 from rtl.completion_tracker import CompletionTracker
+from tests.stream_sim import put
 
 PSN_MASK = (1 << 24) - 1
 
@@ -24,12 +25,7 @@ def covered(psn, acked):
 
 async def send_ack(ctx, dut, q, psn, syn):
     """One received ACK/NAK into the tracker."""
-    ctx.set(dut.acks.p.qpn, q)
-    ctx.set(dut.acks.p.psn, psn)
-    ctx.set(dut.acks.p.syndrome, syn)
-    ctx.set(dut.acks.valid, 1)
-    await ctx.tick().until(dut.acks.ready)
-    ctx.set(dut.acks.valid, 0)
+    await put(ctx, dut.acks, qpn=q, psn=psn, syndrome=syn)
 
 
 def test_completion_tracker():
@@ -86,25 +82,11 @@ def test_completion_tracker():
 
     async def drive_sent(ctx):
         for q in range(4):
-            ctx.set(dut.commit.p.qpn, q)
-            ctx.set(dut.commit.p.start_psn, start[q])
-            ctx.set(dut.commit.p.timeout, timeout)
-            ctx.set(dut.commit.p.retry_cnt, 2)
-            ctx.set(dut.commit.valid, 1)
-            await ctx.tick().until(dut.commit.ready)
-            ctx.set(dut.commit.valid, 0)
+            await put(ctx, dut.commit, qpn=q, start_psn=start[q], timeout=timeout, retry_cnt=2)
         for _, q, i, psn in sends:
             while rnd.random() < 0.3:
                 await ctx.tick()
-            ctx.set(dut.sent.p.as_value(), 0)
-            ctx.set(dut.sent.p.qpn, q)
-            ctx.set(dut.sent.p.index, i)
-            ctx.set(dut.sent.p.next_index, i + 1)
-            ctx.set(dut.sent.p.psn, psn)
-            ctx.set(dut.sent.p.uc, q == uc_qp)
-            ctx.set(dut.sent.valid, 1)
-            await ctx.tick().until(dut.sent.ready)
-            ctx.set(dut.sent.valid, 0)
+            await put(ctx, dut.sent, qpn=q, index=i, next_index=i + 1, psn=psn, uc=q == uc_qp)
             sent_count[0] += 1
 
     async def drive_acks(ctx):
@@ -190,25 +172,10 @@ def test_completion_tracker_failure():
         ctx.set(dut.retransmit.ready, 1)
         ctx.set(dut.completions.ready, 1)
         for q in (0, 1):
-            ctx.set(dut.commit.p.qpn, q)
-            ctx.set(dut.commit.p.start_psn, base)
-            ctx.set(dut.commit.p.timeout, 1 << 20)
-            ctx.set(dut.commit.p.retry_cnt, 3)
-            ctx.set(dut.commit.valid, 1)
-            await ctx.tick().until(dut.commit.ready)
-            ctx.set(dut.commit.valid, 0)
+            await put(ctx, dut.commit, qpn=q, start_psn=base, timeout=1 << 20, retry_cnt=3)
 
         async def sent(q, i, psn, error=0, syndrome=0):
-            ctx.set(dut.sent.p.as_value(), 0)
-            ctx.set(dut.sent.p.qpn, q)
-            ctx.set(dut.sent.p.index, i)
-            ctx.set(dut.sent.p.next_index, i + 1)
-            ctx.set(dut.sent.p.psn, psn)
-            ctx.set(dut.sent.p.error, error)
-            ctx.set(dut.sent.p.syndrome, syndrome)
-            ctx.set(dut.sent.valid, 1)
-            await ctx.tick().until(dut.sent.ready)
-            ctx.set(dut.sent.valid, 0)
+            await put(ctx, dut.sent, qpn=q, index=i, next_index=i + 1, psn=psn, error=error, syndrome=syndrome)
 
         for i in range(6):                      # WQE i: PSNs base+2i, base+2i+1
             for q in (0, 1):

@@ -1,0 +1,12 @@
+"""Helpers of the block tests that run in Amaranth's simulator."""
+
+
+async def put(ctx, stream, **fields):
+    """Hand one transfer to ``stream`` (an ``In`` stream of the design under test): the
+    payload zeroed, then ``fields`` set, ``valid`` held until ``ready``."""
+    ctx.set(stream.p.as_value(), 0)
+    for name, value in fields.items():
+        ctx.set(getattr(stream.p, name), value)
+    ctx.set(stream.valid, 1)
+    await ctx.tick().until(stream.ready)
+    ctx.set(stream.valid, 0)
