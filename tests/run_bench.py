@@ -32,7 +32,7 @@ def points(quick):
         out = [pt(s) for s in (8, 150, 16384)] + [pt(8, q) for q in (1, 16)] + [pt(8, batch=4)] \
             + [pt(4096, latency_ns=250)]
         out += [{"kind": "latency", "latency_ns": 1000},
-                {"kind": "share", "weights": [1, 2, 4], "window": 10_000, "latency_ns": 1000}]
+                {"kind": "share", "weights": [1, 2, 4], "window": 20_000, "latency_ns": 1000}]
     else:
         out = [pt(s) for s in SIZES] + [pt(8, q) for q in QPS if q != 8] \
             + [pt(8, batch=b) for b in (1, 4)] + [pt(4096, latency_ns=l) for l in (250, 2000)] \
