@@ -34,7 +34,7 @@ RX_COUNTERS = ("rx_accepted", "rx_ack_received", "rx_bad_length", "rx_not_roce",
                "rx_bad_icrc", "rx_bad_pkey", "rx_bad_opcode", "rx_qp_not_ready", "rx_psn_duplicate",
                "rx_psn_out_of_order", "rx_access_error", "rx_invalid_request", "acks_sent", "naks_sent")
 # Requester reliability (0x0C0): NAKs received, go-back-N retransmissions, ACK timeouts,
-# QPs that ran out of retries, received ACKs folded into a waiting one (AckMerger).
+# QPs that ran out of retries, received ACKs folded into a waiting one (RxDispatch, AckMailbox).
 REQ_COUNTERS = ("naks_received", "retransmits", "timeouts", "retry_exceeded", "acks_merged")
 COUNTERS = TX_COUNTERS + RX_COUNTERS + REQ_COUNTERS
 RX_COUNTER_BASE = 0x080
@@ -69,8 +69,9 @@ class ControlRegisters(wiring.Component):
     mr : Out(MrStage), mr_commit : Out(1), mr_valid : Out(1)
         Register (``mr_valid`` = 1) or deregister the staged region; held until
         ``mr_commit_ack``.
-    counter_inc : In
-        One strobe per counter of ``COUNTERS``.
+    counter_inc : In(ArrayLayout(2, len(COUNTERS)))
+        Per counter of ``COUNTERS``, the count of its events this cycle (0..3: the
+        receive path may drop or take two frames in one cycle).
     """
     def __init__(self, *, num_qps, num_cqs, pd_bits=24):
         self.num_qps, self.num_cqs = num_qps, num_cqs
@@ -85,7 +86,7 @@ class ControlRegisters(wiring.Component):
             "qp_rq_psn": Out(24), "qp_pd": Out(pd_bits), "qp_ack_every": Out(8),
             "qp_timeout": Out(32), "qp_retry_cnt": Out(3),
             "mr": Out(MrStage(pd_bits)), "mr_commit": Out(1), "mr_valid": Out(1), "mr_commit_ack": In(1),
-            "counter_inc": In(len(COUNTERS)),
+            "counter_inc": In(data.ArrayLayout(unsigned(2), len(COUNTERS))),
         })
 
     def elaborate(self, platform):
@@ -94,8 +95,7 @@ class ControlRegisters(wiring.Component):
         qp, cq = self.qp_cfg, self.cq_cfg
         counters = [Signal(32, name=f"cnt_{n}") for n in COUNTERS]
         for i, c in enumerate(counters):
-            with m.If(self.counter_inc[i]):
-                m.d.sync += c.eq(c + 1)
+            m.d.sync += c.eq(c + self.counter_inc[i])
 
         # Registers: address -> (signal, bit slice) for writes; reads return the same.
         rw = {

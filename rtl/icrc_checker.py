@@ -1,8 +1,8 @@
 """Receive side of the ICRC: the MAC RX adapter and the ICRC check.
 
-``MacRxAdapter`` turns the MAC RX AXI-Stream (the segment format of MAC TX,
-docs/interfaces.md) into :func:`~rtl.rx_beat.RxBeat` beats; ``IcrcChecker`` marks
-each frame's last beat with ``icrc_ok``.
+``MacRxAdapter`` turns the MAC RX AXI-Stream (32-byte frame starts, rtl/rx_beat.py,
+docs/interfaces.md) into :func:`~rtl.rx_beat.RxBeat` beats; ``IcrcChecker`` sets
+``icrc_ok`` in the quarter where each frame with a right ICRC ends.
 """
 import struct
 import zlib
@@ -14,14 +14,17 @@ from amaranth.lib.wiring import In, Out
 from spec import formats as F
 from . import icrc_math
 from .axi import AxiStreamSignature
-from .rx_beat import RxBeat, SEGMENT as SEG
+from .rx_beat import RxBeat, QUARTER, QUARTERS
 
 __all__ = ["MacRxAdapter", "IcrcChecker", "RESIDUE", "MIN_FRAME"]
 
-BEAT = 128
+BEAT = QUARTER * QUARTERS     # 128 bytes
 
 # Shortest frame with a whole BTH and an ICRC; shorter ones are reported not ok.
 MIN_FRAME = F.OFF_BTH + F.BTH_LEN + F.ICRC_LEN
+# The checker's length test relies on it: a frame of one quarter is too short, one of
+# three or more long enough, one of two long enough from MIN_FRAME - 32 bytes in the second.
+assert QUARTER < MIN_FRAME <= 2 * QUARTER + 1
 
 
 def _register(msg):
@@ -48,84 +51,86 @@ def _derive_residue():
 
 RESIDUE = _derive_residue()     # 0xDEBB20E3, the CRC-32 residue
 
-# The register after the residue and k zero bytes, k = 0..127: a beat's lanes past a
-# frame's end are fed as zeros, and the zero-byte step is invertible, so comparing
-# with this table is the same as removing the zeros (the inserter's unshift) and
-# comparing with RESIDUE, without 7 matrix stages behind the XOR tree.
+# The register after the residue and k zero bytes, k = 0..127: a frame's register is
+# taken at the end of its last beat, as if the lanes past its end were zeros, and the
+# zero-byte step is invertible, so comparing with this table is the same as removing
+# the zeros (the inserter's unshift) and comparing with RESIDUE, without 7 matrix
+# stages behind the XOR tree.
 _RESIDUE_AFTER_ZEROS = tuple(icrc_math.crc_bits(RESIDUE, 0, 8 * k) for k in range(BEAT))
 
 
 class MacRxAdapter(wiring.Component):
-    """Decodes the MAC RX segment format into receive beats, without latency.
+    """Decodes the MAC RX quarter format into receive beats, without latency.
 
-    A frame starts at lane 0 on the first beat after reset and on the beat after a
-    ``tlast`` beat without ``tuser``. ``tuser`` = 1 on a ``tlast`` beat: the current
-    frame ends in lanes 0..63 and the next starts at lane 64, running into the next
-    beat. ``nbytes`` is the count of contiguous ``tkeep`` ones from lane 0 (within
-    lanes 0..63 when ``tuser``; 128 on a full beat). Back-pressure passes straight
-    through; the only state is whether the next beat continues a frame.
+    ``tuser[q]`` (a frame starts at lane ``32 q``) and ``tuser[4 + q]`` (a frame ends in
+    quarter q) pass as ``sop`` and ``eop``; ``tlast`` (a frame ends in this beat) says
+    nothing more and is dropped. ``ebytes[q]`` is the count of contiguous ``tkeep`` ones
+    from lane ``32 q`` within the quarter, for every quarter (32 on a full one, 0 when
+    lane ``32 q`` is not kept: with ``eop[q]`` a malformed end the checker refuses); it
+    means something only with ``eop[q]``. No state; back-pressure passes straight through.
 
     Members
     -------
-    i : In(AxiStreamSignature(data_width=1024, user_width=1))
+    i : In(AxiStreamSignature(data_width=1024, user_width=8))
         MAC RX (``tdata``, ``tkeep``, ``tvalid``, ``tready``, ``tlast``, ``tuser``), sink.
     o : Out(stream.Signature(RxBeat()))
-        The same beats with ``sop``, ``last``, ``nbytes`` and ``sop_hi``; ``icrc_ok`` = 0.
+        The same beats with ``sop``, ``eop`` and ``ebytes``; ``icrc_ok`` = 0.
     """
     def __init__(self):
-        super().__init__({"i": In(AxiStreamSignature(data_width=8 * BEAT, user_width=1)),
+        super().__init__({"i": In(AxiStreamSignature(data_width=8 * BEAT, user_width=2 * QUARTERS)),
                           "o": Out(stream.Signature(RxBeat(BEAT)))})
 
     def elaborate(self, platform):
         m = Module()
-        cont = Signal()         # lane 0 of the next beat continues a frame
-
-        # Lanes past the lower segment do not belong to the current frame on a tuser beat.
-        keep = Signal(BEAT)
-        m.d.comb += keep.eq(Mux(self.i.tuser[0], self.i.tkeep[:SEG], self.i.tkeep))
-        zeros = Signal(BEAT)
-        m.d.comb += zeros.eq(~keep)
-        lowest = Signal(BEAT)       # one-hot: the lowest lane without keep
-        m.d.comb += lowest.eq(zeros & (~zeros + 1))
-        count = Signal(8)           # its lane number (one-hot to binary); 128 when all are kept
-        m.d.comb += count.eq(Cat(*[Cat(*[lowest[j] for j in range(BEAT) if (j >> b) & 1]).any()
-                                   for b in range(7)], zeros == 0))
+        for q in range(QUARTERS):
+            # The quarter's lanes without keep, and a stop one past its end so that a full
+            # quarter counts 32; the lowest of them (one-hot) is the count.
+            gaps = Signal(QUARTER + 1, name=f"gaps{q}")
+            m.d.comb += gaps.eq(Cat(~self.i.tkeep[QUARTER * q:QUARTER * (q + 1)], 1))
+            lowest = Signal(QUARTER + 1, name=f"lowest{q}")
+            m.d.comb += lowest.eq(gaps & (~gaps + 1))
+            m.d.comb += self.o.p.ebytes[q].eq(
+                Cat(*[Cat(*[lowest[j] for j in range(QUARTER + 1) if (j >> b) & 1]).any()
+                      for b in range(6)]))
 
         m.d.comb += [
             self.o.valid.eq(self.i.tvalid),
             self.i.tready.eq(self.o.ready),
             self.o.p.data.eq(self.i.tdata),
-            self.o.p.sop.eq(~cont),
-            self.o.p.last.eq(self.i.tlast),
-            self.o.p.nbytes.eq(count),
-            self.o.p.sop_hi.eq(self.i.tlast & self.i.tuser[0]),
+            self.o.p.sop.eq(self.i.tuser[:QUARTERS]),
+            self.o.p.eop.eq(self.i.tuser[QUARTERS:]),
         ]
-        with m.If(self.i.tvalid & self.o.ready):
-            m.d.sync += cont.eq(~self.i.tlast | self.i.tuser[0])
         return m
 
 
 class IcrcChecker(wiring.Component):
     """Checks the RoCEv2 ICRC of every received frame, one beat per cycle.
 
-    The receiver learns a frame's length only on its last beat, so the CRC runs over
-    the whole frame including its 4 ICRC bytes: for a right ICRC the register then
-    holds the constant residue (``RESIDUE``). The message and masks are those of
-    ``IcrcInserter`` (SPEC section 5): from frame byte 6, bytes 6-13 as the 0xFF
-    prefix, IPv4 TOS, TTL, header checksum, UDP checksum and BTH byte 4 as 0xFF, for
-    a frame starting at lane 0 or at lane 64. A 1024-bit parallel CRC in two 512-bit
-    halves takes a beat per cycle, so a beat can end one frame and start the next.
-    On the last beat the lanes past the frame are fed as zeros and the register is
-    compared with the residue advanced by that many zero bytes. Frames shorter than
-    ``MIN_FRAME`` (58) bytes, or with a malformed ``nbytes``, are reported not ok.
+    The receiver learns a frame's length only at its end, so the CRC runs over the whole
+    frame including its 4 ICRC bytes: for a right ICRC the register then holds the
+    constant residue (``RESIDUE``). The message and masks are those of ``IcrcInserter``
+    (SPEC section 5): from frame byte 6, bytes 6-13 as the 0xFF prefix, IPv4 TOS, TTL,
+    header checksum, UDP checksum and BTH byte 4 as 0xFF; they lie in the frame's first
+    two quarters, the second of which is quarter 0 of the next beat for a frame that
+    starts at quarter 3.
+
+    A beat can end two frames and start a third, so the 1024-bit parallel CRC is split
+    into four 256-bit quarter products, each taken to the end of the beat: a frame's
+    register at the beat's end is the carried register stepped over the beat (if the
+    frame continues from the last beat) xor the products of its quarters, with the
+    bytes past its end zeroed. In the quarter where a frame ends the register is
+    compared with the residue advanced by the zero bytes from the frame's end to the
+    beat's end. Frames shorter than ``MIN_FRAME`` (58) bytes, which may span two beats,
+    or with a malformed ``ebytes`` (0 or over 32), or ending without a start, are
+    reported not ok.
 
     Members
     -------
     i : In(stream.Signature(RxBeat()))
         Receive beats (``icrc_ok`` ignored).
     o : Out(stream.Signature(RxBeat()))
-        The same beats one cycle later; ``icrc_ok`` set on a frame's last beat when
-        its ICRC is right, 0 on every other beat.
+        The same beats one cycle later; ``icrc_ok[q]`` set with ``eop[q]`` when the
+        frame ending in quarter q has a right ICRC, 0 elsewhere.
     """
     def __init__(self):
         super().__init__({"i": In(stream.Signature(RxBeat(BEAT))),
@@ -134,68 +139,78 @@ class IcrcChecker(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         a_cols, b_cols = icrc_math.update_matrices(8 * BEAT)
-        half = 8 * SEG
+        qbits = 8 * QUARTER
         beat = self.i.p
-        state = Signal(32)      # CRC register of the frame that continues into the next beat
 
-        # The current frame ("A", the one holding lane 0) owns lanes 0..nbytes-1 of its
-        # last beat; the lanes behind it may hold anything.
-        past = Signal(range(BEAT))      # lanes past A's end (an nbytes over 128 is refused below)
-        m.d.comb += past.eq(Mux(beat.last & (beat.nbytes < BEAT), BEAT - beat.nbytes, 0))
-        shamt = Signal(range(8 * BEAT))
-        m.d.comb += shamt.eq(past * 8)
-        keep = Signal(8 * BEAT)
-        m.d.comb += keep.eq(Const((1 << (8 * BEAT)) - 1, 8 * BEAT) >> shamt)
+        # The frame open at the end of the last accepted beat.
+        is_open = Signal()      # there is one (an end without a start is refused)
+        state = Signal(32)      # its register
+        run = Signal(2)         # its quarters so far, saturated at 2 (1: the next is its second)
 
-        first_mask, first_zero, ones = icrc_math.first_segment_masks(BEAT)
-        first = first_mask & ~first_zero & ((1 << (8 * BEAT)) - 1)
-        masked = Signal(8 * BEAT)           # A's message bytes in this beat
-        with m.If(beat.sop):
-            m.d.comb += masked.eq(((beat.data & first) | ones) & keep)
-        with m.Else():
-            m.d.comb += masked.eq(beat.data & keep)
-        # The next frame ("B") from lane 64 when sop_hi: its whole first segment (it runs
-        # into the next beat), masks shifted by one segment.
-        seg_mask = (1 << half) - 1
-        masked_b = Signal(half)
-        m.d.comb += masked_b.eq((beat.data[half:] & (first & seg_mask)) | (ones & seg_mask))
+        # The first two quarters' masks of a frame (message = (data & mask) | ones).
+        first_mask, first_zero, ones = icrc_math.first_segment_masks(2 * QUARTER)
+        first = first_mask & ~first_zero
+        qmask = (1 << qbits) - 1
+        masks = [(first >> (qbits * k)) & qmask for k in range(2)]
+        fills = [(ones >> (qbits * k)) & qmask for k in range(2)]
 
-        # One 1024-bit CRC step as two halves: when B starts, A's bytes are all in the
-        # lower half and the upper half's product alone is B's starting register
-        # (zero register, zeros in front cost nothing).
-        upper = Signal(half)
-        m.d.comb += upper.eq(Mux(beat.sop_hi, masked_b, masked[half:]))
-        lo = Signal(32)
-        hi = Signal(32)
-        m.d.comb += [lo.eq(icrc_math.apply(b_cols[:half], masked[:half], half)),
-                     hi.eq(icrc_math.apply(b_cols[half:], upper, half))]
-        s_in = Signal(32)
-        m.d.comb += s_in.eq(Mux(beat.sop, 0, state))
-        hi_a = Signal(32)
-        m.d.comb += hi_a.eq(Mux(beat.sop_hi, 0, hi))
-        s_new = Signal(32)
-        m.d.comb += s_new.eq(icrc_math.apply(a_cols, s_in, 32) ^ lo ^ hi_a)
+        def next_run(n):
+            return Mux(n == 2, 2, n + 1)
 
-        # Verdict on A's last beat: its register, advanced by the zero lanes past its end.
-        expect = Signal(32)
-        with m.Switch(past):
-            for n, value in enumerate(_RESIDUE_AFTER_ZEROS):
-                with m.Case(n):
-                    m.d.comb += expect.eq(value)
-        well_formed = Signal()
-        m.d.comb += well_formed.eq((beat.nbytes != 0) & (beat.nbytes <= Mux(beat.sop_hi, SEG, BEAT))
-                                   & ~(beat.sop & (beat.nbytes < MIN_FRAME)))
-        ok = Signal()
-        m.d.comb += ok.eq(beat.last & well_formed & (s_new == expect))
+        # Walk the quarters: the register, length and openness of the frame holding each.
+        reg = Signal(32)
+        m.d.comb += reg.eq(icrc_math.apply(a_cols, state, 32))
+        before = run            # quarters of the frame in front of this quarter
+        open_before = is_open
+        ok = Signal(QUARTERS)
+        for q in range(QUARTERS):
+            d = beat.data[qbits * q:qbits * (q + 1)]
+            eop = beat.eop[q]
+            ebytes = beat.ebytes[q]
+            n = Signal(2, name=f"n{q}")             # the frame's quarters in front of this one
+            m.d.comb += n.eq(Mux(beat.sop[q], 0, before))
+            masked = Signal(qbits, name=f"masked{q}")
+            with m.Switch(n):
+                with m.Case(0):
+                    m.d.comb += masked.eq((d & masks[0]) | fills[0])
+                with m.Case(1):
+                    m.d.comb += masked.eq((d & masks[1]) | fills[1])
+                with m.Default():
+                    m.d.comb += masked.eq(d)
+            # Bytes past the frame's end are zeroed (they may hold anything).
+            keep = Signal(qbits, name=f"keep{q}")
+            m.d.comb += keep.eq(Cat(*[(~eop | (ebytes > i)).replicate(8) for i in range(QUARTER)]))
+            msg = Signal(qbits, name=f"msg{q}")    # a signal: the products pick its bits one by one
+            m.d.comb += msg.eq(masked & keep)
+            product = Signal(32, name=f"product{q}")
+            m.d.comb += product.eq(icrc_math.apply(b_cols[qbits * q:qbits * (q + 1)], msg, qbits))
+            # A frame starting here has a zero register in front (zeros in front cost nothing).
+            reg_q = Signal(32, name=f"reg{q}")
+            m.d.comb += reg_q.eq(Mux(beat.sop[q], 0, reg) ^ product)
+            active = Signal(name=f"active{q}")
+            m.d.comb += active.eq(beat.sop[q] | open_before)
+
+            expect = Signal(32, name=f"expect{q}")
+            with m.Switch(ebytes):
+                for e in range(1, QUARTER + 1):
+                    with m.Case(e):
+                        m.d.comb += expect.eq(_RESIDUE_AFTER_ZEROS[BEAT - QUARTER * q - e])
+            # ebytes 1..32, and MIN_FRAME bytes: never in one quarter, always in three.
+            well_formed = Signal(name=f"well_formed{q}")
+            m.d.comb += well_formed.eq((ebytes != 0) & (ebytes <= QUARTER)
+                                       & ((n == 2) | ((n == 1) & (ebytes >= MIN_FRAME - QUARTER))))
+            m.d.comb += ok[q].eq(eop & active & well_formed & (reg_q == expect))
+
+            reg = reg_q
+            before = next_run(n)
+            open_before = active & ~eop
 
         # One register stage.
         m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += self.o.valid.eq(0)
         with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [self.o.valid.eq(1), self.o.p.eq(beat), self.o.p.icrc_ok.eq(ok)]
-            with m.If(beat.sop_hi):
-                m.d.sync += state.eq(hi)
-            with m.Elif(~beat.last):
-                m.d.sync += state.eq(s_new)
+            m.d.sync += [self.o.valid.eq(1), self.o.p.eq(beat), self.o.p.icrc_ok.eq(ok),
+                         # quarter 3's frame, meaningful only while it stays open
+                         is_open.eq(open_before), state.eq(reg), run.eq(before)]
         return m

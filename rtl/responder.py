@@ -1,4 +1,5 @@
-"""RC responder: per-QP PSN check, memory-key check and ACK/NAK decisions for RDMA WRITE."""
+"""RC responder: per-QP PSN check, memory-key check and ACK/NAK decisions for received
+RDMA WRITE requests (``RxDispatch`` takes frame-level drops and received ACK/NAKs)."""
 from amaranth.hdl import *
 from amaranth.lib import wiring, data, enum, stream
 from amaranth.lib.memory import Memory
@@ -9,7 +10,7 @@ from spec.formats import Aeth, MrCheck, Op, QpState
 from .ack_builder import AckRequest
 from .contexts import qp_bits
 from .mr_table import MemoryRegionTable, MrEntry
-from .rx_packet import RxDrop, RxPacket
+from .rx_packet import RxPacket
 from .rx_payload_writer import RxWriteCommand
 
 __all__ = ["Responder", "ResponderConfig", "ResponderEntry", "RxVerdict", "RX_VERDICT_NAMES", "ReceivedAck"]
@@ -18,7 +19,11 @@ PSN_BITS = 24
 
 
 class RxVerdict(enum.Enum, shape=4):
-    """What became of one received frame (one counter each)."""
+    """What became of one received frame (one counter each).
+
+    The names of all the receive counters; the ``Responder`` itself only gives
+    ACCEPTED and the QP-level verdicts (QP_NOT_READY and after): ``RxDispatch`` counts
+    ACKs received and the frame-level drops (BAD_LENGTH..BAD_OPCODE)."""
     ACCEPTED = 0            # a WRITE packet executed
     ACK_RECEIVED = 1        # an ACK/NAK for this NIC's requester side
     BAD_LENGTH = 2
@@ -44,14 +49,6 @@ RX_VERDICT_NAMES = {
     RxVerdict.PSN_OUT_OF_ORDER: "psn_out_of_order", RxVerdict.ACCESS_ERROR: "access_error",
     RxVerdict.INVALID_REQUEST: "invalid_request",
 }
-
-# RxDrop -> RxVerdict for the frame-level reasons (same order of checks).
-_FRAME_DROPS = {
-    RxDrop.BAD_LENGTH: RxVerdict.BAD_LENGTH, RxDrop.NOT_ROCE: RxVerdict.NOT_ROCE,
-    RxDrop.BAD_IP_CHECKSUM: RxVerdict.BAD_IP_CHECKSUM, RxDrop.BAD_ICRC: RxVerdict.BAD_ICRC,
-    RxDrop.BAD_PKEY: RxVerdict.BAD_PKEY, RxDrop.BAD_OPCODE: RxVerdict.BAD_OPCODE,
-}
-
 
 def ResponderConfig(pd_bits):
     """What the CPU writes for a QP's receive side (with the QP's create)."""
@@ -82,6 +79,7 @@ def ResponderEntry(pd_bits):
     return data.StructLayout({"cfg": ResponderConfig(pd_bits), "dyn": ResponderDynamic})
 
 
+# A received ACK/NAK frame, as ``RxDispatch`` passes it to the requester side.
 ReceivedAck = data.StructLayout({
     "qpn": unsigned(24), "psn": unsigned(PSN_BITS), "syndrome": unsigned(8), "msn": unsigned(24),
 })
@@ -89,12 +87,14 @@ ReceivedAck = data.StructLayout({
 
 
 class Responder(wiring.Component):
-    """The receive side of the RC transport for RDMA WRITE, one packet per cycle.
+    """The receive side of the RC transport for RDMA WRITE requests, one packet per cycle.
 
-    Every received frame's descriptor gets exactly one payload command (write or
-    discard), so the payload writer stays in step with the beat stream; a WRITE packet
-    may also produce an ACK/NAK request, and an ACK/NAK frame goes to the requester side.
-    The rules are those of ``model/rc.py`` (``RcResponder.receive``):
+    It sees only the WRITE requests that passed the frame-level checks: ``RxDispatch``
+    counts the frames dropped at frame level and passes received ACK/NAKs to the
+    requester side. Every request's descriptor gets exactly one payload command (write
+    or discard), so the payload writer stays in step with the request frames' beats; a
+    request may also produce an ACK/NAK to send. The rules are those of ``model/rc.py``
+    (``RcResponder.receive``, for the frames that pass its frame-level checks):
 
     - a QP accepts packets in RTR or RTS;
     - PSN: the expected PSN is executed; a duplicate (less than 2^23 behind) is not
@@ -129,20 +129,22 @@ class Responder(wiring.Component):
     Members
     -------
     packets : In(stream.Signature(RxPacket()))
-        Descriptors of all received frames, in order.
+        Descriptors of the received WRITE requests, in order: only ``drop`` = NONE and
+        opcode WRITE FIRST/MIDDLE/LAST/LAST_IMM/ONLY/ONLY_IMM (``RxDispatch.requests``);
+        other frames are not checked for here and must not be sent.
     commit : In(stream.Signature(...))
         ``qpn`` and ``cfg`` (``ResponderConfig``), ``epsn``: create a QP's receive side
         (its dynamic state is reset). Taken only while no packet is in flight.
     mr_commit : In(stream.Signature(...))
         Register or deregister a memory region (``MemoryRegionTable.commit``).
     commands : Out(stream.Signature(RxWriteCommand))
-        One per frame: write its payload at an address, or discard it.
+        One per packet: write its payload at an address, or discard it.
     responses : Out(stream.Signature(AckRequest(num_qps)))
         ACKs and NAKs to send.
-    acks : Out(stream.Signature(ReceivedAck))
-        Received ACK/NAK frames, for the requester side.
     verdict_valid : Out(1), verdict : Out(RxVerdict)
-        One strobe per frame with what became of it (for the counters).
+        One strobe per packet with what became of it (for the counters): ACCEPTED or
+        a QP-level verdict (QP_NOT_READY, PSN_DUPLICATE, PSN_OUT_OF_ORDER,
+        ACCESS_ERROR, INVALID_REQUEST).
     """
     def __init__(self, *, num_qps, num_mrs=1024, pd_bits=24):
         if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
@@ -159,7 +161,6 @@ class Responder(wiring.Component):
                 "index": unsigned((num_mrs - 1).bit_length()), "region": MrEntry(pd_bits)}))),
             "commands": Out(stream.Signature(RxWriteCommand)),
             "responses": Out(stream.Signature(AckRequest(num_qps))),
-            "acks": Out(stream.Signature(ReceivedAck)),
             "verdict_valid": Out(1),
             "verdict": Out(RxVerdict),
         })
@@ -200,15 +201,13 @@ class Responder(wiring.Component):
         with m.Elif(b_go):
             m.d.sync += b_full.eq(0)
 
-        # The key check: only FIRST/ONLY WRITEs of a frame that passed the header checks;
-        # everything else asks for length 0, which the table answers OK.
-        b_first = Signal()
-        m.d.comb += b_first.eq((b_pkt.drop == RxDrop.NONE) & b_pkt.has_reth)
+        # The key check: only FIRST/ONLY (the WRITEs with a RETH); MIDDLE/LAST ask for
+        # length 0, which the table answers OK.
         m.d.comb += [
             mrt.requests.valid.eq(b_full),
             mrt.requests.p.key.eq(b_pkt.reth.rkey),
             mrt.requests.p.addr.eq(b_pkt.reth.va),
-            mrt.requests.p.length.eq(Mux(b_first, b_pkt.reth.dma_len, 0)),
+            mrt.requests.p.length.eq(Mux(b_pkt.has_reth, b_pkt.reth.dma_len, 0)),
             mrt.requests.p.access.eq(F.Access.REMOTE_WRITE),
             mrt.requests.p.pd.eq(rd.data.cfg.pd),
         ]
@@ -227,7 +226,6 @@ class Responder(wiring.Component):
         verdict = Signal(RxVerdict)
         write = Signal()
         respond = Signal()
-        to_req = Signal()
         resp_psn = Signal(PSN_BITS)
         resp_syn = Signal(8)
         fatal_syn = Signal(8)
@@ -267,14 +265,7 @@ class Responder(wiring.Component):
         every = Signal(8)
         m.d.comb += every.eq(Mux(cfg.ack_every == 0, 1, cfg.ack_every))
 
-        with m.If(p.drop != RxDrop.NONE):
-            with m.Switch(p.drop):
-                for drop, v in _FRAME_DROPS.items():
-                    with m.Case(drop):
-                        m.d.comb += verdict.eq(v)
-        with m.Elif(p.opcode == Op.ACK):
-            m.d.comb += [verdict.eq(RxVerdict.ACK_RECEIVED), to_req.eq(1)]
-        with m.Elif(~ready_state | (p.dqpn >= self.num_qps)):
+        with m.If(~ready_state | (p.dqpn >= self.num_qps)):
             m.d.comb += verdict.eq(RxVerdict.QP_NOT_READY)
         with m.Elif(dist[PSN_BITS - 1]):
             m.d.comb += [verdict.eq(RxVerdict.PSN_DUPLICATE), new.dyn.unacked.eq(0),
@@ -308,15 +299,15 @@ class Responder(wiring.Component):
 
         # Outputs: registered, so no valid depends on a ready; the decision waits until
         # every output this packet needs has room.
-        cmd, resp, ack = self.commands, self.responses, self.acks
+        cmd, resp = self.commands, self.responses
         out_ready = Signal()
         m.d.comb += [
-            out_ready.eq((~cmd.valid | cmd.ready) & (~resp.valid | resp.ready) & (~ack.valid | ack.ready)),
+            out_ready.eq((~cmd.valid | cmd.ready) & (~resp.valid | resp.ready)),
             mrt.results.ready.eq(out_ready),
             c_go.eq(mrt.results.valid & out_ready),
             self.verdict_valid.eq(c_go), self.verdict.eq(verdict),
         ]
-        for s_ in (cmd, resp, ack):
+        for s_ in (cmd, resp):
             with m.If(s_.valid & s_.ready):
                 m.d.sync += s_.valid.eq(0)
         with m.If(c_go):
@@ -327,17 +318,13 @@ class Responder(wiring.Component):
                 resp.p.dmac.eq(cfg.dmac), resp.p.dip.eq(cfg.dip), resp.p.dest_qp.eq(cfg.remote_qpn),
                 resp.p.src_qpn.eq(p.dqpn), resp.p.psn.eq(resp_psn), resp.p.syndrome.eq(resp_syn),
                 resp.p.msn.eq(new.dyn.msn),
-                ack.valid.eq(to_req), ack.p.qpn.eq(p.dqpn), ack.p.psn.eq(p.psn),
-                ack.p.syndrome.eq(p.aeth.syndrome), ack.p.msn.eq(p.aeth.msn),
             ]
-        is_qp_packet = Signal()
-        m.d.comb += is_qp_packet.eq((p.drop == RxDrop.NONE) & (p.opcode != Op.ACK) & (p.dqpn < self.num_qps))
 
         # Context write: the decision, or a QP create from the control path.
         pipe_empty = Signal()
         m.d.comb += [pipe_empty.eq(~b_full & ~mrt.results.valid & ~self.packets.valid),
                      self.commit.ready.eq(pipe_empty)]
-        with m.If(c_go & is_qp_packet):
+        with m.If(c_go & (p.dqpn < self.num_qps)):
             m.d.comb += [wr.en.eq(1), wr.addr.eq(p.dqpn[:qb]), wr.data.eq(new)]
             m.d.sync += [last_valid.eq(1), last_qpn.eq(p.dqpn[:qb]), last_ctx.eq(new)]
         with m.Elif(self.commit.valid & self.commit.ready):

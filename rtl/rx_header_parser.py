@@ -1,22 +1,23 @@
-"""Receive header parser: frame checks and one descriptor per received RoCEv2 frame."""
+"""Receive header parser: frame checks and descriptors of received RoCEv2 frames."""
 from amaranth.hdl import *
 from amaranth.lib import wiring, data, stream
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
 from .headers import EthHeader, Ipv4Header, UdpHeader, BthHeader, ipv4_checksum
-from .rx_beat import RxBeat, SEGMENT as SEG
-from .rx_packet import RxDrop, RxPacket
+from .rx_beat import RxBeat, QUARTER, QUARTERS
+from .rx_packet import RxDrop, RxPacket, RxPacketPair
 
 __all__ = ["RxHeaderParser", "RxHeader", "KNOWN_OPCODES"]
 
-BEAT = 128
+BEAT = QUARTERS * QUARTER                   # 128 bytes
 IMMDT_LEN = 4                               # ImmDt extension header (SPEC section 5)
 EXT_BYTES = F.RETH_LEN + IMMDT_LEN          # longest extension headers: WRITE ONLY_IMM
 HDR_BYTES = F.OFF_EXT + EXT_BYTES           # 74 header bytes looked at
 MIN_FRAME = F.OFF_BTH + F.BTH_LEN + F.ICRC_LEN   # 58: Ethernet+IPv4+UDP+BTH+ICRC
 ETH_MIN_FRAME = 60                          # shortest Ethernet frame without FCS (padded up to it)
 LEN_CAP = 1 << 17                           # frame byte counts saturate here (no IPv4 length matches)
+LEN_BITS = 18                               # a frame length: up to LEN_CAP + BEAT
 
 # opcode -> (RETH, ImmDt, AETH) present: the opcodes model/rc.py knows.
 KNOWN_OPCODES = {
@@ -30,7 +31,10 @@ RxHeader = data.StructLayout({
     "eth": EthHeader, "ip": Ipv4Header, "udp": UdpHeader, "bth": BthHeader,
     "ext": data.ArrayLayout(unsigned(8), EXT_BYTES),
 })
-assert RxHeader.size == 8 * HDR_BYTES and HDR_BYTES <= SEG + BEAT
+# A header spans at most two beats (a frame starting at the last quarter takes 42 bytes
+# of the next one), and its length count has room for a beat beyond LEN_CAP.
+assert RxHeader.size == 8 * HDR_BYTES and HDR_BYTES <= QUARTER + BEAT
+assert LEN_CAP + BEAT < 1 << LEN_BITS
 
 
 def _num(field):
@@ -40,129 +44,36 @@ def _num(field):
     return Cat(*(v.word_select(n - 1 - i, 8) for i in range(n)))
 
 
-class RxHeaderParser(wiring.Component):
-    """Checks each received frame's headers and describes it, one beat per cycle.
-
-    Beats pass from ``i`` to ``o`` unchanged and combinationally (for the payload
-    buffer). The parser keeps the first 74 bytes of the frame in progress: from the
-    beat it starts in when it starts at lane 0, or 64 bytes from lanes 64..127 of one
-    beat and 10 from lanes 0..9 of the next when it starts at lane 64, so a beat may end
-    one frame and start the next. On a frame's last beat the header, the frame length
-    and ``icrc_ok`` are registered; the checks run on that register and the descriptor
-    goes into a two-entry queue in front of ``packets`` (two cycles after the last beat).
-
-    The checks and their order are those of ``model.rc.parse_frame``: shorter than 58
-    bytes (BAD_LENGTH); EtherType not IPv4 or version/IHL byte not 0x45 (NOT_ROCE);
-    IPv4 header checksum, the stored value against the one computed (BAD_IP_CHECKSUM);
-    protocol not UDP, a fragment (MF or offset) or UDP destination port not 4791
-    (NOT_ROCE); IPv4 total length or UDP length not matching the frame,
-    after removing Ethernet padding from a 60-byte frame whose IPv4 length is shorter
-    (BAD_LENGTH); ``icrc_ok`` clear (BAD_ICRC); P_Key not 0xFFFF (BAD_PKEY); opcode not
-    accepted (BAD_OPCODE); the opcode's extension headers and PadCnt not fitting, or an
-    ACK with bytes after its AETH (BAD_LENGTH). The frame length is counted exactly up
-    to 128 KiB and saturates beyond, where no IPv4 length can match it.
-
-    ``icrc_ok`` must be the verdict on the frame as ``parse_frame`` checks it: for a
-    60-byte frame padded behind a shorter IPv4 packet, the ICRC in front of the padding.
-
-    Only a frame's last beat needs a descriptor slot: it waits (so the input stalls)
-    while the register and the queue hold three descriptors; other beats pass. The
-    slot count is registered, so no ready depends on ``packets.ready``
-    combinationally.
-
-    Parameters
-    ----------
-    opcodes : iterable of int, or None
-        BTH opcodes accepted (others are BAD_OPCODE), a subset of ``KNOWN_OPCODES``:
-        RC RDMA WRITE FIRST/MIDDLE/LAST/LAST_IMM/ONLY/ONLY_IMM and ACK. None: all of them.
+class _FrameCheck(wiring.Component):
+    """The checks on one frame and its descriptor, combinational (the parser has two).
 
     Members
     -------
-    i : In(stream.Signature(RxBeat()))
-        Beats after the ICRC check (``icrc_ok`` valid on each frame's last beat), in the
-        segment format of ``rtl/rx_beat.py``.
-    o : Out(stream.Signature(RxBeat()))
-        The same beats, unchanged and in order.
-    packets : Out(stream.Signature(RxPacket()))
-        One descriptor per frame, in frame order, after its last beat has left on ``o``.
+    hdr : In(RxHeader)
+        The frame's first 74 bytes (those past its end are don't-care).
+    length : In(18)
+        The frame's bytes, exact up to ``LEN_CAP`` (may exceed it by less than a beat).
+    icrc_ok : In(1)
+        The ICRC verdict on the frame.
+    desc : Out(RxPacket())
+        The frame's descriptor.
     """
-    def __init__(self, *, opcodes=None):
-        if opcodes is None:
-            opcodes = tuple(KNOWN_OPCODES)
-        try:
-            opcodes = tuple(opcodes)
-        except TypeError:
-            raise ValueError(f"opcodes must be an iterable of BTH opcodes or None, not {opcodes!r}") from None
-        bad = [op for op in opcodes if not isinstance(op, int) or op not in KNOWN_OPCODES]
-        if bad:
-            raise ValueError(f"opcodes must be among {sorted(KNOWN_OPCODES)} (RC WRITE and ACK), "
-                             f"not {bad!r}")
-        if not opcodes:
-            raise ValueError("opcodes must name at least one opcode")
-        self.opcodes = frozenset(opcodes)
+    def __init__(self, opcodes):
+        self.opcodes = opcodes
         super().__init__({
-            "i": In(stream.Signature(RxBeat())),
-            "o": Out(stream.Signature(RxBeat())),
-            "packets": Out(stream.Signature(RxPacket())),
+            "hdr": In(RxHeader),
+            "length": In(LEN_BITS),
+            "icrc_ok": In(1),
+            "desc": Out(RxPacket()),
         })
 
     def elaborate(self, platform):
         m = Module()
-        beat = self.i.p
+        h = self.hdr
+        n = self.length
+        desc = self.desc
 
-        # ---- descriptor slots: the check register (s1) and a two-entry queue ------------
-        s1_valid = Signal()
-        s1_hdr = Signal(RxHeader)
-        s1_len = Signal(18)             # frame bytes, exact up to LEN_CAP
-        s1_icrc = Signal()
-        q_level = Signal(range(3))
-        q0 = Signal(RxPacket())         # head
-        q1 = Signal(RxPacket())
-        desc = Signal(RxPacket())       # s1's descriptor
-        # Three slots keep one frame per cycle with a registered stall decision.
-        room = Signal()
-        m.d.comb += room.eq(s1_valid + q_level < 3)
-
-        # ---- pass-through; only a last beat needs a slot ------------------------------
-        go = Signal()
-        m.d.comb += [
-            go.eq(~beat.last | room),
-            self.o.p.eq(beat),
-            self.o.valid.eq(self.i.valid & go),
-            self.i.ready.eq(self.o.ready & go),
-        ]
-        take = Signal()
-        m.d.comb += take.eq(self.i.valid & self.i.ready)
-
-        # ---- the current frame's header and length --------------------------------------
-        count = Signal(range(LEN_CAP + 1))   # bytes of the current frame in earlier beats
-        partial = Signal()                   # it started at lane 64 of the previous beat
-        hdr_reg = Signal(8 * HDR_BYTES)
-        before = Signal(range(LEN_CAP + 1))
-        m.d.comb += before.eq(Mux(beat.sop, 0, count))
-        hdr_cont = Signal(8 * HDR_BYTES)
-        m.d.comb += hdr_cont.eq(Mux(partial, Cat(hdr_reg[:8 * SEG], beat.data[:8 * (HDR_BYTES - SEG)]),
-                                    hdr_reg))
-        hdr_now = Signal(8 * HDR_BYTES)
-        m.d.comb += hdr_now.eq(Mux(beat.sop, beat.data[:8 * HDR_BYTES], hdr_cont))
-        flen = Signal(18)
-        m.d.comb += flen.eq(before + beat.nbytes)
-        count_next = Signal(range(LEN_CAP + BEAT + 1))
-        m.d.comb += count_next.eq(before + BEAT)
-
-        with m.If(take):
-            with m.If(beat.last):
-                m.d.sync += [s1_hdr.eq(hdr_now), s1_len.eq(flen), s1_icrc.eq(beat.icrc_ok),
-                             partial.eq(beat.sop_hi), count.eq(SEG)]
-                with m.If(beat.sop_hi):
-                    m.d.sync += hdr_reg[:8 * SEG].eq(beat.data[8 * SEG:])
-            with m.Else():
-                m.d.sync += [hdr_reg.eq(hdr_now), partial.eq(0),
-                             count.eq(Mux(count_next > LEN_CAP, LEN_CAP, count_next))]
-
-        # ---- checks on s1, in model.rc.parse_frame's order ------------------------------
-        h = s1_hdr
-        n = s1_len
+        # ---- checks, in model.rc.parse_frame's order ------------------------------------
         ip_v = h.ip.as_value()
         cs_off, cs_w = F.get_field(F.IPV4, "checksum")
         ip_zero = Signal(8 * F.IPV4_LEN)     # the IPv4 header with its checksum field zero
@@ -191,7 +102,7 @@ class RxHeaderParser(wiring.Component):
         # is then where the IPv4 length says.
         pad = Signal()
         m.d.comb += pad.eq((n == ETH_MIN_FRAME) & (total_len < ETH_MIN_FRAME - F.OFF_IP))
-        n_eff = Signal(18)
+        n_eff = Signal(LEN_BITS)
         m.d.comb += n_eff.eq(Mux(pad, total_len + F.OFF_IP, n))
         ip_len_bad = Signal()
         m.d.comb += ip_len_bad.eq((n_eff < MIN_FRAME) | (total_len + F.OFF_IP != n_eff)
@@ -223,7 +134,7 @@ class RxHeaderParser(wiring.Component):
             m.d.comb += desc.drop.eq(RxDrop.NOT_ROCE)
         with m.Elif(ip_len_bad):
             m.d.comb += desc.drop.eq(RxDrop.BAD_LENGTH)
-        with m.Elif(~s1_icrc):
+        with m.Elif(~self.icrc_ok):
             m.d.comb += desc.drop.eq(RxDrop.BAD_ICRC)
         with m.Elif(pkey != F.DEFAULT_PKEY):
             m.d.comb += desc.drop.eq(RxDrop.BAD_PKEY)
@@ -238,7 +149,7 @@ class RxHeaderParser(wiring.Component):
         ext = h.ext.as_value()
         imm_bytes = Signal(8 * IMMDT_LEN)    # ImmDt follows the RETH when there is one
         m.d.comb += imm_bytes.eq(Mux(has_reth, ext[8 * F.RETH_LEN:8 * EXT_BYTES], ext[:8 * IMMDT_LEN]))
-        payload_len = Signal(18)
+        payload_len = Signal(LEN_BITS)
         m.d.comb += payload_len.eq(n_eff - need)
         m.d.comb += [
             desc.opcode.eq(opcode), desc.se.eq(flags[7]), desc.padcnt.eq(padcnt),
@@ -255,6 +166,202 @@ class RxHeaderParser(wiring.Component):
             desc.frame_len.eq(Mux(n > 0xFFFF, 0xFFFF, n[:16])),
             desc.smac.eq(_num(h.eth.smac)), desc.sip.eq(_num(h.ip.sip)),
         ]
+        return m
+
+
+class RxHeaderParser(wiring.Component):
+    """Checks each received frame's headers and describes it, one beat per cycle.
+
+    Beats pass from ``i`` to ``o`` unchanged and combinationally (for the beat buffer).
+    They are in the quarter format of ``rtl/rx_beat.py``: frames start at lane 0, 32, 64
+    or 96, a quarter holds bytes of one frame at most, and a beat holds at most two frame
+    starts and two frame ends, so the parser describes up to two frames per beat.
+
+    Header capture: the first 74 bytes of a frame starting at quarter ``s`` are lanes
+    ``32 s ..`` of the beat it starts in; for ``s`` = 2 or 3 the beat holds only 64 or
+    32 of them and the rest (10 or 42 bytes) come from lanes 0.. of the next beat. A
+    frame that ends in the beat it starts in takes its header from that beat only (bytes
+    past its end are don't-care: the length checks reject it before they matter). The
+    header of the one frame that may run on into the next beat is kept in a register
+    (completed there when it needs those bytes), with the count of its bytes so far.
+
+    On a beat where frames end, the headers, lengths (bytes from the frame's start to
+    its end, counted exactly up to 128 KiB and saturating beyond, where no IPv4 length
+    can match) and ``icrc_ok`` bits of the one or two frames ending there are registered
+    as a pair; the checks run on that register, twice (one copy of the check logic per
+    frame), and the descriptor pair goes into a two-entry queue in front of ``packets``
+    (two cycles after the beat).
+
+    The checks and their order are those of ``model.rc.parse_frame``: shorter than 58
+    bytes (BAD_LENGTH); EtherType not IPv4 or version/IHL byte not 0x45 (NOT_ROCE);
+    IPv4 header checksum, the stored value against the one computed (BAD_IP_CHECKSUM);
+    protocol not UDP, a fragment (MF or offset) or UDP destination port not 4791
+    (NOT_ROCE); IPv4 total length or UDP length not matching the frame,
+    after removing Ethernet padding from a 60-byte frame whose IPv4 length is shorter
+    (BAD_LENGTH); ``icrc_ok`` clear (BAD_ICRC); P_Key not 0xFFFF (BAD_PKEY); opcode not
+    accepted (BAD_OPCODE); the opcode's extension headers and PadCnt not fitting, or an
+    ACK with bytes after its AETH (BAD_LENGTH).
+
+    ``icrc_ok`` must be the verdict on the frame as ``parse_frame`` checks it: for a
+    60-byte frame padded behind a shorter IPv4 packet, the ICRC in front of the padding.
+
+    Throughput: one beat per cycle, so two frame ends (two descriptors) per cycle, while
+    ``packets`` and ``o`` are ready. Only a beat in which a frame ends needs a descriptor
+    slot: it waits (so the input stalls) while the register and the queue hold three
+    descriptor pairs; other beats pass. The slot count is registered, so no ready
+    depends on ``packets.ready`` combinationally.
+
+    Parameters
+    ----------
+    opcodes : iterable of int, or None
+        BTH opcodes accepted (others are BAD_OPCODE), a subset of ``KNOWN_OPCODES``:
+        RC RDMA WRITE FIRST/MIDDLE/LAST/LAST_IMM/ONLY/ONLY_IMM and ACK. None: all of them.
+
+    Members
+    -------
+    i : In(stream.Signature(RxBeat()))
+        Beats after the ICRC check (``icrc_ok[q]`` valid with ``eop[q]``).
+    o : Out(stream.Signature(RxBeat()))
+        The same beats, unchanged and in order.
+    packets : Out(stream.Signature(RxPacketPair()))
+        One transfer per beat in which at least one frame ends, after that beat has left
+        on ``o``: the descriptors of the frames ending in it in frame order (``p[0]``,
+        and ``p[1]`` with ``second`` when two ended).
+    """
+    def __init__(self, *, opcodes=None):
+        if opcodes is None:
+            opcodes = tuple(KNOWN_OPCODES)
+        try:
+            opcodes = tuple(opcodes)
+        except TypeError:
+            raise ValueError(f"opcodes must be an iterable of BTH opcodes or None, not {opcodes!r}") from None
+        bad = [op for op in opcodes if not isinstance(op, int) or op not in KNOWN_OPCODES]
+        if bad:
+            raise ValueError(f"opcodes must be among {sorted(KNOWN_OPCODES)} (RC WRITE and ACK), "
+                             f"not {bad!r}")
+        if not opcodes:
+            raise ValueError("opcodes must name at least one opcode")
+        self.opcodes = frozenset(opcodes)
+        super().__init__({
+            "i": In(stream.Signature(RxBeat())),
+            "o": Out(stream.Signature(RxBeat())),
+            "packets": Out(stream.Signature(RxPacketPair())),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        beat = self.i.p
+        sop, eop = beat.sop, beat.eop
+
+        # ---- descriptor slots: the check register (s1) and a two-entry queue ------------
+        s1_valid = Signal()
+        s1_second = Signal()
+        s1_hdr = [Signal(RxHeader, name=f"s1_hdr{k}") for k in range(2)]
+        s1_len = [Signal(LEN_BITS, name=f"s1_len{k}") for k in range(2)]    # frame bytes
+        s1_icrc = [Signal(name=f"s1_icrc{k}") for k in range(2)]
+        q_level = Signal(range(3))
+        q0 = Signal(RxPacketPair())     # head
+        q1 = Signal(RxPacketPair())
+        desc = Signal(RxPacketPair())   # s1's descriptors
+        # Three slots keep one pair per cycle with a registered stall decision.
+        room = Signal()
+        m.d.comb += room.eq(s1_valid + q_level < 3)
+
+        # ---- pass-through; only a beat with a frame end needs a slot --------------------
+        ends = Signal()
+        go = Signal()
+        m.d.comb += [
+            ends.eq(eop.any()),
+            go.eq(~ends | room),
+            self.o.p.eq(beat),
+            self.o.valid.eq(self.i.valid & go),
+            self.i.ready.eq(self.o.ready & go),
+        ]
+        take = Signal()
+        m.d.comb += take.eq(self.i.valid & self.i.ready)
+
+        # ---- where the frames ending in this beat start ----------------------------------
+        # e[0]: quarter of the first end, e[1]: of the last (the second end, if any).
+        # A frame ending in quarter e starts at the last start at or before e; with no
+        # start there it is the frame carried over from earlier beats (only e[0] can be).
+        e = [Signal(2, name="e0"), Signal(2, name="e1")]
+        st = [Signal(name="st0"), Signal(name="st1")]            # it starts in this beat
+        s = [Signal(2, name="start0"), Signal(2, name="start1")]  # at quarter s
+        s_last = Signal(2)                                       # the last start
+        second = Signal()
+        for q in range(QUARTERS):
+            with m.If(eop[QUARTERS - 1 - q]):
+                m.d.comb += e[0].eq(QUARTERS - 1 - q)
+            with m.If(eop[q]):
+                m.d.comb += e[1].eq(q)
+            with m.If(sop[q]):
+                m.d.comb += s_last.eq(q)
+            for k in range(2):
+                with m.If(sop[q] & (e[k] >= q)):
+                    m.d.comb += [st[k].eq(1), s[k].eq(q)]
+        m.d.comb += second.eq((eop & (eop - 1))[:QUARTERS].any())
+        # The frame that starts last runs on into the next beat.
+        opens = Signal()
+        m.d.comb += opens.eq(sop.any() & (~ends | (s_last > e[1])))
+
+        # ---- headers ----------------------------------------------------------------------
+        wide = Cat(beat.data, C(0, 8 * (QUARTER * (QUARTERS - 1) + HDR_BYTES - BEAT)))
+
+        def header_at(start, name):
+            """The header bytes of a frame starting at quarter ``start`` of this beat (from
+            this beat only)."""
+            v = Signal(8 * HDR_BYTES, name=name)
+            with m.Switch(start):
+                for q in range(QUARTERS):
+                    with m.Case(q):
+                        m.d.comb += v.eq(wide[8 * QUARTER * q:8 * (QUARTER * q + HDR_BYTES)])
+            return v
+
+        count = Signal(range(LEN_CAP + 1))  # bytes of the carried-over frame in earlier beats
+        hdr_reg = Signal(8 * HDR_BYTES)     # its header as far as it arrived
+        pend = Signal(2)                    # the quarter it started at, when that was in the last beat
+        hdr_cont = Signal(8 * HDR_BYTES)    # its header with the bytes this beat adds
+        m.d.comb += hdr_cont.eq(hdr_reg)
+        for q in range(QUARTERS):
+            kept = BEAT - QUARTER * q       # header bytes the start beat held
+            if kept < HDR_BYTES:
+                with m.If(pend == q):
+                    m.d.comb += hdr_cont.eq(Cat(hdr_reg[:8 * kept], beat.data[:8 * (HDR_BYTES - kept)]))
+
+        # ---- the frames ending here: header, length, ICRC verdict -------------------------
+        hdr_end = [Signal(8 * HDR_BYTES, name=f"hdr_end{k}") for k in range(2)]
+        len_end = [Signal(LEN_BITS, name=f"len_end{k}") for k in range(2)]
+        icrc_end = [Signal(name=f"icrc_end{k}") for k in range(2)]
+        for k in range(2):
+            upto = Signal(range(BEAT + 1), name=f"upto{k}")      # lanes up to the frame's end
+            m.d.comb += [
+                upto.eq(QUARTER * e[k] + beat.ebytes[e[k]]),
+                hdr_end[k].eq(Mux(st[k], header_at(s[k], f"hdr_start{k}"), hdr_cont)),
+                len_end[k].eq(Mux(st[k], upto - QUARTER * s[k], count + upto)),
+                icrc_end[k].eq(beat.icrc_ok.bit_select(e[k], 1)),
+            ]
+
+        # ---- the frame that runs on into the next beat -------------------------------------
+        hdr_open = header_at(s_last, "hdr_open")
+        count_next = Signal(range(LEN_CAP + BEAT + 1))
+        m.d.comb += count_next.eq(count + BEAT)
+        with m.If(take):
+            with m.If(opens):
+                m.d.sync += [count.eq(BEAT - QUARTER * s_last), hdr_reg.eq(hdr_open), pend.eq(s_last)]
+            with m.Elif(~ends):
+                m.d.sync += [count.eq(Mux(count_next > LEN_CAP, LEN_CAP, count_next)),
+                             hdr_reg.eq(hdr_cont), pend.eq(0)]
+            with m.If(ends):
+                m.d.sync += s1_second.eq(second)
+                for k in range(2):
+                    m.d.sync += [s1_hdr[k].eq(hdr_end[k]), s1_len[k].eq(len_end[k]), s1_icrc[k].eq(icrc_end[k])]
+
+        # ---- checks on s1, once per frame -------------------------------------------------
+        for k in range(2):
+            m.submodules[f"check{k}"] = ck = _FrameCheck(self.opcodes)
+            m.d.comb += [ck.hdr.eq(s1_hdr[k]), ck.length.eq(s1_len[k]), ck.icrc_ok.eq(s1_icrc[k]),
+                         desc.p[k].eq(ck.desc)]
+        m.d.comb += desc.second.eq(s1_second)
 
         # ---- s1 -> queue -> packets -------------------------------------------------------
         read = Signal()
@@ -273,6 +380,6 @@ class RxHeaderParser(wiring.Component):
         m.d.sync += q_level.eq(q_level + write - read)
         with m.If(write):
             m.d.sync += s1_valid.eq(0)
-        with m.If(take & beat.last):
+        with m.If(take & ends):
             m.d.sync += s1_valid.eq(1)
         return m

@@ -9,7 +9,7 @@ as plain integers (the big-endian wire fields converted once, in the parser).
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
-__all__ = ["RxDrop", "RxPacket", "RX_DROP_NAMES"]
+__all__ = ["RxDrop", "RxPacket", "RxPacketPair", "RX_DROP_NAMES"]
 
 
 class RxDrop(enum.Enum, shape=3):
@@ -95,4 +95,20 @@ def RxPacket():
         "frame_len":      unsigned(16),
         "smac":           unsigned(48),
         "sip":            unsigned(32),
+    })
+
+
+def RxPacketPair():
+    """Layout of the descriptors of the frames that end in one beat (one or two).
+
+    Members
+    -------
+    second : 1 bit
+        ``p[1]`` is valid too (two frames ended in the beat); ``p[0]`` always is.
+    p : 2 x :func:`RxPacket`
+        The descriptors in frame order.
+    """
+    return data.StructLayout({
+        "second": unsigned(1),
+        "p":      data.ArrayLayout(RxPacket(), 2),
     })

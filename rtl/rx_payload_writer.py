@@ -4,7 +4,7 @@ from amaranth.lib import wiring, data, stream, fifo
 from amaranth.lib.wiring import In, Out
 
 from .axi import AxiWriteSignature
-from .rx_beat import RxBeat, SEGMENT as SEG
+from .rx_beat import RxSegmentBeat, SEGMENT as SEG
 
 __all__ = ["RxWriteCommand", "RxPayloadWriter"]
 
@@ -43,7 +43,7 @@ _Pending = data.StructLayout({"bursts": unsigned(2), "length": unsigned(13)})
 class RxPayloadWriter(wiring.Component):
     """Writes the payload of accepted WRITE packets to GPU memory; discards other frames.
 
-    Frames arrive on ``beats`` in the MAC's segment format (:func:`rtl.rx_beat.RxBeat`):
+    Frames arrive on ``beats`` in the 64-byte segment format (:func:`rtl.rx_beat.RxSegmentBeat`):
     a frame starts at lane 0, or at lane 64 of the beat that ends the previous frame
     (``sop_hi``). One command per frame arrives on ``commands``, in frame order; it may
     come later than the frame's beats, which then wait (back-pressure on ``beats``; the
@@ -106,7 +106,7 @@ class RxPayloadWriter(wiring.Component):
 
     Members
     -------
-    beats : In(stream.Signature(RxBeat()))
+    beats : In(stream.Signature(RxSegmentBeat()))
         The received frames' beats, in frame order.
     commands : In(stream.Signature(RxWriteCommand))
         One per frame, in frame order.
@@ -133,7 +133,7 @@ class RxPayloadWriter(wiring.Component):
             raise ValueError(f"max_outstanding must be a power of two >= 2, not {max_outstanding!r}")
         self.data_width, self.id_width, self.max_outstanding = data_width, id_width, max_outstanding
         super().__init__({
-            "beats": In(stream.Signature(RxBeat(BEAT))),
+            "beats": In(stream.Signature(RxSegmentBeat(BEAT))),
             "commands": In(stream.Signature(RxWriteCommand)),
             "dma": Out(AxiWriteSignature(addr_width=64, data_width=data_width, id_width=id_width)),
             "done": Out(1),

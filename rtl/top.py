@@ -13,7 +13,7 @@ from spec import params as P
 from .axi import (AxiLiteSignature, AxiWriteSignature, AxiReadSignature, AxiSignature, AxiStreamSignature,
                   flat_members, connect_flat)
 from .ack_builder import AckBuilder, AckRequest
-from .ack_merger import AckMerger
+from .ack_mailbox import AckMailbox
 from .axi_write_arbiter import AxiWriteArbiter
 from .completion_tracker import CompletionTracker
 from .control_registers import ControlRegisters, COUNTERS
@@ -21,7 +21,9 @@ from .icrc_checker import IcrcChecker, MacRxAdapter
 from .responder import Responder, RX_VERDICT_NAMES
 from .rx_beat import RxBeat
 from .rx_header_parser import RxHeaderParser
-from .rx_packet import RxPacket
+from .rx_dispatch import RxDispatch
+from .rx_packet import RX_DROP_NAMES
+from .rx_resegmenter import RxResegmenter
 from .rx_payload_writer import RxPayloadWriter, RxWriteCommand
 from .tx_mux import TxMux
 from .doorbell_decoder import DoorbellDecoder, DoorbellEvent
@@ -76,7 +78,7 @@ class IbgdaNic(wiring.Component):
     m_axi_*     AXI4 master: payload reads, CQE writes and received payload writes to GPU memory.
     m_axi_wqe_* AXI4 master (read channels): WQE reads from the send queues in GPU memory.
     m_axis_tx_* AXI4-Stream master: frames to the MAC.
-    s_axis_rx_* AXI4-Stream slave: frames from the MAC (same 64-byte segment format).
+    s_axis_rx_* AXI4-Stream slave: frames from the MAC (32-byte frame starts, ``tuser`` 8 bits).
     """
     def __init__(self, *, num_qps=P.NUM_QPS, num_cqs=P.NUM_CQS, quantum=P.QUANTUM_WQEBBS,
                  wqe_buffer=P.WQE_BUFFER_WQEBBS, payload_buffer=P.PAYLOAD_BUFFER_BEATS):
@@ -98,7 +100,9 @@ class IbgdaNic(wiring.Component):
                                           id_width=P.AXI_ID_WIDTH),
             # tuser = 1: a second frame starts at lane 64 (64-byte segments, docs/interfaces.md)
             "m_axis_tx": AxiStreamSignature(data_width=data_bits, user_width=1),
-            "s_axis_rx": AxiStreamSignature(data_width=data_bits, user_width=1).flip(),
+            # tuser[q] / tuser[4 + q]: a frame starts at lane 32q / ends in quarter q
+            # (32-byte frame starts: every frame size at line rate, rtl/rx_beat.py)
+            "s_axis_rx": AxiStreamSignature(data_width=data_bits, user_width=8).flip(),
         }
         members = {}
         for prefix, sig in self._sigs.items():
@@ -129,13 +133,14 @@ class IbgdaNic(wiring.Component):
         m.submodules.cqe_writer = cw = CqeWriter(num_qps=nq, num_cqs=nc)
         m.submodules.tx_mux = txm = TxMux(num_qps=nq, num_cqs=nc)
         m.submodules.cpl_tracker = trk = CompletionTracker(num_qps=nq, num_cqs=nc, depth=P.RC_COMPLETIONS_PER_QP)
-        m.submodules.ack_merger = ack_merger = AckMerger()
+        m.submodules.ack_mailbox = ack_mailbox = AckMailbox(num_qps=nq)
         # Receive path.
         m.submodules.mac_rx = rxa = MacRxAdapter()
         m.submodules.icrc_check = ick = IcrcChecker()
         m.submodules.rx_parser = rxp = RxHeaderParser()
         m.submodules.rx_beat_fifo = rx_beats = _StreamFifo(RxBeat(), P.RX_BEAT_BUFFER)
-        m.submodules.rx_pkt_fifo = rx_pkts = _StreamFifo(RxPacket(), 16)
+        m.submodules.rx_dispatch = rxd = RxDispatch()
+        m.submodules.rx_resegmenter = rxs = RxResegmenter()
         m.submodules.responder = rsp = Responder(num_qps=nq, num_mrs=P.NUM_MRS, pd_bits=P.PD_BITS)
         m.submodules.rx_cmd_fifo = rx_cmds = _StreamFifo(RxWriteCommand, 16)
         m.submodules.rx_writer = rpw = RxPayloadWriter()
@@ -209,20 +214,24 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, txm.o, icrc.i)
         wiring.connect(m, cw.dma, wr_arb.a)
         wiring.connect(m, rpw.dma, wr_arb.b)
-        # Receive: MAC -> ICRC check -> headers -> responder; the beats wait in a buffer
-        # until the responder's command for their frame says write or discard.
+        # Receive: MAC -> ICRC check -> headers -> dispatch: frame drops counted, ACKs to
+        # the requester side, WRITE requests to the responder. The beats wait in a buffer;
+        # the resegmenter passes on the WRITE frames' beats, which wait in the payload
+        # writer until the responder's command for their frame says write or discard.
         wiring.connect(m, rxa.o, ick.i)
         wiring.connect(m, ick.o, rxp.i)
         wiring.connect(m, rxp.o, rx_beats.i)
-        wiring.connect(m, rx_beats.o, rpw.beats)
-        wiring.connect(m, rxp.packets, rx_pkts.i)
-        wiring.connect(m, rx_pkts.o, rsp.packets)
+        wiring.connect(m, rx_beats.o, rxs.beats)
+        wiring.connect(m, rxp.packets, rxd.packets)
+        wiring.connect(m, rxd.keep, rxs.keep)
+        wiring.connect(m, rxs.o, rpw.beats)
+        wiring.connect(m, rxd.requests, rsp.packets)
         wiring.connect(m, rsp.commands, rx_cmds.i)
         wiring.connect(m, rx_cmds.o, rpw.commands)
         wiring.connect(m, rsp.responses, ack_fifo.i)
         wiring.connect(m, ack_fifo.o, ackb.requests)
-        wiring.connect(m, rsp.acks, ack_merger.i)
-        wiring.connect(m, ack_merger.o, trk.acks)
+        wiring.connect(m, rxd.acks, ack_mailbox.i)
+        wiring.connect(m, ack_mailbox.o, trk.acks)
         wiring.connect(m, trk.retransmit, wp.retransmit)
         # RC completions wait in the tracker for the ACK that covers them
         wiring.connect(m, cpl_fifo.o, trk.sent)
@@ -259,13 +268,21 @@ class IbgdaNic(wiring.Component):
         m.d.comb += wqe_done.eq(wp.messages.valid & wp.messages.ready)
         incs = {"doorbells": db.accepted, "doorbells_dropped": db.dropped | qpt.db_dropped,
                 "wqes": wqe_done, "packets": sent, "cqes": cw.written, "error_cqes": cw.errors}
+        # Frame-level drops and ACKs are counted at the dispatch (up to two a cycle), the
+        # verdicts on WRITE requests at the responder.
         for v, name in RX_VERDICT_NAMES.items():
             incs[f"rx_{name}"] = rsp.verdict_valid & (rsp.verdict == v)
+        for v, name in RX_DROP_NAMES.items():
+            if name is not None:
+                incs[f"rx_{name}"] = incs[f"rx_{name}"] + rxd.dropped[v.value]
+        incs["rx_ack_received"] = incs["rx_ack_received"] + rxd.acks_received
         resp_sent = Signal()
         m.d.comb += resp_sent.eq(rsp.responses.valid & rsp.responses.ready)
         incs["acks_sent"] = resp_sent & (rsp.responses.p.syndrome == F.Aeth.ACK)
         incs["naks_sent"] = resp_sent & (rsp.responses.p.syndrome != F.Aeth.ACK)
         incs.update({"naks_received": trk.naks, "retransmits": trk.retransmits, "timeouts": trk.timeouts,
-                     "retry_exceeded": trk.retry_exceeded, "acks_merged": ack_merger.merged})
-        m.d.comb += csr.counter_inc.eq(Cat(*(incs[n] for n in COUNTERS)))
+                     "retry_exceeded": trk.retry_exceeded,
+                     "acks_merged": ack_mailbox.merged + rxd.acks_merged})
+        for i, name in enumerate(COUNTERS):
+            m.d.comb += csr.counter_inc[i].eq(incs[name])
         return m

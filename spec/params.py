@@ -4,6 +4,7 @@ CLOCK_MHZ = 500                    # core clock
 CLOCK_PERIOD_NS = 1000 / CLOCK_MHZ # 2 ns
 DATA_BYTES = 128                   # 1024-bit datapath (DMA read/write data, MAC TX)
 SEGMENT_BYTES = 64                 # MAC TX: a frame starts at lane 0 or lane 64 of a beat
+RX_START_BYTES = 32                # MAC RX: a frame starts at lane 0, 32, 64 or 96 of a beat
 DB_DATA_BYTES = 8                  # doorbell/UAR AXI4 slave data width
 CSR_DATA_BYTES = 4                 # AXI4-Lite control path
 DMA_ADDR_WIDTH = 64
@@ -52,5 +53,8 @@ def wire_bytes(frame_len):
 # ---- receive side (responder) ----------------------------------------------------------
 NUM_MRS = 1024                  # memory regions in the key table (key index = key >> 8)
 PD_BITS = 24                    # protection-domain number width
-RX_BEAT_BUFFER = 64             # received beats held until their frame's verdict (>= one 4 KiB frame + slack)
+RX_MAX_FRAME = 9216             # MAC RX: longest frame the MAC hands over (jumbo; it cuts longer ones)
+# received beats held until their frame's verdict: a whole frame of RX_MAX_FRAME bytes
+# (72 beats) and the beats that pass while its verdict is made
+RX_BEAT_BUFFER = 80
 RC_COMPLETIONS_PER_QP = 16      # signaled RC WQEs per QP waiting for their ACK (a full queue stalls MAC TX)

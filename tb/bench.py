@@ -30,6 +30,8 @@ def point_name(p):
         return f"share_w{'-'.join(map(str, p['weights']))}_{p['window']}"
     if kind == "latency":
         return f"latency_{p['latency_ns']}ns"
+    if kind == "rx":
+        return f"rx_{p['flood']}_{p['size']}B_{p.get('qps', 1)}qp"
     return f"write_{p['size']}B_{p['qps']}qp_b{p['batch']}_{p['latency_ns']}ns"
 
 
@@ -158,12 +160,57 @@ async def _latency(dut, p):
             "dma_round_trip_cycles": latency, "cases": rows}
 
 
+async def _rx(dut, p):
+    """A flood of ``frames`` received frames of one kind and size, back to back at the
+    400G line rate on MAC RX: ``garbage`` (another EtherType, dropped), ``ack`` (62-byte
+    ACKs for ``qps`` QPs in turn), ``write`` (WRITE ONLYs of ``size - 74`` payload bytes
+    for ``qps`` QPs in turn, each answered with an ACK). The rate is the wire time of the
+    frames over the cycles MAC RX took to hand them over: 1.0 when it is never held back."""
+    import random
+    from model.frames import QpContext, build_write_frames
+    from model.rc import build_response
+    from spec.formats import Aeth
+    from tb.test_rc import DST, KEY, PORT_IP, PORT_MAC, _not_roce, peer_port, responder_env
+    rnd = random.Random(1)
+    size, n, qps = p["size"], p["frames"], p.get("qps", 1)
+    env, model, peers = await responder_env(dut, rnd, {q: 4096 for q in range(1, qps + 1)},
+                                            {q: 1 for q in range(1, qps + 1)})
+    psn = {q: ctx.start_psn for q, (ctx, _) in peers.items()}
+    frames = []
+    for k in range(n):
+        q = 1 + k % qps
+        ctx, _ = peers[q]
+        if p["flood"] == "garbage":
+            frames.append(_not_roce(size, k))
+        elif p["flood"] == "ack":
+            back = QpContext(qpn=ctx.qpn, remote_qpn=q, dmac=PORT_MAC, dip=PORT_IP, mtu=ctx.mtu)
+            frames.append(build_response(back, peer_port(q), k, Aeth.ACK, k))
+        else:
+            (f,) = build_write_frames(ctx, peer_port(q), DST + 64 * k, KEY, bytes(size - 74), psn[q])
+            psn[q] = (psn[q] + 1) & 0xFFFFFF
+            frames.append(f)
+    assert all(len(f) == size for f in frames)
+    for f in frames:
+        env.rx.send(f)
+    while not env.rx.idle:
+        await ClockCycles(dut.clk, 100)
+    sent = env.rx.sent
+    cycles = sent[-1][2] - sent[0][1] + 1
+    wire_cycles = sum(P.wire_bytes(len(f)) for f in frames) / P.WIRE_BYTES_PER_CYCLE
+    await ClockCycles(dut.clk, 2000)
+    c = await env.ctl.read_counters()
+    return {"point": point_name(p), "kind": "rx", "flood": p["flood"], "frame_bytes": size, "qps": qps,
+            "frames": n, "cycles": cycles, "wire_cycles": wire_cycles,
+            "ratio_to_line_rate": min(1.0, wire_cycles / cycles), "mac_rx_stall_cycles": env.rx.stall_cycles,
+            "counters": {k: v for k, v in c.items() if k.startswith("rx_") or k.startswith("ack")}}
+
+
 def _make(k, p):
     async def bench(dut):
         print(f"[bench] point {k + 1}/{len(POINTS)}: {point_name(p)}", flush=True)
         kind = p.get("kind", "write")
         rec = await (_share(dut, p) if kind == "share" else _latency(dut, p) if kind == "latency"
-                     else _point(dut, p))
+                     else _rx(dut, p) if kind == "rx" else _point(dut, p))
         (OUT / f"{rec['point']}.json").write_text(json.dumps(rec, indent=2))
     bench.__name__ = bench.__qualname__ = f"bench_{k:03d}"
     return cocotb.test()(bench)

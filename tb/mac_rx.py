@@ -1,12 +1,12 @@
 """MAC RX model: frames from the 400 Gb/s wire into the DUT's ``s_axis_rx`` stream.
 
-The beat format is that of MAC TX (docs/interfaces.md, "MAC TX and the wire"): a
-frame starts at lane 0, or at lane 64 behind a last beat of at most 64 bytes when it
-is longer than 68 bytes (``tuser`` = 1 on that beat), so the NIC receives exactly the
-beat stream a peer's MAC TX sends. The MAC is store-and-forward: a frame is handed over
-once its last byte has arrived, and then beat after beat without gaps. Frames arrive
-at the cycles the caller gives (from a link or switch model), or back to back at the
-400G wire rate.
+The beat format (docs/interfaces.md, "MAC RX") starts frames on 32-byte boundaries:
+``tuser`` bit q flags a frame start at lane ``32 q``, bit ``4 + q`` a frame end in
+quarter q, ``tkeep`` the frame bytes (tb/rx_quarters.py builds the beats). The MAC is
+store-and-forward: a frame is handed over once its last byte has arrived, and then
+beat after beat without gaps; a frame that is ready when a beat is built starts in its
+first free quarter. Frames arrive at the cycles the caller gives (from a link or
+switch model), or back to back at the 400G wire rate.
 """
 from collections import deque
 
@@ -14,13 +14,13 @@ import cocotb
 from cocotb.triggers import RisingEdge
 from cocotbext.axi import AxiStreamBus
 
-from spec.params import DATA_BYTES, SEGMENT_BYTES as SEGMENT, WIRE_BYTES_PER_CYCLE, wire_bytes
+from spec.params import DATA_BYTES, RX_MAX_FRAME, WIRE_BYTES_PER_CYCLE, wire_bytes
 
 from .clock import CycleCounter
 from .memory import sig_high
+from .rx_quarters import QuarterPacker
 
 BYTES_PER_CYCLE = int(WIRE_BYTES_PER_CYCLE)
-LANE64_MIN_FRAME = 69       # the transmit rule: only a frame of more than 68 bytes goes at lane 64
 
 
 class MacRx400G:
@@ -50,8 +50,9 @@ class MacRx400G:
         self.sent = []
         self.stall_cycles = 0
         self.wire_end = 0               # arrival end (bytes) of the last frame queued at line rate
-        self._cur = None                # [frame, position, first cycle]
-        self._beat = None               # (frames ending in this beat, frame starting at lane 64)
+        self._packer = QuarterPacker()
+        self._open = deque()            # [frame, first beat cycle] of frames started, not ended
+        self._beat = None               # (beat on the bus, frames starting in it)
         self.bus.tvalid.value = 0
         self._task = cocotb.start_soon(self._run())
 
@@ -62,8 +63,8 @@ class MacRx400G:
         rate behind the frames queued so far (starting now).
         """
         frame = bytes(frame)
-        if len(frame) < 1:
-            raise ValueError("empty frame")
+        if not 1 <= len(frame) <= RX_MAX_FRAME:
+            raise ValueError(f"a MAC hands over frames of 1..{RX_MAX_FRAME} bytes, not {len(frame)}")
         if cycle is None:
             start = max(self.wire_end, BYTES_PER_CYCLE * self.counter.now)
             self.wire_end = start + wire_bytes(len(frame))
@@ -72,35 +73,7 @@ class MacRx400G:
 
     @property
     def idle(self):
-        return not self.queue and self._cur is None and self._beat is None
-
-    def _ready_frame(self, now):
-        return self.queue[0][0] if self.queue and self.queue[0][1] <= now else None
-
-    def _make_beat(self, now):
-        """The next beat: (tdata, tkeep, tlast, tuser) and its bookkeeping, or None."""
-        if self._cur is None:
-            frame = self._ready_frame(now)
-            if frame is None:
-                return None
-            self.queue.popleft()
-            self._cur = [frame, 0, now]
-        frame, pos, _ = self._cur
-        left = len(frame) - pos
-        if left > DATA_BYTES:
-            data = frame[pos:pos + DATA_BYTES]
-            self._cur[1] += DATA_BYTES
-            return int.from_bytes(data, "little"), (1 << DATA_BYTES) - 1, 0, 0, None
-        data = frame[pos:]
-        keep = (1 << left) - 1
-        nxt = self._ready_frame(now)
-        if left <= SEGMENT and nxt is not None and len(nxt) >= LANE64_MIN_FRAME:
-            self.queue.popleft()
-            head = nxt[:SEGMENT]
-            word = int.from_bytes(data, "little") | int.from_bytes(head, "little") << (8 * SEGMENT)
-            keep |= ((1 << SEGMENT) - 1) << SEGMENT
-            return word, keep, 1, 1, nxt
-        return int.from_bytes(data, "little"), keep, 1, 0, None
+        return not self.queue and not self._packer.busy and self._beat is None
 
     async def _run(self):
         edge = RisingEdge(self.clk)
@@ -117,20 +90,27 @@ class MacRx400G:
                 if not sig_high(bus.tready):
                     self.stall_cycles += 1
                     continue
-                last, nxt = self._beat
+                beat, started = self._beat
                 self._beat = None
-                if last:
-                    frame, _, first = self._cur
+                self._open.extend([f, c] for f in started)
+                for _ in beat.ended:
+                    frame, first = self._open.popleft()
                     self.sent.append((frame, first, c))
-                    self._cur = [nxt, SEGMENT, c] if nxt is not None else None
-            beat = self._make_beat(now)
+            started = []
+
+            def peek():
+                return self.queue[0][0] if self.queue and self.queue[0][1] <= now else None
+
+            def pop():
+                started.append(self.queue.popleft()[0])
+
+            beat = self._packer.beat(peek, pop)
             if beat is None:
                 bus.tvalid.value = 0
                 continue
-            word, keep, last, user, nxt = beat
-            bus.tdata.value = word
-            bus.tkeep.value = keep
-            bus.tlast.value = last
-            bus.tuser.value = user
+            bus.tdata.value = beat.data
+            bus.tkeep.value = beat.keep
+            bus.tlast.value = beat.last
+            bus.tuser.value = beat.user
             bus.tvalid.value = 1
-            self._beat = (last, nxt)
+            self._beat = (beat, started)

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rtl.build import PAIR_TOP_NAME         # noqa: E402
+from spec import params as P               # noqa: E402
 from tests.run_sim import default_sim        # noqa: E402
 from tests.sim import SIMULATORS, run        # noqa: E402
 
@@ -40,7 +41,21 @@ def points(quick):
         out += [{"kind": "latency", "latency_ns": l} for l in (250, 1000)]
         out += [{"kind": "share", "weights": [1, 1, 1, 1], "window": 100_000, "latency_ns": 1000},
                 {"kind": "share", "weights": [1, 2, 4], "window": 50_000, "latency_ns": 1000}]
-    return out
+    return out + rx_points(quick)
+
+
+def rx_points(quick):
+    """Receive floods (kind "rx"): every frame size class that needs more than one frame
+    per cycle, and the WRITE sizes around the one-request-per-cycle boundary."""
+    n = 2000 if quick else 6000
+    if quick:
+        return [{"kind": "rx", "flood": "garbage", "size": 65, "frames": n},
+                {"kind": "rx", "flood": "ack", "size": 62, "frames": n, "qps": 1},
+                {"kind": "rx", "flood": "write", "size": 74, "frames": n, "qps": 2}]
+    return ([{"kind": "rx", "flood": "garbage", "size": s, "frames": n} for s in (60, 64, 65, 73, 97)]
+            + [{"kind": "rx", "flood": "ack", "size": 62, "frames": n, "qps": q} for q in (1, 2, 16)]
+            + [{"kind": "rx", "flood": "write", "size": s, "frames": n, "qps": q}
+               for s in (74, 75, 76, 82) for q in (1, 2)])
 
 
 def pair_points(quick):
@@ -110,7 +125,8 @@ def main():
     recs.sort(key=lambda r: (r["dma_latency_ns"], r["doorbell_batch"], r["qps"], r["payload_bytes"]))
     shares = [json.loads(f.read_text()) for f in sorted(out.glob("share_*.json"))]
     lats = [json.loads(f.read_text()) for f in sorted(out.glob("latency_*.json"))]
-    (out / "results.json").write_text(json.dumps(recs + lats + shares + pairs, indent=2))
+    rxs = [json.loads(f.read_text()) for f in sorted(out.glob("rx_*.json"))]
+    (out / "results.json").write_text(json.dumps(recs + lats + shares + rxs + pairs, indent=2))
     print(f"\n{'payload':>8} {'QPs':>4} {'batch':>5} {'DMA ns':>6} {'msgs':>6} {'M msg/s':>8} {'Gb/s':>7} "
           f"{'limit':>7} {'ratio':>6} {'model Gb/s':>10}")
     for r in recs:
@@ -129,6 +145,13 @@ def main():
         ideal = ", ".join(f"{s_:.4f}" for s_ in r["ideal_shares"])
         print(f"\nscheduler shares, weights {r['weights']}, {r['window_frames']} frames: {got} "
               f"(ideal {ideal}; largest error {100 * r['max_share_error']:.2f}%)")
+    if rxs:
+        print("\nreceive floods at the 400G line rate (MAC RX; rate 1.000 = never held back):")
+        print(f"{'kind':>8} {'bytes':>6} {'QPs':>4} {'frames':>7} {'M frames/s':>10} {'rate':>6} {'stalls':>7}")
+        for r in sorted(rxs, key=lambda r: (r["flood"], r["frame_bytes"], r["qps"])):
+            fps = r["frames"] / (r["cycles"] * P.CLOCK_PERIOD_NS) * 1e3
+            print(f"{r['flood']:>8} {r['frame_bytes']:>6} {r['qps']:>4} {r['frames']:>7} {fps:>10.1f} "
+                  f"{r['ratio_to_line_rate']:>6.3f} {r['mac_rx_stall_cycles']:>7}")
     if pairs:
         print("\ntwo nodes, RC, responder in the loop (cable 100 cycles each way, loss on both directions):")
         print(f"{'payload':>8} {'QPs':>4} {'msgs':>6} {'loss':>6} {'Gb/s':>7} {'M msg/s':>8} {'steady':>7} "

@@ -4,9 +4,10 @@
 Frames come from the golden model (``build_rc_packet`` for every WRITE opcode with and
 without immediate, ``build_response`` for ACK/NAK), from the smallest up to several
 beats, plus bad ones for every drop reason and random header mutations. They are packed
-into the receive segment format as the transmit path packs them (a frame of more than
-68 bytes starts at lane 64 behind a last beat of at most 64 bytes), with random bytes in
-the unused lanes and random ``nbytes``/``icrc_ok`` on beats where they mean nothing.
+back to back into the MAC RX quarter format by ``tb.rx_quarters.pack`` (frames start at
+every quarter, up to two end per beat), with random bytes in the lanes no frame holds,
+random ``ebytes``/``icrc_ok`` in quarters where no frame ends, and ``icrc_ok`` from the
+golden model where one does (the ICRC checker is not in this test).
 """
 import random
 
@@ -19,10 +20,13 @@ from model.rc import WRITE_OPCODES, build_rc_packet, build_response, parse_frame
 from rtl.rx_header_parser import RxHeaderParser
 from rtl.rx_packet import RX_DROP_NAMES, RxDrop
 from spec.formats import BTH, IPV4, OFF_BTH, OFF_IP, OFF_UDP, UDP, Aeth, Op, pack
+from tb.rx_quarters import QUARTER, QUARTERS, pack as pack_beats
 
-BEAT = 128
-SEG = 64
+BEAT = QUARTER * QUARTERS
 DROP = {name: drop for drop, name in RX_DROP_NAMES.items()}
+# header bytes a frame of the opcode carries in front of its payload, ICRC included
+OVERHEAD = {Op.WRITE_MIDDLE: 58, Op.WRITE_LAST: 58, Op.WRITE_LAST_IMM: 62, Op.WRITE_FIRST: 74,
+            Op.WRITE_ONLY: 74, Op.WRITE_ONLY_IMM: 78}
 
 
 # ---- frames ----------------------------------------------------------------------------
@@ -209,59 +213,77 @@ def _got(c):
             "msn": c.aeth.msn, "payload_offset": c.payload_offset, "smac": c.smac, "sip": c.sip}
 
 
+def _sized(rnd, n):
+    """A good frame of exactly ``n`` bytes (62..): an ACK for 62, else a WRITE of an
+    opcode whose headers fit."""
+    ops = [op for op, o in OVERHEAD.items() if o <= n]
+    if n == 62 and rnd.random() < 0.5:
+        return _response(rnd, Aeth.ACK)
+    op = rnd.choice(ops)
+    f = _write(rnd, op, n - OVERHEAD[op])
+    assert len(f) == n
+    return f
+
+
 # ---- beats -------------------------------------------------------------------------------
 def _beats(frames, oks, rnd):
-    """The receive beat stream: a frame of more than 68 bytes starts at lane 64 behind a
-    last beat of at most 64 bytes (as the transmit path packs), else at lane 0. Unused
-    lanes hold random bytes; ``nbytes`` and ``icrc_ok`` are random where they mean nothing.
-    Items: (data, sop, last, nbytes, sop_hi, icrc_ok, frame index ending here or None)."""
-    stream = bytearray()
-    starts = []
-    for f in frames:
-        r = len(stream) % BEAT
-        if r and r <= SEG and len(f) > 68:
-            stream += rnd.randbytes(SEG - r)
-        elif r:
-            stream += rnd.randbytes(BEAT - r)
-        starts.append(len(stream))
-        stream += f
-    stream += rnd.randbytes(-len(stream) % BEAT)
+    """The MAC RX beats of ``frames`` back to back (``tb.rx_quarters.pack``), as dicts of
+    the RxBeat fields plus ``ended``: the indices of the frames ending in the beat, in
+    order. Lanes no frame holds carry random bytes; ``ebytes`` and ``icrc_ok`` are random
+    in quarters where no frame ends, ``oks[k]`` where frame k ends."""
     beats = []
-    k = 0                                   # frame holding lane 0
-    for lo in range(0, len(stream), BEAT):
-        s, end = starts[k], starts[k] + len(frames[k])
-        assert s <= lo < end or s == lo
-        last = end <= lo + BEAT
-        sop_hi = last and k + 1 < len(frames) and starts[k + 1] == lo + SEG
-        assert not sop_hi or end <= lo + SEG
-        beats.append((int.from_bytes(stream[lo:lo + BEAT], "little"), int(s == lo), int(last),
-                      end - lo if last else rnd.randrange(256), int(sop_hi),
-                      int(oks[k]) if last else rnd.randrange(2), k if last else None))
-        if last:
-            k += 1
+    k = 0
+    for b in pack_beats(frames):
+        free = 0                            # bit mask of the lanes no frame holds
+        for lane in range(BEAT):
+            if not b.keep >> lane & 1:
+                free |= 0xFF << (8 * lane)
+        ebytes, icrc_ok, ended = [], 0, []
+        for q in range(QUARTERS):
+            if b.eop >> q & 1:
+                assert b.ended[len(ended)] == frames[k]
+                ebytes.append(b.ebytes(q))
+                icrc_ok |= int(oks[k]) << q
+                ended.append(k)
+                k += 1
+            else:
+                ebytes.append(rnd.randrange(64))
+                icrc_ok |= rnd.randrange(2) << q
+        beats.append({"data": b.data | (rnd.getrandbits(8 * BEAT) & free), "sop": b.sop, "eop": b.eop,
+                      "ebytes": ebytes, "icrc_ok": icrc_ok, "ended": ended})
     assert k == len(frames)
+    assert all(len(b["ended"]) <= 2 for b in beats), "more than two frame ends in a beat"
     return beats
 
 
+def _starts(beats):
+    """(beat index, quarter) where each frame starts, in frame order."""
+    return [(n, q) for n, b in enumerate(beats) for q in range(QUARTERS) if b["sop"] >> q & 1]
+
+
+def _fields(b):
+    return (b["data"], b["sop"], b["eop"], tuple(b["ebytes"]), b["icrc_ok"])
+
+
 def _run(frames, oks, rnd, *, opcodes=None, gap=0.0, stall_o=0.0, stall_p=0.0):
-    """Drive the frames' beats; returns (beats out, descriptors, per-descriptor cycle and
-    beats-out count, cycles, input stall cycles, beats in)."""
+    """Drive the frames' beats; returns (beats in, beats out, descriptor pairs, per pair
+    (cycle, beats with frame ends out so far), cycles, input stall cycles)."""
     dut = RxHeaderParser(opcodes=opcodes)
     beats = _beats(frames, oks, rnd)
+    n_pairs = sum(1 for b in beats if b["ended"])
     out, got, cycles = [], [], [0]
-    when = []                               # (cycle, last beats out so far) per descriptor
+    when = []
     stalled = [0]
 
     async def bench(ctx):
         i = 0
         presenting = False
-        lasts_out = 0
-        while len(got) < len(frames):
+        ends_out = 0
+        while len(got) < n_pairs:
             assert cycles[0] < 20 * len(beats) + 100, "the parser stopped"
             if not presenting and i < len(beats) and rnd.random() >= gap:
-                data, sop, last, nbytes, sop_hi, ok, _ = beats[i]
-                ctx.set(dut.i.p, {"data": data, "sop": sop, "last": last, "nbytes": nbytes,
-                                  "sop_hi": sop_hi, "icrc_ok": ok})
+                b = beats[i]
+                ctx.set(dut.i.p, {n: b[n] for n in ("data", "sop", "eop", "ebytes", "icrc_ok")})
                 ctx.set(dut.i.valid, 1)
                 presenting = True
             elif not presenting:
@@ -276,11 +298,11 @@ def _run(frames, oks, rnd, *, opcodes=None, gap=0.0, stall_o=0.0, stall_p=0.0):
                 stalled[0] += 1
             if ctx.get(dut.o.valid) and ctx.get(dut.o.ready):
                 b = ctx.get(dut.o.p)
-                out.append((b.data, b.sop, b.last, b.nbytes, b.sop_hi, b.icrc_ok))
-                lasts_out += b.last
+                out.append((b.data, b.sop, b.eop, tuple(b.ebytes[q] for q in range(QUARTERS)), b.icrc_ok))
+                ends_out += b.eop != 0
             if ctx.get(dut.packets.valid) and ctx.get(dut.packets.ready):
                 got.append(ctx.get(dut.packets.p))
-                when.append((cycles[0], lasts_out))
+                when.append((cycles[0], ends_out))
             await ctx.tick()
             cycles[0] += 1
         for _ in range(5):                  # nothing more may come out
@@ -299,20 +321,36 @@ def _run(frames, oks, rnd, *, opcodes=None, gap=0.0, stall_o=0.0, stall_p=0.0):
 
 
 def _check(frames, beats, out, got, when, opcodes=None):
-    assert out == [b[:6] for b in beats], "beats must pass through unchanged and in order"
-    assert len(got) == len(frames)
+    """Beats passed unchanged; one pair per beat with frame ends, holding those frames'
+    descriptors in order, each as parse_frame says. Returns the drop reasons seen."""
+    assert out == [_fields(b) for b in beats], "beats must pass through unchanged and in order"
+    ending = [b["ended"] for b in beats if b["ended"]]
+    assert len(got) == len(ending)
     reasons = set()
-    for k, (f, c) in enumerate(zip(frames, got)):
-        want, payload = _expect(f, opcodes)
-        have = _got(c)
-        reasons.add(want["drop"])
-        assert {n: have[n] for n in want} == want, f"frame {k} ({len(f)} bytes): {f[:80].hex()}"
-        if payload is not None:
-            off, n = have["payload_offset"], have["payload_len"]
-            assert f[off:off + n] == payload
-        # the descriptor leaves only after the frame's last beat has left on o
-        assert when[k][1] >= k + 1, f"descriptor {k} before its last beat"
+    for j, (ks, pair) in enumerate(zip(ending, got)):
+        assert pair.second == (len(ks) == 2), f"pair {j}: second"
+        for c, k in zip(pair.p, ks):
+            f = frames[k]
+            want, payload = _expect(f, opcodes)
+            have = _got(c)
+            reasons.add(want["drop"])
+            assert {n: have[n] for n in want} == want, f"frame {k} ({len(f)} bytes): {f[:80].hex()}"
+            if payload is not None:
+                off, n = have["payload_offset"], have["payload_len"]
+                assert f[off:off + n] == payload
+        # the pair leaves only after its beat has left on o
+        assert when[j][1] >= j + 1, f"pair {j} before its beat"
     return reasons
+
+
+def _full_rate(frames, oks, rnd, **kw):
+    """Run without stalls: one beat per cycle, each pair two cycles after its beat."""
+    beats, out, got, when, cycles, stalled = _run(frames, oks, rnd, **kw)
+    reasons = _check(frames, beats, out, got, when, kw.get("opcodes"))
+    assert stalled == 0
+    assert cycles == len(beats) + 2
+    assert [c for c, _ in when] == [n + 2 for n, b in enumerate(beats) if b["ended"]]
+    return beats, got, reasons
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -325,30 +363,113 @@ def test_rx_header_parser_random_stalls(seed):
     beats, out, got, when, cycles, stalled = _run(frames, oks, rnd, gap=0.2, stall_o=0.2, stall_p=0.4)
     reasons = _check(frames, beats, out, got, when)
     assert reasons == set(RxDrop), f"drop reasons not reached: {set(RxDrop) - reasons}"
-    assert sum(b[4] for b in beats) > 30, "frames must start at lane 64"
-    assert any(b[1] and b[2] and b[4] for b in beats), "a whole frame in lanes 0..63 before a lane-64 one"
+    starts = _starts(beats)
+    assert {q for _, q in starts} == set(range(QUARTERS)), "frames must start at every quarter"
+    assert sum(len(b["ended"]) == 2 for b in beats) > 20, "two frames must end in a beat"
     assert stalled > 0
 
 
 def test_rx_header_parser_full_rate():
-    """Without stalls the parser takes one beat per cycle, back-to-back frames and lane-64
-    starts included, and each descriptor leaves two cycles after its frame's last beat."""
+    """Without stalls the parser takes one beat per cycle and each descriptor pair leaves
+    two cycles after its beat."""
     rnd = random.Random(3)
     frames = _frames(rnd, n_fuzz=20)
     oks = [_icrc_ok(f, rnd) for f in frames]
-    beats, out, got, when, cycles, stalled = _run(frames, oks, rnd)
+    beats, got, _ = _full_rate(frames, oks, rnd)
+    assert any(len(b["ended"]) == 2 for b in beats)
+
+
+def _dense(rnd, n):
+    """62-byte ACKs and 65..100-byte frames back to back (mostly ACKs), some with a
+    wrong ICRC."""
+    frames = []
+    for _ in range(n):
+        f = _sized(rnd, 62 if rnd.random() < 0.6 else rnd.randint(65, 100))
+        if rnd.random() < 0.1:
+            f = f[:-1] + bytes([f[-1] ^ 1])
+        frames.append(f)
+    return frames
+
+
+def test_rx_header_parser_two_ends_per_beat():
+    """Back-to-back 62-byte ACKs and 65..100-byte frames: two frames end in most beats;
+    with ``packets`` and ``o`` ready the parser still takes one beat per cycle, and with
+    random back-pressure on both it loses nothing."""
+    rnd = random.Random(7)
+    frames = [_sized(rnd, 62) for _ in range(40)] + _dense(rnd, 300)
+    oks = [_icrc_ok(f, rnd) for f in frames]
+    beats, got, reasons = _full_rate(frames, oks, rnd)
+    two = sum(len(b["ended"]) == 2 for b in beats)
+    assert two > 0.6 * len(beats), (two, len(beats))
+    assert all(len(b["ended"]) == 2 for b in beats[:20])         # the ACK run: two every beat
+    assert {RxDrop.NONE, RxDrop.BAD_ICRC} <= reasons
+    assert {q for _, q in _starts(beats)} == set(range(QUARTERS))
+    for stall_o, stall_p in ((0.3, 0.0), (0.0, 0.5), (0.3, 0.5)):
+        beats, out, got, when, cycles, stalled = _run(frames, oks, rnd, stall_o=stall_o, stall_p=stall_p)
+        _check(frames, beats, out, got, when)
+        assert stalled > 0
+
+
+def _placed(rnd, targets):
+    """``targets`` [(quarter, frame)] with filler frames between them so that each
+    target frame starts at its quarter; returns (frames, indices of the targets)."""
+    frames, idx = [], []
+    pos = 0                                 # first quarter (counted from the stream's start) free
+    for q, f in targets:
+        d = (q - pos) % QUARTERS
+        fill = {0: [], 1: [rnd.randint(129, 160)], 2: [62], 3: [rnd.randint(65, 96)]}[d]
+        if d == 1 and rnd.random() < 0.5:
+            fill = [62, rnd.randint(65, 96)]
+        for n in fill:
+            frames.append(_sized(rnd, n))
+            pos += max(-(-n // QUARTER), 2)
+        idx.append(len(frames))
+        frames.append(f)
+        pos += max(-(-len(f) // QUARTER), 2)
+    return frames, idx
+
+
+def test_rx_header_parser_every_quarter():
+    """Frames start at every quarter: headers split over two beats (a frame starting at
+    quarter 2 or 3 and ending in the next beat, or running on), frames shorter than 58
+    bytes across two beats, frames of 32 bytes or less at quarters 0..2, frames of 58..64
+    bytes whose header the beat does not hold whole; full rate, then with back-pressure."""
+    rnd = random.Random(8)
+    w = lambda op=Op.WRITE_ONLY, size=20: _write(rnd, op, size)
+    targets = []
+    for q in range(QUARTERS):
+        for f in ([w()[:k] for k in (1, 14, 31, 32, 33, 42, 43, 50, 57)]
+                  + [w(Op.WRITE_MIDDLE, 0), w(Op.WRITE_MIDDLE, 2), _response(rnd, Aeth.ACK),
+                     w(Op.WRITE_MIDDLE, 0) + rnd.randbytes(2),                           # padded to 60
+                     w(Op.WRITE_LAST_IMM, 0), w(Op.WRITE_LAST_IMM, 2),
+                     w(Op.WRITE_MIDDLE, 10), w(Op.WRITE_ONLY, 0), w(Op.WRITE_ONLY_IMM, 0),
+                     w(Op.WRITE_ONLY_IMM, 1), w(Op.WRITE_FIRST, 30), w(Op.WRITE_ONLY_IMM, 60),
+                     w(Op.WRITE_ONLY, 200), w(Op.WRITE_ONLY_IMM, 300),
+                     _mutate(w(Op.WRITE_ONLY_IMM, 0), lambda f: f.__setitem__(-1, f[-1] ^ 1), fix_icrc=False),
+                     _mutate(w(Op.WRITE_ONLY, 8), _set(BTH, OFF_BTH, pkey=0x7FFF))]):
+            if q < QUARTERS - 1 or len(f) > QUARTER:      # no frame of <= 32 bytes starts in quarter 3
+                targets.append((q, f))
+    rnd.shuffle(targets)
+    frames, idx = _placed(rnd, targets)
+    oks = [_icrc_ok(f, rnd) for f in frames]
+    beats, got, reasons = _full_rate(frames, oks, rnd)
+    starts = _starts(beats)
+    for (q, f), k in zip(targets, idx):
+        assert starts[k][1] == q
+    ends = {k: n for n, b in enumerate(beats) for k in b["ended"]}
+    spans = {(starts[k][1], len(frames[k])) for k in idx if ends[k] == starts[k][0] + 1}
+    assert {(3, n) for n in (33, 42, 43, 50, 57, 58, 62, 74, 78)} <= spans     # short ones across beats
+    assert {(2, n) for n in (74, 78, 79)} <= spans
+    assert {RxDrop.NONE, RxDrop.BAD_LENGTH, RxDrop.BAD_ICRC, RxDrop.BAD_PKEY} <= reasons
+    beats, out, got, when, cycles, stalled = _run(frames, oks, rnd, gap=0.2, stall_o=0.3, stall_p=0.4)
     _check(frames, beats, out, got, when)
-    assert stalled == 0
-    last_cycle = {b[6]: c for c, b in enumerate(beats) if b[6] is not None}
-    assert [c for c, _ in when] == [last_cycle[k] + 2 for k in range(len(frames))]
-    assert cycles == len(beats) + 2
 
 
 def test_rx_header_parser_packets_stalled():
-    """With packets not ready, the parser stops at a frame's last beat once three
-    descriptors wait, loses nothing, and goes on when they are taken."""
+    """With packets not ready, the parser stops at a beat with frame ends once three
+    descriptor pairs wait, loses nothing, and goes on when they are taken."""
     rnd = random.Random(4)
-    frames = [_write(rnd, Op.WRITE_MIDDLE, 4) for _ in range(12)]        # one beat each
+    frames = [_write(rnd, Op.WRITE_MIDDLE, 4) for _ in range(24)]       # 62 bytes: two per beat
     oks = [_icrc_ok(f, rnd) for f in frames]
     beats, out, got, when, cycles, stalled = _run(frames, oks, rnd, stall_p=0.9)
     _check(frames, beats, out, got, when)
@@ -372,7 +493,7 @@ def test_rx_header_parser_long_frames():
     """Frame lengths beyond 16 bits: a 65,540-byte WRITE ONLY (IPv4 length 65,526) is
     accepted as parse_frame accepts it, a 65,560-byte frame (longer than any IPv4 length
     can say) is BAD_LENGTH, also when its lengths would match a 16-bit count; ``frame_len``
-    saturates at 65,535."""
+    saturates at 65,535. Each starts at a different quarter."""
     rnd = random.Random(6)
     big = _write(rnd, Op.WRITE_ONLY, 65466)
     # 65,674 bytes whose IPv4/UDP lengths would match a count that stopped at 65,536 + 10
@@ -381,10 +502,12 @@ def test_rx_header_parser_long_frames():
     frames = [big, _write(rnd, Op.WRITE_MIDDLE, 1), big[:-4] + rnd.randbytes(20) + big[-4:], alias,
               _response(rnd, Aeth.ACK)]
     oks = [_icrc_ok(f, rnd) for f in frames]
-    beats, out, got, when, cycles, stalled = _run(frames, oks, rnd)
-    _check(frames, beats, out, got, when)
-    assert [c.drop for c in got] == [RxDrop.NONE, RxDrop.NONE, RxDrop.BAD_LENGTH, RxDrop.BAD_LENGTH, RxDrop.NONE]
-    assert got[0].payload_len == 65466 and got[0].frame_len == 0xFFFF and got[2].frame_len == 0xFFFF
+    beats, got, _ = _full_rate(frames, oks, rnd)
+    descs = [c for pair in got for c in pair.p[:1 + pair.second]]
+    assert [c.drop for c in descs] == [RxDrop.NONE, RxDrop.NONE, RxDrop.BAD_LENGTH, RxDrop.BAD_LENGTH,
+                                       RxDrop.NONE]
+    assert descs[0].payload_len == 65466 and descs[0].frame_len == 0xFFFF and descs[2].frame_len == 0xFFFF
+    assert len({q for _, q in _starts(beats)}) >= 3
 
 
 @pytest.mark.parametrize("opcodes", [[Op.SEND_ONLY], [], 5, [Op.ACK, "x"]])

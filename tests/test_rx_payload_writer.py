@@ -113,8 +113,9 @@ def _workload(rnd, aligns=ALIGNS, offsets=(70, 54, 58, 74), discards=True):
 def _beats(frames):
     """The segment format of MAC TX (tests/test_blocks.py ``_beats``): a frame of more than
     68 bytes starts at lane 64 behind a last beat of at most 64 bytes, else at lane 0.
-    Returns RxBeat field dicts, per frame the index of its last beat, and per frame its
-    start lane (0 or 64)."""
+    Returns beat dicts (the RxSegmentBeat fields and, for the checks, ``sop`` and
+    ``nbytes``), per frame the index of its last beat, and per frame its start lane (0 or
+    64)."""
     stream, starts = bytearray(), []
     for f in frames:
         rem = len(stream) % BEAT
@@ -138,8 +139,7 @@ def _beats(frames):
         if last:
             last_beat.append(b)
         beats.append({"data": int.from_bytes(stream[lo:hi], "little"), "sop": int(starts[k] == lo),
-                      "last": int(last), "nbytes": (end - lo) if last else 0, "sop_hi": int(sop_hi),
-                      "icrc_ok": int(last)})
+                      "last": int(last), "nbytes": (end - lo) if last else 0, "sop_hi": int(sop_hi)})
     assert len(last_beat) == len(frames)
     return beats, last_beat, [o % BEAT for o in starts]
 
@@ -178,8 +178,8 @@ def _simulate(items, *, p_arrive, p_valid, p_cmd, p_aw, p_w, b_delay, seed, max_
                     break
             if not beat_on and fifo and rnd.random() < p_valid:
                 beat_on = True
-                for name, v in beats[fifo[0]].items():
-                    ctx.set(getattr(dut.beats.p, name), v)
+                for name in ("data", "last", "sop_hi"):          # RxSegmentBeat
+                    ctx.set(getattr(dut.beats.p, name), beats[fifo[0]][name])
             ctx.set(dut.beats.valid, beat_on)
             if (not cmd_on and cmd_next < len(items) and cmd_ready_at.get(cmd_next, 1 << 60) <= cycle
                     and rnd.random() < p_cmd):
