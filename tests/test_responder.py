@@ -122,6 +122,23 @@ def _set(ctx, sig, d):
             ctx.set(f, v)
 
 
+
+async def _setup(ctx, dut, qps, regions):
+    """Create the QPs (qpn -> (expected PSN, MTU, state, ack_every)) and register the regions."""
+    for qpn, (psn, mtu, state, ack_every) in qps.items():
+        _set(ctx, dut.commit.p, {"qpn": qpn, "epsn": psn, "cfg": {
+            "state": state, "pd": PD, "ack_every": ack_every, "mtu": mtu_code(mtu), "remote_qpn": 0x100 + qpn,
+            "dmac": A_MAC, "dip": A_IP}})
+        ctx.set(dut.commit.valid, 1)
+        await ctx.tick().until(dut.commit.ready)
+        ctx.set(dut.commit.valid, 0)
+    for r in regions:
+        _set(ctx, dut.mr_commit.p, {"index": r.key >> 8, "region": {
+            "valid": 1, "key": r.key, "base": r.base, "length": r.length, "access": r.access, "pd": r.pd}})
+        ctx.set(dut.mr_commit.valid, 1)
+        await ctx.tick().until(dut.mr_commit.ready)
+        ctx.set(dut.mr_commit.valid, 0)
+
 def test_responder_matches_model():
     rnd = random.Random(11)
     mtus = {1: 256, 2: 1024, 3: 512}
@@ -149,18 +166,7 @@ def test_responder_matches_model():
     got_cmd, got_resp, got_verdict = [], [], []
 
     async def setup_and_drive(ctx):
-        for qpn, (psn, mtu, state, ack_every) in created.items():
-            _set(ctx, dut.commit.p, {"qpn": qpn, "epsn": psn, "cfg": {
-                "state": state, "pd": PD, "ack_every": ack_every, "mtu": mtu_code(mtu), "remote_qpn": 0x100 + qpn, "dmac": A_MAC, "dip": A_IP}})
-            ctx.set(dut.commit.valid, 1)
-            await ctx.tick().until(dut.commit.ready)
-            ctx.set(dut.commit.valid, 0)
-        for r in REGIONS:
-            _set(ctx, dut.mr_commit.p, {"index": r.key >> 8, "region": {
-                "valid": 1, "key": r.key, "base": r.base, "length": r.length, "access": r.access, "pd": r.pd}})
-            ctx.set(dut.mr_commit.valid, 1)
-            await ctx.tick().until(dut.mr_commit.ready)
-            ctx.set(dut.mr_commit.valid, 0)
+        await _setup(ctx, dut, created, REGIONS)
         for f in frames:
             while rnd.random() < 0.2:
                 await ctx.tick()
@@ -251,19 +257,8 @@ def test_responder_one_per_cycle():
     async def drive(ctx):
         ctx.set(dut.commands.ready, 1)
         ctx.set(dut.responses.ready, 1)
-        for qpn, req in reqs.items():
-            _set(ctx, dut.commit.p, {"qpn": qpn, "epsn": req.start_psn, "cfg": {
-                "state": QpState.RTS, "pd": PD, "ack_every": 2, "mtu": mtu_code(256),
-                "remote_qpn": 0x100 + qpn, "dmac": A_MAC, "dip": A_IP}})
-            ctx.set(dut.commit.valid, 1)
-            await ctx.tick().until(dut.commit.ready)
-            ctx.set(dut.commit.valid, 0)
-        r = REGIONS[0]
-        _set(ctx, dut.mr_commit.p, {"index": r.key >> 8, "region": {
-            "valid": 1, "key": r.key, "base": r.base, "length": r.length, "access": r.access, "pd": r.pd}})
-        ctx.set(dut.mr_commit.valid, 1)
-        await ctx.tick().until(dut.mr_commit.ready)
-        ctx.set(dut.mr_commit.valid, 0)
+        await _setup(ctx, dut, {qpn: (req.start_psn, 256, QpState.RTS, 2) for qpn, req in reqs.items()},
+                     REGIONS[:1])
         for f in frames:
             ctx.set(dut.packets.p.as_value(), 0)
             _set(ctx, dut.packets.p, descriptor(f))
