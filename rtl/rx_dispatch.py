@@ -98,8 +98,9 @@ class RxDispatch(wiring.Component):
         Received ACK/NAKs, in frame order.
     keep : Out(stream.Signature(RxKeepPair))
         Per parser pair: which of its frames are requests.
-    dropped : Out(ArrayLayout(2, 8))
-        Per ``RxDrop`` value, frames dropped for that reason this cycle (0..2).
+    dropped : Out(ArrayLayout(2, 6))
+        Entry ``v - 1`` per ``RxDrop`` value v (1..6): frames dropped for that reason this
+        cycle (0..2).
     acks_received : Out(2)
         ACK/NAK frames taken this cycle.
     acks_merged : Out(1)
@@ -115,7 +116,7 @@ class RxDispatch(wiring.Component):
             "requests": Out(stream.Signature(RxPacket())),
             "acks": Out(stream.Signature(ReceivedAck)),
             "keep": Out(stream.Signature(RxKeepPair)),
-            "dropped": Out(data.ArrayLayout(unsigned(2), 8)),
+            "dropped": Out(data.ArrayLayout(unsigned(2), len(RxDrop) - 1)),
             "acks_received": Out(2),
             "acks_merged": Out(1),
         })
@@ -185,6 +186,6 @@ class RxDispatch(wiring.Component):
             m.d.comb += self.acks_received.eq(is_ack[0] + is_ack[1])
             for v in RxDrop:
                 if v != RxDrop.NONE:
-                    m.d.comb += self.dropped[v.value].eq(
+                    m.d.comb += self.dropped[v.value - 1].eq(
                         (valid[0] & (d[0].drop == v)) + (valid[1] & (d[1].drop == v)))
         return m

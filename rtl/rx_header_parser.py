@@ -297,7 +297,7 @@ class RxHeaderParser(wiring.Component):
             with m.If(sop[q]):
                 m.d.comb += s_last.eq(q)
             for k in range(2):
-                with m.If(sop[q] & (e[k] >= q)):
+                with m.If(sop[q] & ((e[k] >= q) if q else 1)):       # (every end is at or after quarter 0)
                     m.d.comb += [st[k].eq(1), s[k].eq(q)]
         m.d.comb += second.eq((eop & (eop - 1))[:QUARTERS].any())
         # The frame that starts last runs on into the next beat.

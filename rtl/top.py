@@ -274,7 +274,7 @@ class IbgdaNic(wiring.Component):
             incs[f"rx_{name}"] = rsp.verdict_valid & (rsp.verdict == v)
         for v, name in RX_DROP_NAMES.items():
             if name is not None:
-                incs[f"rx_{name}"] = incs[f"rx_{name}"] + rxd.dropped[v.value]
+                incs[f"rx_{name}"] = incs[f"rx_{name}"] + rxd.dropped[v.value - 1]
         incs["rx_ack_received"] = incs["rx_ack_received"] + rxd.acks_received
         resp_sent = Signal()
         m.d.comb += resp_sent.eq(rsp.responses.valid & rsp.responses.ready)

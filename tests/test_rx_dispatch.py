@@ -94,8 +94,8 @@ def _run(pairs, ready_p, seed):
             if kv and kr:
                 res["keeps"].append((bool(kp.second), (kp.keep & 1, kp.keep >> 1)))
             for d in DROPS:
-                if dropped[d.value]:
-                    res["drops"][d.value] = res["drops"].get(d.value, 0) + dropped[d.value]
+                if dropped[d.value - 1]:
+                    res["drops"][d.value] = res["drops"].get(d.value, 0) + dropped[d.value - 1]
             res["n_acks"] += n_acks
             res["folds"] += fold
             for s in (dut.requests, dut.acks, dut.keep):
