@@ -5,17 +5,13 @@ from amaranth.lib.wiring import In, Out
 
 from spec.formats import Aeth, Op
 from .responder import ReceivedAck
-from .rx_packet import RxDrop, RxPacket, RxPacketPair
+from .rx_packet import Pair, RxDrop, RxPacket, RxPacketPair
 from .rx_resegmenter import RxKeepPair
 
 __all__ = ["RxDispatch", "PairSplitter"]
 
 PSN_BITS = 24
 PSN_HALF = 1 << (PSN_BITS - 1)
-
-
-def _pair(shape):
-    return data.StructLayout({"second": unsigned(1), "p": data.ArrayLayout(shape, 2)})
 
 
 class PairSplitter(wiring.Component):
@@ -38,11 +34,11 @@ class PairSplitter(wiring.Component):
         if not isinstance(depth, int) or depth < 2:
             raise ValueError(f"depth must be an integer >= 2, not {depth!r}")
         self._shape, self._depth = shape, depth
-        super().__init__({"i": In(stream.Signature(_pair(shape))), "o": Out(stream.Signature(shape))})
+        super().__init__({"i": In(stream.Signature(Pair(shape))), "o": Out(stream.Signature(shape))})
 
     def elaborate(self, platform):
         m = Module()
-        layout = _pair(self._shape)
+        layout = Pair(self._shape)
         m.submodules.fifo = q = fifo.SyncFIFOBuffered(width=layout.size, depth=self._depth)
         head = Signal(layout)
         half = Signal()                 # p[0] of the head has left; p[1] is next

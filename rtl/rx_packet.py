@@ -9,7 +9,7 @@ as plain integers (the big-endian wire fields converted once, in the parser).
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
-__all__ = ["RxDrop", "RxPacket", "RxPacketPair", "RX_DROP_NAMES"]
+__all__ = ["RxDrop", "RxPacket", "Pair", "RxPacketPair", "RX_DROP_NAMES"]
 
 
 class RxDrop(enum.Enum, shape=3):
@@ -98,6 +98,12 @@ def RxPacket():
     })
 
 
+def Pair(shape):
+    """One or two entries of ``shape`` that travel together: ``p[0]``, and ``p[1]`` when
+    ``second`` is 1."""
+    return data.StructLayout({"second": unsigned(1), "p": data.ArrayLayout(shape, 2)})
+
+
 def RxPacketPair():
     """Layout of the descriptors of the frames that end in one beat (one or two).
 
@@ -108,7 +114,4 @@ def RxPacketPair():
     p : 2 x :func:`RxPacket`
         The descriptors in frame order.
     """
-    return data.StructLayout({
-        "second": unsigned(1),
-        "p":      data.ArrayLayout(RxPacket(), 2),
-    })
+    return Pair(RxPacket())
