@@ -7,6 +7,7 @@ from amaranth.lib.wiring import In, Out
 from spec.formats import Aeth
 from .contexts import qp_bits
 from .responder import ReceivedAck
+from .rx_packet import Pair
 
 __all__ = ["AckMailbox"]
 
@@ -38,48 +39,57 @@ def _replaces(m, new, old):
 
 
 class AckMailbox(wiring.Component):
-    """Between the responder's received ACK/NAKs and the completion tracker: per QP one
+    """Between the receive dispatch's ACK/NAKs and the completion tracker: per QP one
     waiting record, into which the QP's later ACK/NAKs fold, so the input is never held.
 
-    The receive path delivers up to one ACK/NAK per cycle; the tracker spends about 3.5
-    cycles on one. Of two records of a QP the tracker needs only the one that says more
-    (see ``_replaces``: the newer acknowledged PSN, a NAK on a tie, a fatal NAK over
+    The receive path delivers up to two ACK/NAKs per cycle (two 62-byte ACK frames can
+    end in one beat: at line rate they come 1.16 per cycle); the tracker spends about
+    3.5 cycles on one. Of two records of a QP the tracker needs only the one that says
+    more (see ``_replaces``: the newer acknowledged PSN, a NAK on a tie, a fatal NAK over
     anything, an RNR NAK never), so a QP needs at most one waiting record, and the QPs
     that have one need a place in line: a FIFO of QPNs in order of first arrival, each QP
     at most once, so ``num_qps`` entries never overflow. Both live in RAM (a slot per QP:
     busy bit and record; the FIFO's QPNs), not in per-QP flip-flops.
 
-    An input is taken every cycle (``i.ready`` is constant 1, also during reset: the
-    slot RAM starts empty by its init value, which a reset does not restore — like the
-    other QP tables). Cycle t takes it and reads its QP's slot; cycle t+1 decides: no
-    record waits — store it and push the QPN; one waits — the one that says more stays
-    in the slot and ``merged`` pulses for the other. ``o`` presents the slot of the QP
-    at the head of the FIFO (read each cycle, transparent to this cycle's writes, so a
-    record that folds into the presented one changes ``o.p`` while ``o.valid`` waits for
-    ``o.ready``; the tracker takes ``o.p`` at the transfer); when it leaves the slot is
-    cleared. A record that arrives in the cycle its QP's record leaves finds the slot
-    empty: it is stored and the QPN pushed again (the departing record is not
-    changed under the transfer). With the output ready, a record leaves two cycles after
-    it was taken, and the order of the QPs is the order of their first arrival.
+    An input pair is taken every cycle (``i.ready`` is constant 1, also during reset:
+    the slot RAM starts empty by its init value, which a reset does not restore — like
+    the other QP tables). Cycle t takes it and reads the slots of its one or two QPs;
+    cycle t+1 decides. Two records of one QP in a pair fold first (``p[1]`` is the
+    newer), so the lanes then hold different QPs and touch different slots. Per lane: no
+    record waits — store it and push the QPN (lane 0's first); one waits — the one that
+    says more stays in the slot and the other counts in ``merged``. ``o`` presents the
+    slot of the QP at the head of the FIFO (read each cycle, transparent to this cycle's
+    writes, so a record that folds into the presented one changes ``o.p`` while
+    ``o.valid`` waits for ``o.ready``; the tracker takes ``o.p`` at the transfer); when
+    it leaves the slot is cleared. A record that arrives in the cycle its QP's record
+    leaves finds the slot empty: it is stored and the QPN pushed again (the departing
+    record is not changed under the transfer). With the output ready, a record leaves
+    two cycles after it was taken (lane 1's of a pair of two QPs one cycle later), and
+    the order of the QPs is the order of their first arrival.
+
+    The slot RAM has three write ports (two lanes, the clear) and three read ports (two
+    lanes, the head): the price of taking two QPs' ACKs in one cycle, on a table of one
+    record (~60 bits) per QP.
 
     Members
     -------
-    i : In(stream.Signature(ReceivedAck))
-        ACK/NAK frames received; ``i.ready`` is always 1. The QP is ``qpn[:qp_bits]``.
+    i : In(stream.Signature(Pair(ReceivedAck)))
+        ACK/NAK frames received, one or two per transfer in frame order; ``i.ready`` is
+        always 1. The QP is ``qpn[:qp_bits]``.
     o : Out(stream.Signature(ReceivedAck))
         To the completion tracker.
-    merged : Out(1)
-        Strobe: a record did not leave on its own (dropped or replaced), one cycle after
-        its successor was taken.
+    merged : Out(2)
+        Records that did not leave on their own (dropped or replaced) this cycle, one
+        cycle after their successor was taken.
     """
     def __init__(self, num_qps):
         if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
             raise ValueError(f"num_qps must be a power of two >= 2, not {num_qps!r}")
         self.num_qps = num_qps
         super().__init__({
-            "i": In(stream.Signature(ReceivedAck)),
+            "i": In(stream.Signature(Pair(ReceivedAck))),
             "o": Out(stream.Signature(ReceivedAck)),
-            "merged": Out(1),
+            "merged": Out(2),
         })
 
     def elaborate(self, platform):
@@ -88,22 +98,36 @@ class AckMailbox(wiring.Component):
         i, o = self.i, self.o
         slot_layout = data.StructLayout({"busy": 1, "rec": ReceivedAck})
         m.submodules.slots = slots = Memory(shape=slot_layout, depth=self.num_qps, init=[])
-        # two writers (the input's store, the output's clear), two readers (the input's
-        # QP, the head QP); both readers see the writes of the cycle they read in, so
-        # what they return is the slot as it is when its data is used (no forwarding)
-        in_wr, clr_wr = slots.write_port(), slots.write_port()
-        in_rd = slots.read_port(transparent_for=(in_wr, clr_wr))
-        out_rd = slots.read_port(transparent_for=(in_wr, clr_wr))
+        # writers: the lanes' stores and the output's clear; readers: the lanes' QPs and
+        # the head QP. Every reader sees the writes of the cycle it reads in, so what it
+        # returns is the slot as it is when its data is used (no forwarding).
+        in_wr = [slots.write_port() for _ in range(2)]
+        clr_wr = slots.write_port()
+        in_rd = [slots.read_port(transparent_for=(*in_wr, clr_wr)) for _ in range(2)]
+        out_rd = slots.read_port(transparent_for=(*in_wr, clr_wr))
         m.submodules.order = order = Memory(shape=unsigned(qb), depth=self.num_qps, init=[])
-        f_wr = order.write_port()
-        f_rd = order.read_port(transparent_for=(f_wr,))
+        f_wr = [order.write_port() for _ in range(2)]
+        f_rd = order.read_port(transparent_for=f_wr)
 
-        # Stage 1: the input (always taken) and its QP's slot read.
-        m.d.comb += [i.ready.eq(1), in_rd.addr.eq(i.p.qpn[:qb])]
-        s1_valid = Signal()
-        s1 = Signal(ReceivedAck)
-        m.d.sync += [s1_valid.eq(i.valid), s1.eq(i.p)]
-        s1_qp = s1.qpn[:qb]
+        # Stage 1: the input (always taken) and its QPs' slot reads.
+        m.d.comb += i.ready.eq(1)
+        s1_valid = Signal(2)
+        s1 = Signal(Pair(ReceivedAck))
+        m.d.sync += [s1_valid.eq(Mux(i.valid, Cat(1, i.p.second), 0)), s1.eq(i.p)]
+        for k in range(2):
+            m.d.comb += in_rd[k].addr.eq(i.p.p[k].qpn[:qb])
+
+        # Stage 2a: two records of one QP fold into the one that says more (lane 0).
+        same = Signal()
+        lane_valid = Signal(2)
+        lane = [Signal(ReceivedAck, name=f"lane{k}") for k in range(2)]
+        lane_qp = [lane[k].qpn[:qb] for k in range(2)]
+        m.d.comb += [
+            same.eq(s1_valid[1] & (s1.p[0].qpn[:qb] == s1.p[1].qpn[:qb])),
+            lane_valid.eq(Cat(s1_valid[0], s1_valid[1] & ~same)),
+            lane[0].eq(Mux(same & _replaces(m, s1.p[1], s1.p[0]), s1.p[1], s1.p[0])),
+            lane[1].eq(s1.p[1]),
+        ]
 
         # The output: the head QP's slot.
         head_valid = Signal()
@@ -111,45 +135,52 @@ class AckMailbox(wiring.Component):
         leaving = Signal()
         m.d.comb += [o.valid.eq(head_valid), o.p.eq(out_rd.data.rec), leaving.eq(head_valid & o.ready)]
 
-        # Stage 2: decide. A record leaving now is gone for the arriving one (so the
-        # transfer and the fold never touch the same record).
-        waiting = Signal()
-        push = Signal()
-        m.d.comb += waiting.eq(in_rd.data.busy & ~(leaving & (head_qp == s1_qp)))
-        replaces = _replaces(m, s1, in_rd.data.rec)
-        m.d.comb += [in_wr.addr.eq(s1_qp), in_wr.data.busy.eq(1), in_wr.data.rec.eq(s1)]
-        with m.If(s1_valid):
-            with m.If(~waiting):
-                m.d.comb += [push.eq(1), in_wr.en.eq(1)]
-            with m.Else():
-                m.d.comb += [self.merged.eq(1), in_wr.en.eq(replaces)]
-        # (when the arriving record is of the leaving QP it is stored there: no clear)
-        m.d.comb += [clr_wr.addr.eq(head_qp), clr_wr.data.eq(0),
-                     clr_wr.en.eq(leaving & ~(s1_valid & (s1_qp == head_qp)))]
+        # Stage 2b: decide per lane. A record leaving now is gone for the arriving one (so
+        # the transfer and the fold never touch the same record).
+        push = Signal(2)
+        folded = Signal(2)
+        for k in range(2):
+            waiting = Signal(name=f"waiting{k}")
+            m.d.comb += waiting.eq(in_rd[k].data.busy & ~(leaving & (head_qp == lane_qp[k])))
+            replaces = _replaces(m, lane[k], in_rd[k].data.rec)
+            m.d.comb += [in_wr[k].addr.eq(lane_qp[k]), in_wr[k].data.busy.eq(1), in_wr[k].data.rec.eq(lane[k])]
+            with m.If(lane_valid[k]):
+                with m.If(~waiting):
+                    m.d.comb += [push[k].eq(1), in_wr[k].en.eq(1)]
+                with m.Else():
+                    m.d.comb += [folded[k].eq(1), in_wr[k].en.eq(replaces)]
+        m.d.comb += self.merged.eq(same + folded[0] + folded[1])
+        # (when an arriving record is of the leaving QP it is stored there: no clear)
+        arriving_head = Cat(*[lane_valid[k] & (lane_qp[k] == head_qp) for k in range(2)]).any()
+        m.d.comb += [clr_wr.addr.eq(head_qp), clr_wr.data.eq(0), clr_wr.en.eq(leaving & ~arriving_head)]
 
         # The FIFO of QPNs behind the head. Its read port reads the next front each
         # cycle; a QPN pushed into an empty FIFO while the head is free becomes the head
-        # at once, so a record leaves two cycles after it was taken.
+        # at once, so a record leaves two cycles after it was taken. The pushes of a
+        # cycle, lane 0's first, go to consecutive places.
+        first_qp = Signal(qb)           # the first QPN pushed this cycle
+        m.d.comb += first_qp.eq(Mux(push[0], lane_qp[0], lane_qp[1]))
         wr_ptr, rd_ptr = Signal(qb + 1), Signal(qb + 1)
         nonempty = Signal()
         m.d.comb += nonempty.eq(wr_ptr != rd_ptr)
         next_valid, next_qp = Signal(), Signal(qb)
-        pop, enq = Signal(), Signal()
-        m.d.comb += [next_valid.eq(head_valid), next_qp.eq(head_qp)]
+        pop = Signal()
+        enq = Signal(2)                 # which lanes' QPNs go into the FIFO
+        m.d.comb += [next_valid.eq(head_valid), next_qp.eq(head_qp), enq.eq(push)]
         with m.If(~head_valid | o.ready):
             with m.If(nonempty):
-                m.d.comb += [next_valid.eq(1), next_qp.eq(f_rd.data), pop.eq(1), enq.eq(push)]
+                m.d.comb += [next_valid.eq(1), next_qp.eq(f_rd.data), pop.eq(1)]
             with m.Else():
-                m.d.comb += [next_valid.eq(push), next_qp.eq(s1_qp)]
-        with m.Else():
-            m.d.comb += enq.eq(push)
+                # the first push becomes the head, a second one goes into the FIFO
+                m.d.comb += [next_valid.eq(push.any()), next_qp.eq(first_qp), enq.eq(Mux(push.all(), 0b10, 0))]
         rd_next = Signal(qb + 1)
         m.d.comb += [
             rd_next.eq(rd_ptr + pop),
             f_rd.addr.eq(rd_next[:qb]),
-            f_wr.en.eq(enq), f_wr.addr.eq(wr_ptr[:qb]), f_wr.data.eq(s1_qp),
+            f_wr[0].en.eq(enq[0]), f_wr[0].addr.eq(wr_ptr[:qb]), f_wr[0].data.eq(lane_qp[0]),
+            f_wr[1].en.eq(enq[1]), f_wr[1].addr.eq((wr_ptr + enq[0])[:qb]), f_wr[1].data.eq(lane_qp[1]),
             out_rd.addr.eq(next_qp),          # the slot the output shows next cycle
         ]
-        m.d.sync += [rd_ptr.eq(rd_next), wr_ptr.eq(wr_ptr + enq),
+        m.d.sync += [rd_ptr.eq(rd_next), wr_ptr.eq(wr_ptr + enq[0] + enq[1]),
                      head_valid.eq(next_valid), head_qp.eq(next_qp)]
         return m

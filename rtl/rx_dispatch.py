@@ -3,15 +3,13 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, data, fifo, stream
 from amaranth.lib.wiring import In, Out
 
-from spec.formats import Aeth, Op
+from spec.formats import Op
 from .responder import ReceivedAck
 from .rx_packet import Pair, RxDrop, RxPacket, RxPacketPair
 from .rx_resegmenter import RxKeepPair
 
 __all__ = ["RxDispatch", "PairSplitter"]
 
-PSN_BITS = 24
-PSN_HALF = 1 << (PSN_BITS - 1)
 
 
 class PairSplitter(wiring.Component):
@@ -64,18 +62,17 @@ class RxDispatch(wiring.Component):
 
     - a frame dropped at frame level (``drop`` not NONE) is counted here and goes no
       further;
-    - an ACK/NAK goes to ``acks`` for the requester side. Two ACKs (not NAKs) of one QP
-      from one beat become one, the newer (an ACK says all that an older one of the QP
-      says; ``acks_merged`` counts the folded one), so an ACK flood of one QP needs one
-      entry per beat;
+    - an ACK/NAK goes to ``acks`` for the requester side, the one or two of a pair
+      together (the ACK mailbox takes two per cycle);
     - a WRITE request goes to ``requests`` for the responder; only such frames have
       payload, so the frames the payload writer sees are exactly these: ``keep`` says
       so per frame, for the resegmenter, in the parser's pairs.
 
-    The ACKs and requests wait in pair queues read one per cycle; a frame of those kinds
-    costs at least 62 (ACK) or 58 bytes (WRITE) on the wire, so their rates stay within
-    one per cycle except for the shortest WRITE and ACK floods, which the queues absorb
-    up to their depth. A pair is taken when every queue has room.
+    The requests wait in a pair queue read one per cycle; a WRITE frame costs at least
+    98 bytes of wire time, so their rate stays within one per cycle except for the
+    floods of WRITEs with 0 or 1 payload bytes (1.02 and 1.01 per cycle), which the queue
+    absorbs up to its depth. The ACKs wait in pairs. A pair is taken when every queue
+    has room.
 
     Parameters
     ----------
@@ -90,8 +87,8 @@ class RxDispatch(wiring.Component):
         The parser's descriptors.
     requests : Out(stream.Signature(RxPacket()))
         WRITE requests (drop NONE, not an ACK), in frame order.
-    acks : Out(stream.Signature(ReceivedAck))
-        Received ACK/NAKs, in frame order.
+    acks : Out(stream.Signature(Pair(ReceivedAck)))
+        Received ACK/NAKs, the one or two of a beat, in frame order.
     keep : Out(stream.Signature(RxKeepPair))
         Per parser pair: which of its frames are requests.
     dropped : Out(ArrayLayout(2, 6))
@@ -99,8 +96,6 @@ class RxDispatch(wiring.Component):
         cycle (0..2).
     acks_received : Out(2)
         ACK/NAK frames taken this cycle.
-    acks_merged : Out(1)
-        Strobe: two ACKs of a beat became one.
     """
     def __init__(self, *, depth=8, keep_depth=32):
         for name, v in (("depth", depth), ("keep_depth", keep_depth)):
@@ -110,20 +105,21 @@ class RxDispatch(wiring.Component):
         super().__init__({
             "packets": In(stream.Signature(RxPacketPair())),
             "requests": Out(stream.Signature(RxPacket())),
-            "acks": Out(stream.Signature(ReceivedAck)),
+            "acks": Out(stream.Signature(Pair(ReceivedAck))),
             "keep": Out(stream.Signature(RxKeepPair)),
             "dropped": Out(data.ArrayLayout(unsigned(2), len(RxDrop) - 1)),
             "acks_received": Out(2),
-            "acks_merged": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.req_q = req_q = PairSplitter(RxPacket(), self._depth)
-        m.submodules.ack_q = ack_q = PairSplitter(ReceivedAck, self._depth)
+        ack_layout = Pair(ReceivedAck)
+        m.submodules.ack_q = ack_q = fifo.SyncFIFOBuffered(width=ack_layout.size, depth=self._depth)
         m.submodules.keep_q = keep_q = fifo.SyncFIFOBuffered(width=RxKeepPair.size, depth=self._keep_depth)
         wiring.connect(m, wiring.flipped(self.requests), req_q.o)
-        wiring.connect(m, wiring.flipped(self.acks), ack_q.o)
+        m.d.comb += [self.acks.valid.eq(ack_q.r_rdy), self.acks.p.eq(ack_q.r_data),
+                     ack_q.r_en.eq(self.acks.ready)]
 
         pair = self.packets.p
         valid = [C(1, 1), pair.second]
@@ -141,7 +137,7 @@ class RxDispatch(wiring.Component):
 
         take = Signal()
         m.d.comb += [
-            self.packets.ready.eq(req_q.i.ready & ack_q.i.ready & keep_q.w_rdy),
+            self.packets.ready.eq(req_q.i.ready & ack_q.w_rdy & keep_q.w_rdy),
             take.eq(self.packets.valid & self.packets.ready),
         ]
 
@@ -153,22 +149,14 @@ class RxDispatch(wiring.Component):
             req_q.i.p.p[1].eq(d[1]),
         ]
 
-        # ACKs: likewise, two plain ACKs of one QP folded into the newer.
-        fold = Signal()
-        newer = Signal()
+        # ACKs: likewise.
+        ack_pair = Signal(ack_layout)
         m.d.comb += [
-            fold.eq(is_ack[0] & is_ack[1] & (acks[0].qpn == acks[1].qpn)
-                    & (acks[0].syndrome[5:7] == Aeth.KIND_ACK) & (acks[1].syndrome[5:7] == Aeth.KIND_ACK)),
-            newer.eq((acks[1].psn - acks[0].psn)[:PSN_BITS] < PSN_HALF),
-            ack_q.i.valid.eq(take & (is_ack[0] | is_ack[1])),
-            ack_q.i.p.second.eq(is_ack[0] & is_ack[1] & ~fold),
-            ack_q.i.p.p[1].eq(acks[1]),
-            self.acks_merged.eq(take & fold),
+            ack_pair.second.eq(is_ack[0] & is_ack[1]),
+            ack_pair.p[0].eq(Mux(is_ack[0], acks[0], acks[1])),
+            ack_pair.p[1].eq(acks[1]),
+            ack_q.w_data.eq(ack_pair), ack_q.w_en.eq(take & (is_ack[0] | is_ack[1])),
         ]
-        with m.If(fold):
-            m.d.comb += ack_q.i.p.p[0].eq(Mux(newer, acks[1], acks[0]))
-        with m.Else():
-            m.d.comb += ack_q.i.p.p[0].eq(Mux(is_ack[0], acks[0], acks[1]))
 
         keep = Signal(RxKeepPair)
         m.d.comb += [

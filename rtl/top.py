@@ -282,7 +282,7 @@ class IbgdaNic(wiring.Component):
         incs["naks_sent"] = resp_sent & (rsp.responses.p.syndrome != F.Aeth.ACK)
         incs.update({"naks_received": trk.naks, "retransmits": trk.retransmits, "timeouts": trk.timeouts,
                      "retry_exceeded": trk.retry_exceeded,
-                     "acks_merged": ack_mailbox.merged + rxd.acks_merged})
+                     "acks_merged": ack_mailbox.merged})
         for i, name in enumerate(COUNTERS):
             m.d.comb += csr.counter_inc[i].eq(incs[name])
         return m

@@ -1,16 +1,19 @@
 """AckMailbox: one waiting ACK/NAK record per QP; the input is never held.
 
-Random ACK/NAK streams (one per cycle, some gaps) over 1, 2, 16 and all QPs: ACKs,
+Random ACK/NAK streams (one per cycle, or one or two per cycle as the receive dispatch
+delivers them, some gaps) over 1, 2, 16 and all QPs: ACKs,
 PSN-sequence NAKs, fatal NAKs, RNR NAKs, PSNs wrapping at 2^24 and stepping back now and
 then, against an output ready at random, mostly not, or always. A reference model of
 the merge rules runs on the events seen cycle by cycle: in a cycle, the record that
-leaves first, then the input taken the cycle before (the design decides one cycle after
-it takes an input; an input meeting its QP's record as it leaves finds the slot empty).
+leaves first, then the pair taken the cycle before (the design decides one cycle after
+it takes an input; an input meeting its QP's record as it leaves finds the slot empty):
+two records of one QP fold first, then lane 0, then lane 1.
 Checked every cycle: ``i.ready`` is 1; ``o.valid`` does not depend on ``o.ready``;
 ``o.valid`` says whether a record waits in the reference, ``o.p`` is the record of the
 QP that arrived first; ``merged`` pulses when the reference drops or replaces one. At
 the end: every input left once or was merged once, each QP's records left in arrival
-order, and with the output always ready every record left within 3 cycles, unmerged.
+order, and with the output always ready and one record per cycle every record left
+within 3 cycles, unmerged.
 """
 import gc
 import random
@@ -85,25 +88,29 @@ def _items(rnd, qps, n):
     return items
 
 
-def _run(num_qps, qps, ready_mode, n, seed):
+def _run(num_qps, qps, ready_mode, n, seed, pair_p):
     rnd = random.Random(seed)
     items = _items(rnd, qps, n)
     ready_p = READY[ready_mode]
     dut = AckMailbox(num_qps)
-    res = {"out": [], "merged": 0, "taken": 0, "latency": []}
+    res = {"out": [], "merged": 0, "taken": 0, "latency": [], "pairs": 0}
 
     async def bench(ctx):
         ref = {}            # qp -> [record, cycle its first arrival was taken]; in arrival order
-        pending = None      # (record, cycle) taken last cycle: decided this cycle
+        pending = []        # the pair taken last cycle (one or two records): decided this cycle
+        t_pending = 0
         k = cycle = 0
         idle = 0
         while k < len(items) or pending or ref or idle < 5:
             draining = k == len(items)
             idle = idle + 1 if draining and not pending and not ref else 0
             offer = not draining and rnd.random() >= 0.1
+            two = offer and k + 1 < len(items) and rnd.random() < pair_p
             if offer:
-                for name, v in zip(("qpn", "psn", "syndrome", "msn"), items[k]):
-                    ctx.set(getattr(dut.i.p, name), v)
+                for lane in range(1 + two):
+                    for name, v in zip(("qpn", "psn", "syndrome", "msn"), items[k + lane]):
+                        ctx.set(getattr(dut.i.p.p[lane], name), v)
+            ctx.set(dut.i.p.second, two)
             ctx.set(dut.i.valid, offer)
             ready = draining or rnd.random() < ready_p
             ctx.set(dut.o.ready, 0)
@@ -116,7 +123,8 @@ def _run(num_qps, qps, ready_mode, n, seed):
             got = (op.qpn, op.psn, op.syndrome, op.msn)
             mg = ctx.get(dut.merged)
 
-            # the reference: what waits now; then the departure; then the last cycle's input
+            # the reference: what waits now; then the departure; then last cycle's pair,
+            # whose two records of one QP fold first (p[1] is the newer), then lane 0, lane 1
             assert ov == bool(ref), f"cycle {cycle}: o.valid {ov}, waiting {list(ref)[:4]}"
             if ov:
                 head = next(iter(ref))
@@ -125,21 +133,25 @@ def _run(num_qps, qps, ready_mode, n, seed):
                     res["out"].append(got)
                     res["latency"].append(cycle - ref.pop(head)[1])
             expect = 0
-            if pending:
-                rec, t = pending
+            if len(pending) == 2 and pending[0][0] == pending[1][0]:
+                expect += 1
+                pending = [pending[1] if replaces(pending[1], pending[0]) else pending[0]]
+            for rec in pending:
                 if rec[0] in ref:
-                    expect = 1
+                    expect += 1
                     if replaces(rec, ref[rec[0]][0]):
                         ref[rec[0]][0] = rec
                 else:
-                    ref[rec[0]] = [rec, t]
+                    ref[rec[0]] = [rec, t_pending]
             assert mg == expect, f"cycle {cycle}: merged {mg}, expected {expect} ({pending})"
             res["merged"] += mg
-            pending = None
+            pending = []
             if offer:
-                pending = (items[k], cycle)
-                k += 1
-                res["taken"] += 1
+                pending = items[k:k + 1 + two]
+                t_pending = cycle
+                k += 1 + two
+                res["taken"] += 1 + two
+                res["pairs"] += two
             await ctx.tick()
             cycle += 1
             assert cycle < 20 * n + 4 * num_qps, "does not drain"
@@ -151,16 +163,17 @@ def _run(num_qps, qps, ready_mode, n, seed):
     return items, res
 
 
-def _check(num_qps, qps, ready_mode, seed):
-    items, res = _run(num_qps, qps, ready_mode, 600, seed)
+def _check(num_qps, qps, ready_mode, seed, pair_p):
+    items, res = _run(num_qps, qps, ready_mode, 600, seed, pair_p)
     out = res["out"]
     assert res["taken"] == len(items)
+    assert (res["pairs"] > 100) == (pair_p > 0), "pairs offered as asked"
     assert len(out) + res["merged"] == len(items), "every input leaves once or is merged once"
     assert len({o[3] for o in out}) == len(out) and all(items[o[3]] == o for o in out), "outputs are inputs"
     for q in qps:                                 # a QP's records leave in arrival order
         idx = [o[3] for o in out if o[0] == q]
         assert idx == sorted(idx), f"QP {q} out of order"
-    if ready_mode == "high":
+    if ready_mode == "high" and pair_p == 0:
         assert res["merged"] == 0 and out == items, "a ready output passes everything"
         assert max(res["latency"]) <= 3, f"latency {max(res['latency'])}"
     elif ready_mode == "mostly_low" and len(qps) <= 16:
@@ -179,8 +192,9 @@ def test_ack_mailbox(num_qps):
     seed = 0
     for qps in _qp_sets(num_qps, rnd):
         for mode in READY:
-            seed += 1
-            _check(num_qps, qps, mode, seed)
+            for pair_p in (0, 0.6):
+                seed += 1
+                _check(num_qps, qps, mode, seed, pair_p)
 
 
 def test_ack_mailbox_num_qps_checked():
