@@ -6,7 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from spec.formats import Aeth, Syndrome
 from .contexts import qp_bits
-from .message import Completion
+from .message import Completion, PacketNote
 from .responder import ReceivedAck
 
 __all__ = ["CompletionTracker", "Retransmit"]
@@ -36,9 +36,17 @@ class CompletionTracker(wiring.Component):
     Go-back-N: the QP's restart point is the WQE after its last released completion
     (index and first PSN). A PSN-sequence NAK for PSN e acknowledges every PSN before e
     and sends a ``retransmit`` from the restart point, skipping to e. An ACK timer per
-    QP runs while completions wait; a scanner visits one QP per idle cycle and, when
-    the timer has run out, sends a retransmit skipping to the first unacknowledged PSN.
-    ACK progress restarts the timer and clears the retry count; a timeout adds one.
+    QP runs while packets wait for their ACK, whether their WQEs are signaled or not:
+    ``sent`` notes each RC packet's PSN (in a RAM of the last PSN per QP, written at
+    any rate), and the timer is armed while that PSN or a waiting completion is not
+    acknowledged. A scanner visits one QP per idle cycle: it arms the timer of a QP with
+    unacknowledged packets (so a timer starts within one scan round of the send, never
+    before it), disarms one with none, and when an armed timer has run out, and a
+    timeout has passed since the QP's last packet left, sends a retransmit skipping to
+    the first unacknowledged PSN (so a retransmission restarts the timer when it
+    leaves, not when it was decided: the WQEs and payload are read again first). A completion queued while no
+    timer runs arms it too. ACK progress restarts the timer (and disarms it when the
+    last PSN sent is acknowledged) and clears the retry count; a timeout adds one.
 
     Failure: a timeout past the QP's retry count (TRANSPORT_RETRY_EXC_ERR), or a NAK
     invalid request / remote access / remote operational error (REMOTE_INVAL_REQ_ERR /
@@ -68,6 +76,8 @@ class CompletionTracker(wiring.Component):
         Completions from the transmit path, in send order.
     acks : In(stream.Signature(ReceivedAck))
         ACK/NAK frames received for this NIC's QPs.
+    packets : In(PacketNote)
+        The PSN of each RC request packet sent (also retransmitted ones), any cycle.
     commit : In(stream.Signature(...))
         ``qpn``, ``start_psn``, ``timeout`` (cycles), ``retry_cnt``: a QP create.
     completions : Out(stream.Signature(Completion))
@@ -87,6 +97,7 @@ class CompletionTracker(wiring.Component):
         super().__init__({
             "sent": In(stream.Signature(cpl)),
             "acks": In(stream.Signature(ReceivedAck)),
+            "packets": In(PacketNote(num_qps)),
             "commit": In(stream.Signature(data.StructLayout({
                 "qpn": unsigned(qp_bits(num_qps)), "start_psn": unsigned(PSN_BITS),
                 "timeout": unsigned(32), "retry_cnt": unsigned(3)}))),
@@ -104,7 +115,7 @@ class CompletionTracker(wiring.Component):
             "acked": unsigned(PSN_BITS),                     # last acknowledged PSN
             "rs_index": unsigned(16), "rs_psn": unsigned(PSN_BITS),   # restart point
             "last_index": unsigned(16), "has_last": unsigned(1),      # last WQE queued or released
-            "deadline": unsigned(32), "retries": unsigned(3), "failed": unsigned(1),
+            "deadline": unsigned(32), "armed": unsigned(1), "retries": unsigned(3), "failed": unsigned(1),
             "rtx_pending": unsigned(1), "rtx_skip": unsigned(PSN_BITS),   # a retransmit not yet taken
             "rtx_fail": unsigned(1), "rtx_syn": unsigned(8),
             "timeout": unsigned(32), "retry_cnt": unsigned(3),
@@ -114,9 +125,20 @@ class CompletionTracker(wiring.Component):
         st_wr, st_rd = st_ram.write_port(), st_ram.read_port(transparent_for=())
         q_wr, q_rd = q_ram.write_port(), q_ram.read_port(transparent_for=())
         m.d.comb += [st_rd.en.eq(1), q_rd.en.eq(1)]
-
         now = Signal(32)                                   # cycles, for the ACK timers
         m.d.sync += now.eq(now + 1)
+        # The last PSN sent per QP: written by the transmit path (any cycle) and cleared by
+        # a QP create (never in the same cycle for one QP: a create waits until the QP is
+        # idle); read beside the state, for the ACK and the scan.
+        sent_layout = data.StructLayout({"valid": unsigned(1), "psn": unsigned(PSN_BITS), "time": unsigned(32)})
+        m.submodules.sent_psn = sent_ram = Memory(shape=sent_layout, depth=self.num_qps, init=[])
+        sp_wr, sp_clr, sp_rd = sent_ram.write_port(), sent_ram.write_port(), sent_ram.read_port(transparent_for=())
+        m.d.comb += [sp_rd.en.eq(1), sp_rd.addr.eq(st_rd.addr),
+                     sp_wr.en.eq(self.packets.valid), sp_wr.addr.eq(self.packets.qpn),
+                     sp_wr.data.valid.eq(1), sp_wr.data.psn.eq(self.packets.psn), sp_wr.data.time.eq(now)]
+        last_sent = Signal(sent_layout)
+        m.d.comb += last_sent.eq(sp_rd.data)
+
 
         def covered(psn, acked):
             # psn <= acked in serial arithmetic
@@ -172,7 +194,8 @@ class CompletionTracker(wiring.Component):
                     c = self.commit.p
                     m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(c.qpn), st_wr.data.eq(0),
                                  st_wr.data.acked.eq(c.start_psn - 1), st_wr.data.rs_psn.eq(c.start_psn),
-                                 st_wr.data.timeout.eq(c.timeout), st_wr.data.retry_cnt.eq(c.retry_cnt)]
+                                 st_wr.data.timeout.eq(c.timeout), st_wr.data.retry_cnt.eq(c.retry_cnt),
+                                 sp_clr.en.eq(1), sp_clr.addr.eq(c.qpn), sp_clr.data.eq(0)]
                 with m.Elif(self.acks.valid & ~(sent_first & self.sent.valid & ~self.sent.p.uc)):
                     m.d.comb += [self.acks.ready.eq(1), st_rd.addr.eq(self.acks.p.qpn[:qb])]
                     m.d.sync += [ack.eq(self.acks.p), qpn.eq(self.acks.p.qpn[:qb]), sent_first.eq(1)]
@@ -220,8 +243,8 @@ class CompletionTracker(wiring.Component):
                     m.d.comb += [sent_rc_ready.eq(1),
                                  q_wr.en.eq(1), q_wr.addr.eq(Cat(st.tail[:db], qpn)), q_wr.data.eq(cpl),
                                  nxt.tail.eq(st.tail + 1)]
-                    with m.If(empty):
-                        m.d.comb += nxt.deadline.eq(now + st.timeout)       # the timer starts
+                    with m.If(~st.armed):
+                        m.d.comb += [nxt.deadline.eq(now + st.timeout), nxt.armed.eq(1)]   # the timer starts
                     write_state(nxt)
                     m.next = "IDLE"
                 with m.Else():
@@ -243,7 +266,10 @@ class CompletionTracker(wiring.Component):
                 nxt = Signal(state_layout)
                 m.d.comb += nxt.eq(st)
                 with m.If(newer):
-                    m.d.comb += [nxt.acked.eq(upto), nxt.retries.eq(0), nxt.deadline.eq(now + st.timeout)]
+                    # progress: the timer starts afresh, or stops when every PSN sent is
+                    # acknowledged (a packet sent just now re-arms it at the scan)
+                    m.d.comb += [nxt.acked.eq(upto), nxt.retries.eq(0), nxt.deadline.eq(now + st.timeout),
+                                 nxt.armed.eq(last_sent.valid & ~covered(last_sent.psn, upto))]
                 write_state(nxt)
                 fatal_syn = Signal(8)
                 with m.Switch(ack.syndrome):
@@ -285,8 +311,17 @@ class CompletionTracker(wiring.Component):
 
             with m.State("SCAN"):
                 m.d.comb += st.eq(st_rd.data)
-                late = Signal()                 # completions wait and now >= deadline (mod 2^32)
-                m.d.comb += late.eq((st.head != st.tail) & ~st.failed & ~(now - st.deadline)[31])
+                waiting = Signal()              # completions or packets wait for an ACK
+                late = Signal()                 # ... and the armed timer ran out (mod 2^32)
+                m.d.comb += [
+                    waiting.eq(~st.failed & ((st.head != st.tail)
+                                             | (last_sent.valid & ~covered(last_sent.psn, st.acked)))),
+                    # (and a timeout after the last packet sent: a retransmission restarts
+                    # the timer when it leaves, which is well after the timeout that sent it
+                    # when the WQEs and payload are read again from GPU memory)
+                    late.eq(waiting & st.armed & ~(now - st.deadline)[31]
+                            & ~(last_sent.valid & (now - (last_sent.time + st.timeout)[:32])[31])),
+                ]
                 with m.If(st.rtx_pending):
                     # a retransmission the parser could not take when it was decided
                     m.d.sync += [st_reg.eq(st), rtx_from.eq(st.rtx_skip), rtx_fail.eq(st.rtx_fail),
@@ -304,6 +339,11 @@ class CompletionTracker(wiring.Component):
                         m.d.sync += [st_reg.failed.eq(1), st_reg.head.eq(st.tail)]
                     m.next = "RETX"
                 with m.Else():
+                    with m.If(waiting != st.armed):
+                        # arm the timer of a QP with packets waiting, disarm an idle one
+                        nxt = Signal(state_layout)
+                        m.d.comb += [nxt.eq(st), nxt.armed.eq(waiting), nxt.deadline.eq(now + st.timeout)]
+                        write_state(nxt)
                     m.next = "IDLE"
 
             with m.State("RETX"):

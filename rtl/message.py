@@ -43,3 +43,9 @@ def Completion(num_qps, num_cqs):
         "next_index": unsigned(16),  # WQE index after this WQE
         "syndrome": unsigned(8),     # error: the CQE syndrome
     })
+
+
+def PacketNote(num_qps):
+    """A strobe per RC request packet built (its PSN), for the requester's ACK timer:
+    the timer runs while a QP has packets no ACK has covered, signaled or not."""
+    return data.StructLayout({"valid": unsigned(1), "qpn": unsigned(qp_bits(num_qps)), "psn": unsigned(24)})

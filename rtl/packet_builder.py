@@ -5,7 +5,7 @@ from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
 from .headers import RoceWriteHeader, be, drive_roce_headers
-from .message import Message, MessageKind, Completion
+from .message import Message, MessageKind, Completion, PacketNote
 from .tx_beat import TxBeat, SEGMENT as SEG
 
 __all__ = ["PacketBuilder"]
@@ -33,6 +33,9 @@ class PacketBuilder(wiring.Component):
     payload, inline : In(stream.Signature(1024))
     port_mac, port_ip : In
     frames : Out(stream.Signature(TxBeat))
+    sent : Out(PacketNote)
+        Strobe when an RC QP's packet has been packed (its last bytes out or held), with
+        its PSN: for the completion tracker's ACK timer.
     """
     def __init__(self, *, num_qps, num_cqs):
         self.num_qps, self.num_cqs = num_qps, num_cqs
@@ -42,6 +45,7 @@ class PacketBuilder(wiring.Component):
             "inline": In(stream.Signature(8 * BEAT)),
             "port_mac": In(48), "port_ip": In(32),
             "frames": Out(stream.Signature(TxBeat(num_qps, num_cqs))),
+            "sent": Out(PacketNote(num_qps)),
         })
 
     def elaborate(self, platform):
@@ -190,6 +194,7 @@ class PacketBuilder(wiring.Component):
 
         def next_packet():
             # after the last chunk of a packet has been packed
+            m.d.comb += [self.sent.valid.eq(~msg.cfg.uc), self.sent.qpn.eq(msg.qpn), self.sent.psn.eq(psn)]
             with m.If(is_last_pkt):
                 take_message()
             with m.Else():

@@ -235,6 +235,7 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, trk.retransmit, wp.retransmit)
         # RC completions wait in the tracker for the ACK that covers them
         wiring.connect(m, cpl_fifo.o, trk.sent)
+        m.d.comb += trk.packets.eq(pb.sent)          # the ACK timer runs while packets wait
         wiring.connect(m, trk.completions, cw.completions)
 
         # MAC TX: frame beats go out; marker beats (frame = 0) are absorbed here.

@@ -297,6 +297,56 @@ async def rc_fault_pattern(dut):
     assert cb["rx_bad_icrc"] == 1 and cb["naks_sent"] == 2
 
 
+@cocotb.test()
+async def rc_unsignaled_tail(dut):
+    """A lost packet of an unsignaled WQE with nothing sent after it: only the ACK
+    timer can recover it (no later packet shows the gap, no CQE waits). Two unsignaled
+    3-packet WRITEs; the last packet of the second is dropped. The timer (armed by the
+    packets sent, not by a waiting completion) sends the second WRITE again; the remote
+    memory gets both, and every frame on both directions, the timeout and go-back
+    counts equal the golden model's for the same pattern (``simulate``)."""
+    mtu, n, timeout = 1024, 2 * 1024 + 100, 300
+    pattern = [(5, "drop")]                      # frame 5: the second WRITE's last packet
+    env = await NicPairEnv(dut, latency_cycles=100, faults={("tx", 0): FaultSpec(pattern=pattern)},
+                           dma_latency=100).start()
+    a, b = env.nics
+    cq_a, cq_b = await a.cq(0, 4), await b.cq(0, 4)
+    await b.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
+    qp_a, qp_b = await env.connect(0, 1, 1, 11, cq_a=cq_a, cq_b=cq_b, mtu=mtu, pd=PD, ack_every=4,
+                                   timeout=timeout, retry_cnt=3)
+    sent = []
+    for e in range(2):
+        data = bytes((e * 29 + j * 3) & 0xFF for j in range(n))
+        addr = a.gpu.alloc(n, 128)
+        a.gpu.write(addr, data)
+        raddr = DST + 0x10000 * e
+        qp_a.post_write(raddr, KEY, local_addr=addr, length=n, signaled=False)
+        sent.append((raddr, data))
+    await qp_a.ring_rdma_core()
+    await a.wait_for(lambda: all(b.mem.read(r, len(d)) == d for r, d in sent), 20 * timeout,
+                     "the second WRITE in the remote memory (sent again by the timer)")
+    await ClockCycles(dut.clk, 4 * timeout)
+    req = RcRequester(Port(smac=NIC_MACS[0], sip=NIC_IPS[0]), {0: CqContext(0, 4, base=cq_a.base)}, a.mem.read)
+    req.add_qp(QpContext(qpn=1, remote_qpn=11, dmac=NIC_MACS[1], dip=NIC_IPS[1], start_psn=qp_a.start_psn, mtu=mtu,
+                         cqn=0), timeout_ns=2 * timeout, retry_cnt=3)
+    rsp = RcResponder(Port(smac=NIC_MACS[1], sip=NIC_IPS[1]), ack_every=4)
+    rsp.add_qp(QpContext(qpn=11, remote_qpn=1, dmac=NIC_MACS[0], dip=NIC_IPS[0], start_psn=qp_a.start_psn, mtu=mtu), PD)
+    rsp.register(REGION)
+    res = simulate(req, rsp, [(0, 1, w.wqe) for w in qp_a.posted], faults=pattern, latency_ns=200)
+    assert not res.hung
+    for name, nic, direction in (("NIC 0 -> NIC 1", a, "req"), ("NIC 1 -> NIC 0", b, "resp")):
+        want = [r.frame for r in res.records if r.direction == direction]
+        got = [f.data for f in nic.wire.frames]
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert g == w, f"{name}: frame {k} differs from the model's"
+        assert len(got) == len(want), f"{name}: {len(got)} frames, the model sends {len(want)}"
+    assert not a.cqe_writes() and not req.completions, "unsignaled WQEs: no CQE"
+    ca = await a.ctl.read_counters()
+    dut._log.info(f"NIC 0 {dict((k, v) for k, v in ca.items() if v)}")
+    assert ca["timeouts"] == req.counters.timeouts == 1
+    assert ca["retransmits"] == req.counters.go_back_n == 1
+
+
 async def _faulty(dut, kind, rate, seed):
     """WRITEs from NIC 0 to NIC 1 with ``kind`` faults at ``rate`` on both directions
     of the cable: every message arrives once and intact, every CQE comes, in order,

@@ -11,6 +11,7 @@ completion; and a QP left waiting gets timer retransmissions up to its retry cou
 """
 import random
 
+from amaranth.hdl import Signal
 from amaranth.sim import Simulator
 
 from rtl.completion_tracker import CompletionTracker
@@ -209,3 +210,72 @@ def test_completion_tracker_failure():
     assert [o for o in out if o[0] == 1] == [(1, i, 0, 0) for i in range(6)], out
     # one failure walk: restart point WQE 3 (PSN base+6), skip to base+6
     assert [r[1:] for r in rtx] == [(0, 3, base + 6, base + 6, 1, 0x13)], rtx
+
+
+def test_completion_tracker_timer_without_completions():
+    """The ACK timer runs while packets wait for their ACK, signaled or not.
+
+    QP 0: ten packets noted, no completion (unsignaled WQEs), an ACK for the first six,
+    then silence: timer retransmissions skipping to the seventh PSN, from the restart
+    point (nothing released: WQE 0 and the start PSN), each at least a timeout after
+    the one before, the third a failure walk (TRANSPORT_RETRY_EXC_ERR). QP 1: packets
+    all acknowledged: no timeout. QP 2: packets acknowledged, then quiet for longer than
+    a timeout, then one more packet: its timer starts at that send, not at the old ACK
+    (no early timeout); the retransmission skips to the new PSN. During the quiet time a
+    flood of stale ACKs for QP 3 keeps the scanner away, so only the ACK itself can have
+    stopped QP 2's timer."""
+    dut = CompletionTracker(num_qps=4, num_cqs=4, depth=8)
+    timeout, base = 400, 0xFFFFFC             # PSNs wrap at 2^24
+    rtx, marks = [], {}
+
+    async def note(ctx, q, psn):
+        ctx.set(dut.packets.valid, 1)
+        ctx.set(dut.packets.qpn, q)
+        ctx.set(dut.packets.psn, psn & PSN_MASK)
+        await ctx.tick()
+        ctx.set(dut.packets.valid, 0)
+
+    async def drive(ctx):
+        ctx.set(dut.retransmit.ready, 1)
+        ctx.set(dut.completions.ready, 1)
+        for q in range(4):
+            await put(ctx, dut.commit, qpn=q, start_psn=base, timeout=timeout, retry_cnt=2)
+        for k in range(10):
+            for q in range(3):
+                await note(ctx, q, base + k)
+        await send_ack(ctx, dut, 0, (base + 5) & PSN_MASK, 0x1F)
+        await send_ack(ctx, dut, 1, (base + 9) & PSN_MASK, 0x1F)
+        await send_ack(ctx, dut, 2, (base + 9) & PSN_MASK, 0x1F)
+        marks["acks"] = ctx.get(cycle)
+        ctx.set(dut.acks.p.qpn, 3)
+        ctx.set(dut.acks.p.psn, (base - 1) & PSN_MASK)      # nothing new: changes nothing
+        ctx.set(dut.acks.p.syndrome, 0x1F)
+        ctx.set(dut.acks.valid, 1)
+        await ctx.tick().repeat(3 * timeout)
+        ctx.set(dut.acks.valid, 0)
+        marks["late_send"] = ctx.get(cycle)
+        await note(ctx, 2, base + 10)
+
+    cycle = Signal(32)
+
+    async def sink(ctx):
+        async for _, _, rv, rp, n in ctx.tick().sample(dut.retransmit.valid, dut.retransmit.p, cycle):
+            if rv:
+                rtx.append((n, rp.qpn, rp.index, rp.psn, rp.skip_to, rp.fail, rp.syndrome))
+            ctx.set(cycle, n + 1)
+
+    sim = Simulator(dut)
+    sim.add_clock(2e-9)
+    sim.add_testbench(drive)
+    sim.add_process(sink)
+    sim.run_until(2e-9 * 12 * timeout)
+    q0 = [r for r in rtx if r[1] == 0]
+    assert [r[2:6] for r in q0] == [(0, base, (base + 6) & PSN_MASK, 0)] * 2 + \
+        [(0, base, (base + 6) & PSN_MASK, 1)] and q0[2][6] == 0x15, q0
+    # (the marks are taken as the testbench returns from a handshake: a cycle or two of slack)
+    starts = [marks["acks"]] + [r[0] for r in q0]
+    assert all(b - a >= timeout - 2 for a, b in zip(starts, starts[1:])), (starts, q0)
+    assert not [r for r in rtx if r[1] == 1], rtx
+    q2 = [r for r in rtx if r[1] == 2]
+    assert q2 and q2[0][4] == (base + 10) & PSN_MASK, q2
+    assert q2[0][0] - marks["late_send"] >= timeout - 2, (marks, q2)
