@@ -19,7 +19,7 @@ from .completion_tracker import CompletionTracker
 from .control_registers import ControlRegisters, COUNTERS
 from .icrc_checker import IcrcChecker, MacRxAdapter
 from .responder import Responder, RX_VERDICT_NAMES
-from .rx_beat import RxBeat
+from .rx_beat import RxBeat, RxSegmentBeat
 from .rx_header_parser import RxHeaderParser
 from .rx_dispatch import RxDispatch
 from .rx_packet import RX_DROP_NAMES
@@ -143,6 +143,9 @@ class IbgdaNic(wiring.Component):
         m.submodules.rx_resegmenter = rxs = RxResegmenter()
         m.submodules.responder = rsp = Responder(num_qps=nq, num_mrs=P.NUM_MRS, pd_bits=P.PD_BITS)
         m.submodules.rx_cmd_fifo = rx_cmds = _StreamFifo(RxWriteCommand, 16)
+        # a registered queue between the resegmenter and the payload writer: without it the
+        # resegmenter's (and so the beat buffer's) ready would hang on the writer's
+        m.submodules.rx_seg_fifo = rx_segs = _StreamFifo(RxSegmentBeat(), 4)
         m.submodules.rx_writer = rpw = RxPayloadWriter()
         m.submodules.ack_fifo = ack_fifo = _StreamFifo(AckRequest(nq), 16)
         m.submodules.ack_builder = ackb = AckBuilder(num_qps=nq, num_cqs=nc)
@@ -224,7 +227,8 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, rx_beats.o, rxs.beats)
         wiring.connect(m, rxp.packets, rxd.packets)
         wiring.connect(m, rxd.keep, rxs.keep)
-        wiring.connect(m, rxs.o, rpw.beats)
+        wiring.connect(m, rxs.o, rx_segs.i)
+        wiring.connect(m, rx_segs.o, rpw.beats)
         wiring.connect(m, rxd.requests, rsp.packets)
         wiring.connect(m, rsp.commands, rx_cmds.i)
         wiring.connect(m, rx_cmds.o, rpw.commands)

@@ -117,6 +117,8 @@ def build(sim, *, waves=False, top=TOP_NAME):
                     "--x-initial", "fast"]
             if waves:
                 args += ["--trace-fst", "--trace-structs"]
+            elif top != TOP_NAME:
+                args.append("--hierarchical")       # the engine's hier_block, compiled once
         runner.build(sources=[verilog], hdl_toplevel=top, build_dir=bdir, build_args=args,
                      timescale=("1ns", "1ps"), waves=waves, always=False)
     return runner, bdir
