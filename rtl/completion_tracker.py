@@ -41,10 +41,11 @@ class CompletionTracker(wiring.Component):
     any rate), and the timer is armed while that PSN or a waiting completion is not
     acknowledged. A scanner visits one QP per idle cycle: it arms the timer of a QP with
     unacknowledged packets (so a timer starts within one scan round of the send, never
-    before it), disarms one with none, and when an armed timer has run out, and a
-    timeout has passed since the QP's last packet left, sends a retransmit skipping to
-    the first unacknowledged PSN (so a retransmission restarts the timer when it
-    leaves, not when it was decided: the WQEs and payload are read again first). A completion queued while no
+    before it), disarms one with none, and when an armed timer has run out sends a
+    retransmit skipping to the first unacknowledged PSN. After a go-back (until the
+    next ACK progress) it also waits until a timeout has passed since the QP's last
+    packet left, so a retransmission restarts the timer when it leaves, not when it was
+    decided (the WQEs and payload are read again from GPU memory first). A completion queued while no
     timer runs arms it too. ACK progress restarts the timer (and disarms it when the
     last PSN sent is acknowledged) and clears the retry count; a timeout adds one.
 
@@ -116,6 +117,7 @@ class CompletionTracker(wiring.Component):
             "rs_index": unsigned(16), "rs_psn": unsigned(PSN_BITS),   # restart point
             "last_index": unsigned(16), "has_last": unsigned(1),      # last WQE queued or released
             "deadline": unsigned(32), "armed": unsigned(1), "retries": unsigned(3), "failed": unsigned(1),
+            "rtx_sent": unsigned(1),                         # a go-back since the last ACK progress
             "rtx_pending": unsigned(1), "rtx_skip": unsigned(PSN_BITS),   # a retransmit not yet taken
             "rtx_fail": unsigned(1), "rtx_syn": unsigned(8),
             "timeout": unsigned(32), "retry_cnt": unsigned(3),
@@ -269,7 +271,7 @@ class CompletionTracker(wiring.Component):
                     # progress: the timer starts afresh, or stops when every PSN sent is
                     # acknowledged (a packet sent just now re-arms it at the scan)
                     m.d.comb += [nxt.acked.eq(upto), nxt.retries.eq(0), nxt.deadline.eq(now + st.timeout),
-                                 nxt.armed.eq(last_sent.valid & ~covered(last_sent.psn, upto))]
+                                 nxt.armed.eq(last_sent.valid & ~covered(last_sent.psn, upto)), nxt.rtx_sent.eq(0)]
                 write_state(nxt)
                 fatal_syn = Signal(8)
                 with m.Switch(ack.syndrome):
@@ -316,11 +318,11 @@ class CompletionTracker(wiring.Component):
                 m.d.comb += [
                     waiting.eq(~st.failed & ((st.head != st.tail)
                                              | (last_sent.valid & ~covered(last_sent.psn, st.acked)))),
-                    # (and a timeout after the last packet sent: a retransmission restarts
-                    # the timer when it leaves, which is well after the timeout that sent it
-                    # when the WQEs and payload are read again from GPU memory)
+                    # (after a go-back, also a timeout after the QP's last packet sent: a
+                    # retransmission restarts the timer when it leaves, which is well after
+                    # the decision when the WQEs and payload are read again from GPU memory)
                     late.eq(waiting & st.armed & ~(now - st.deadline)[31]
-                            & ~(last_sent.valid & (now - (last_sent.time + st.timeout)[:32])[31])),
+                            & ~(st.rtx_sent & last_sent.valid & (now - (last_sent.time + st.timeout)[:32])[31])),
                 ]
                 with m.If(st.rtx_pending):
                     # a retransmission the parser could not take when it was decided
@@ -352,7 +354,8 @@ class CompletionTracker(wiring.Component):
                 # parser cannot take now is left pending in the QP's state for the scan.
                 upd = Signal(state_layout)
                 m.d.comb += [upd.eq(st_reg), upd.rtx_pending.eq(~rtx_free), upd.rtx_skip.eq(rtx_from),
-                             upd.rtx_fail.eq(rtx_fail), upd.rtx_syn.eq(rtx_syn)]
+                             upd.rtx_fail.eq(rtx_fail), upd.rtx_syn.eq(rtx_syn),
+                             upd.rtx_sent.eq(st_reg.rtx_sent | (rtx_free & ~rtx_fail))]
                 write_state(upd)
                 with m.If(rtx_free):
                     m.d.comb += self.retransmits.eq(~rtx_fail)

@@ -1,6 +1,7 @@
 """Two-node benchmark points (``make bench``): RC WRITEs from NIC 0 to NIC 1 with the responder in the loop.
 
-Each point (``BENCH_PAIR_POINTS``: ``{"size", "qps", "msgs", "loss"}``) posts ``msgs``
+Each point (``BENCH_PAIR_POINTS``: ``{"size", "qps", "msgs", "loss"}``, optional ``seed`` of
+the links' drops, 11 by default) posts ``msgs``
 WRITEs per QP on RC QPs (NVSHMEM posting: a doorbell and a CQE per 32), over a cable of
 100 cycles each way that drops frames at ``loss`` in both directions. Goodput is the
 payload delivered over the time from the first frame on the wire to the last CQE (so
@@ -30,13 +31,13 @@ TIMEOUT_CYCLES = 4000        # 8 us: a few ACK round trips of this cable and GPU
 
 
 def point_name(p):
-    return f"pair_{p['size']}B_{p['qps']}qp_loss{p['loss']:g}"
+    return f"pair_{p['size']}B_{p['qps']}qp_loss{p['loss']:g}" + (f"_seed{p['seed']}" if "seed" in p else "")
 
 
 async def _point(dut, p):
     size, nq, msgs, loss = p["size"], p["qps"], p["msgs"], p["loss"]
     faults = FaultSpec(drop=loss) if loss else None
-    env = await NicPairEnv(dut, latency_cycles=100, faults=faults, seed=11).start()
+    env = await NicPairEnv(dut, latency_cycles=100, faults=faults, seed=p.get("seed", 11)).start()
     a, b = env.nics
     cq_a, cq_b = await a.cq(0, 0, collapsed=True), await b.cq(0, 0, collapsed=True)
     region = max(1 << 20, nq * msgs * max(size, 64))
