@@ -34,7 +34,7 @@ RX_COUNTERS = ("rx_accepted", "rx_ack_received", "rx_bad_length", "rx_not_roce",
                "rx_bad_icrc", "rx_bad_pkey", "rx_bad_opcode", "rx_qp_not_ready", "rx_psn_duplicate",
                "rx_psn_out_of_order", "rx_access_error", "rx_invalid_request", "acks_sent", "naks_sent")
 # Requester reliability (0x0C0): NAKs received, go-back-N retransmissions, ACK timeouts,
-# QPs that ran out of retries, received ACKs folded into a waiting one (RxDispatch, AckMailbox).
+# QPs that ran out of retries, received ACKs folded into another of their QP (AckMailbox).
 REQ_COUNTERS = ("naks_received", "retransmits", "timeouts", "retry_exceeded", "acks_merged")
 COUNTERS = TX_COUNTERS + RX_COUNTERS + REQ_COUNTERS
 RX_COUNTER_BASE = 0x080
