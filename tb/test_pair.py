@@ -226,6 +226,39 @@ async def rc_access_errors(dut):
     assert ca["timeouts"] == retry_cnt + 1 and ca["retry_exceeded"] == 1 and ca["retransmits"] == retry_cnt
 
 
+async def _one_qp_pair(dut, faults, mtu, ack_every, timeout):
+    """Two NICs, 100 cycles of cable and of GPU memory latency, one RC QP from NIC 0 (QP 1)
+    to NIC 1 (QP 11), retry count 3: (NIC 0, NIC 1, NIC 0's CQ, NIC 0's QP)."""
+    env = await NicPairEnv(dut, latency_cycles=100, faults=faults, dma_latency=100).start()
+    a, b = env.nics
+    cq_a, cq_b = await a.cq(0, 4), await b.cq(0, 4)
+    await b.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
+    qp_a, _ = await env.connect(0, 1, 1, 11, cq_a=cq_a, cq_b=cq_b, mtu=mtu, pd=PD, ack_every=ack_every,
+                                timeout=timeout, retry_cnt=3)
+    return a, b, cq_a, qp_a
+
+
+def _one_qp_models(a, cq_a, qp_a, mtu, ack_every, timeout):
+    """The golden RC requester and responder of ``_one_qp_pair`` (timeout in cycles of 2 ns)."""
+    req = RcRequester(Port(smac=NIC_MACS[0], sip=NIC_IPS[0]), {0: CqContext(0, 4, base=cq_a.base)}, a.mem.read)
+    req.add_qp(QpContext(qpn=1, remote_qpn=11, dmac=NIC_MACS[1], dip=NIC_IPS[1], start_psn=qp_a.start_psn, mtu=mtu,
+                         cqn=0), timeout_ns=2 * timeout, retry_cnt=3)
+    rsp = RcResponder(Port(smac=NIC_MACS[1], sip=NIC_IPS[1]), ack_every=ack_every)
+    rsp.add_qp(QpContext(qpn=11, remote_qpn=1, dmac=NIC_MACS[0], dip=NIC_IPS[0], start_psn=qp_a.start_psn, mtu=mtu), PD)
+    rsp.register(REGION)
+    return req, rsp
+
+
+def _assert_frames_as_model(res, a, b):
+    """Every frame on both directions of the cable equals the model run's (``simulate``)."""
+    for name, nic, direction in (("NIC 0 -> NIC 1", a, "req"), ("NIC 1 -> NIC 0", b, "resp")):
+        want = [r.frame for r in res.records if r.direction == direction]
+        got = [f.data for f in nic.wire.frames]
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert g == w, f"{name}: frame {k} differs from the model's"
+        assert len(got) == len(want), f"{name}: {len(got)} frames, the model sends {len(want)}"
+
+
 # Explicit faults by frame index (tb.network.FaultSpec pattern = model.rc.simulate faults).
 # Each episode is one 4-packet WRITE posted when the previous one completed; frame
 # indices below follow from the protocol alone (the episode's packets all leave before a
@@ -249,12 +282,7 @@ async def rc_fault_pattern(dut):
     do the CQEs, the memory and the NAK, timeout and go-back counts."""
     mtu, n, timeout, ack_every = 1024, 3 * 1024 + 100, 800, 4
     faults = {("tx", 0): FaultSpec(pattern=PATTERN_DATA), ("tx", 1): FaultSpec(pattern=PATTERN_ACKS)}
-    env = await NicPairEnv(dut, latency_cycles=100, faults=faults, dma_latency=100).start()
-    a, b = env.nics
-    cq_a, cq_b = await a.cq(0, 4), await b.cq(0, 4)
-    await b.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
-    qp_a, qp_b = await env.connect(0, 1, 1, 11, cq_a=cq_a, cq_b=cq_b, mtu=mtu, pd=PD, ack_every=ack_every,
-                                   timeout=timeout, retry_cnt=3)
+    a, b, cq_a, qp_a = await _one_qp_pair(dut, faults, mtu, ack_every, timeout)
     sent = []
     for e in range(EPISODES):
         data = bytes((e * 13 + j * 7) & 0xFF for j in range(n))
@@ -267,23 +295,13 @@ async def rc_fault_pattern(dut):
         await a.wait_for(lambda: len(a.cqe_writes()) > e, 20_000, f"the CQE of episode {e}")
     await ClockCycles(dut.clk, 500)
     # the golden model, the same WQEs and fault pattern
-    req = RcRequester(Port(smac=NIC_MACS[0], sip=NIC_IPS[0]), {0: CqContext(0, 4, base=cq_a.base)}, a.mem.read)
-    req.add_qp(QpContext(qpn=1, remote_qpn=11, dmac=NIC_MACS[1], dip=NIC_IPS[1], start_psn=qp_a.start_psn, mtu=mtu,
-                         cqn=0), timeout_ns=2 * timeout, retry_cnt=3)
-    rsp = RcResponder(Port(smac=NIC_MACS[1], sip=NIC_IPS[1]), ack_every=ack_every)
-    rsp.add_qp(QpContext(qpn=11, remote_qpn=1, dmac=NIC_MACS[0], dip=NIC_IPS[0], start_psn=qp_a.start_psn, mtu=mtu), PD)
-    rsp.register(REGION)
+    req, rsp = _one_qp_models(a, cq_a, qp_a, mtu, ack_every, timeout)
     posts = [(e * 10 ** 6, 1, w.wqe) for e, w in enumerate(qp_a.posted)]
     # the model inverts another byte of a corrupted frame: the ICRC check catches both
     res = simulate(req, rsp, posts, faults=[f[:2] for f in PATTERN_DATA], response_faults=PATTERN_ACKS,
                    latency_ns=200, delay_ns=PATTERN_DELAY_NS)
     assert not res.hung
-    for name, nic, direction in (("NIC 0 -> NIC 1", a, "req"), ("NIC 1 -> NIC 0", b, "resp")):
-        want = [r.frame for r in res.records if r.direction == direction]
-        got = [f.data for f in nic.wire.frames]
-        for k, (g, w) in enumerate(zip(got, want)):
-            assert g == w, f"{name}: frame {k} differs from the model's"
-        assert len(got) == len(want), f"{name}: {len(got)} frames, the model sends {len(want)}"
+    _assert_frames_as_model(res, a, b)
     got_cqes = [raw for _, _, raw, _ in a.cqe_writes()]
     assert got_cqes == [rec.cqe for rec in req.completions], "CQEs differ from the model's"
     for raddr, data in sent:
@@ -307,13 +325,7 @@ async def rc_unsignaled_tail(dut):
     counts equal the golden model's for the same pattern (``simulate``)."""
     mtu, n, timeout = 1024, 2 * 1024 + 100, 300
     pattern = [(5, "drop")]                      # frame 5: the second WRITE's last packet
-    env = await NicPairEnv(dut, latency_cycles=100, faults={("tx", 0): FaultSpec(pattern=pattern)},
-                           dma_latency=100).start()
-    a, b = env.nics
-    cq_a, cq_b = await a.cq(0, 4), await b.cq(0, 4)
-    await b.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
-    qp_a, qp_b = await env.connect(0, 1, 1, 11, cq_a=cq_a, cq_b=cq_b, mtu=mtu, pd=PD, ack_every=4,
-                                   timeout=timeout, retry_cnt=3)
+    a, b, cq_a, qp_a = await _one_qp_pair(dut, {("tx", 0): FaultSpec(pattern=pattern)}, mtu, 4, timeout)
     sent = []
     for e in range(2):
         data = bytes((e * 29 + j * 3) & 0xFF for j in range(n))
@@ -326,20 +338,10 @@ async def rc_unsignaled_tail(dut):
     await a.wait_for(lambda: all(b.mem.read(r, len(d)) == d for r, d in sent), 20 * timeout,
                      "the second WRITE in the remote memory (sent again by the timer)")
     await ClockCycles(dut.clk, 4 * timeout)
-    req = RcRequester(Port(smac=NIC_MACS[0], sip=NIC_IPS[0]), {0: CqContext(0, 4, base=cq_a.base)}, a.mem.read)
-    req.add_qp(QpContext(qpn=1, remote_qpn=11, dmac=NIC_MACS[1], dip=NIC_IPS[1], start_psn=qp_a.start_psn, mtu=mtu,
-                         cqn=0), timeout_ns=2 * timeout, retry_cnt=3)
-    rsp = RcResponder(Port(smac=NIC_MACS[1], sip=NIC_IPS[1]), ack_every=4)
-    rsp.add_qp(QpContext(qpn=11, remote_qpn=1, dmac=NIC_MACS[0], dip=NIC_IPS[0], start_psn=qp_a.start_psn, mtu=mtu), PD)
-    rsp.register(REGION)
+    req, rsp = _one_qp_models(a, cq_a, qp_a, mtu, 4, timeout)
     res = simulate(req, rsp, [(0, 1, w.wqe) for w in qp_a.posted], faults=pattern, latency_ns=200)
     assert not res.hung
-    for name, nic, direction in (("NIC 0 -> NIC 1", a, "req"), ("NIC 1 -> NIC 0", b, "resp")):
-        want = [r.frame for r in res.records if r.direction == direction]
-        got = [f.data for f in nic.wire.frames]
-        for k, (g, w) in enumerate(zip(got, want)):
-            assert g == w, f"{name}: frame {k} differs from the model's"
-        assert len(got) == len(want), f"{name}: {len(got)} frames, the model sends {len(want)}"
+    _assert_frames_as_model(res, a, b)
     assert not a.cqe_writes() and not req.completions, "unsignaled WQEs: no CQE"
     ca = await a.ctl.read_counters()
     dut._log.info(f"NIC 0 {dict((k, v) for k, v in ca.items() if v)}")
