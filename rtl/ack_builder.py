@@ -6,7 +6,8 @@ from amaranth.lib.wiring import In, Out
 from spec import formats as F
 from .contexts import qp_bits
 from .headers import RoceAckHeader, be, drive_roce_headers
-from .tx_beat import TxBeat
+from .rx_packet import Pair
+from .tx_beat import TxBeat, SEGMENT as SEG
 
 __all__ = ["AckRequest", "AckBuilder", "ACK_FRAME_LEN"]
 
@@ -33,14 +34,18 @@ def AckRequest(num_qps):
 
 
 class AckBuilder(wiring.Component):
-    """Builds one ACK/NAK frame per request, as one transmit beat.
+    """Builds the ACK/NAK frames of one or two requests as one transmit beat.
 
-    The frame is ``model.rc.build_response``'s: Ethernet / IPv4 (checksum) / UDP /
+    Each frame is ``model.rc.build_response``'s: Ethernet / IPv4 (checksum) / UDP /
     BTH (opcode ACKNOWLEDGE 0x11, AckReq clear, P_Key 0xFFFF) / AETH, 62 bytes with the 4
     ICRC bytes left as zeros for the ICRC inserter. Headers come from the transmit side's
     one header rule (``rtl.headers.drive_roce_headers``), so they match the packet builder's.
-    Each beat is a whole frame: ``nbytes`` = ``flen`` = 62, ``last`` = ``frame`` = 1,
-    ``sop_hi`` = ``cpl_valid`` = 0. One request per cycle; the output is a register.
+    Each beat holds whole frames: the first request's in lanes 0..61 (``nbytes`` =
+    ``flen`` = 62, ``last`` = ``frame`` = 1, ``cpl_valid`` = 0) and, for a pair, the
+    second's in lanes 64..125 (``sop_hi`` = ``end_hi`` = 1, ``flen_hi`` = 62): the
+    responder sends up to two ACKs a cycle (WRITEs of 0 and 1 payload bytes arrive 1.02
+    and 1.01 per cycle at line rate, each needing its own ACK), and two 62-byte frames
+    fit one 128-byte beat. One transfer per cycle; the output is a register.
 
     Parameters
     ----------
@@ -48,11 +53,12 @@ class AckBuilder(wiring.Component):
 
     Members
     -------
-    requests : In(stream.Signature(AckRequest(num_qps)))
+    requests : In(stream.Signature(Pair(AckRequest(num_qps))))
+        One or two requests per transfer, in order.
     port_mac, port_ip : In
         The port's source MAC and IPv4 address.
     frames : Out(stream.Signature(TxBeat(num_qps, num_cqs)))
-        One beat per request, one cycle after it is taken.
+        One beat per transfer, one cycle after it is taken.
     """
     def __init__(self, *, num_qps, num_cqs):
         for name, value in (("num_qps", num_qps), ("num_cqs", num_cqs)):
@@ -60,34 +66,40 @@ class AckBuilder(wiring.Component):
                 raise ValueError(f"{name} must be an int in 2..2**24, not {value!r}")
         self.num_qps, self.num_cqs = num_qps, num_cqs
         super().__init__({
-            "requests": In(stream.Signature(AckRequest(num_qps))),
+            "requests": In(stream.Signature(Pair(AckRequest(num_qps)))),
             "port_mac": In(48), "port_ip": In(32),
             "frames": Out(stream.Signature(TxBeat(num_qps, num_cqs))),
         })
 
     def elaborate(self, platform):
         m = Module()
-        req = self.requests.p
         out = self.frames
 
-        hdr = Signal(RoceAckHeader)
-        drive_roce_headers(m, hdr, dmac=req.dmac, smac=self.port_mac, sip=self.port_ip, dip=req.dip,
-                           flen=ACK_FRAME_LEN, src_qpn=req.src_qpn, opcode=F.Op.ACK, dqpn=req.dest_qp,
-                           ackreq=0, psn=req.psn)
-        m.d.comb += [hdr.aeth.syndrome.eq(be(req.syndrome, 1)), hdr.aeth.msn.eq(be(req.msn, 3))]
+        hdrs = []
+        for k in range(2):
+            req = self.requests.p.p[k]
+            hdr = Signal(RoceAckHeader, name=f"hdr{k}")
+            drive_roce_headers(m, hdr, dmac=req.dmac, smac=self.port_mac, sip=self.port_ip, dip=req.dip,
+                               flen=ACK_FRAME_LEN, src_qpn=req.src_qpn, opcode=F.Op.ACK, dqpn=req.dest_qp,
+                               ackreq=0, psn=req.psn)
+            m.d.comb += [hdr.aeth.syndrome.eq(be(req.syndrome, 1)), hdr.aeth.msn.eq(be(req.msn, 3))]
+            hdrs.append(hdr)
 
-        # One register stage: the 58 header bytes; the ICRC bytes and the rest of the beat
-        # are zero and the other beat fields constant.
-        held = Signal(RoceAckHeader)
+        # One register stage: the 58 header bytes of each frame; the ICRC bytes and the rest
+        # of the beat are zero and the other beat fields constant but for the pair flag.
+        held = [Signal(RoceAckHeader, name=f"held{k}") for k in range(2)]
+        two = Signal()
         m.d.comb += self.requests.ready.eq(~out.valid | out.ready)
         with m.If(out.valid & out.ready):
             m.d.sync += out.valid.eq(0)
         with m.If(self.requests.valid & self.requests.ready):
-            m.d.sync += [out.valid.eq(1), held.eq(hdr)]
+            m.d.sync += [out.valid.eq(1), held[0].eq(hdrs[0]), two.eq(self.requests.p.second),
+                         held[1].eq(Mux(self.requests.p.second, hdrs[1].as_value(), 0))]
         m.d.comb += [
-            out.p.data.eq(held.as_value()),
+            out.p.data.eq(held[0].as_value() | (held[1].as_value() << (8 * SEG))),
             out.p.nbytes.eq(ACK_FRAME_LEN), out.p.last.eq(1), out.p.frame.eq(1),
-            out.p.flen.eq(ACK_FRAME_LEN), out.p.sop_hi.eq(0), out.p.flen_hi.eq(0),
+            out.p.flen.eq(ACK_FRAME_LEN), out.p.sop_hi.eq(two), out.p.end_hi.eq(two),
+            out.p.flen_hi.eq(Mux(two, ACK_FRAME_LEN, 0)),
             out.p.cpl_valid.eq(0), out.p.cpl.eq(0),
         ]
         return m

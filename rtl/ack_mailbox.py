@@ -6,7 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from spec.formats import Aeth
 from .contexts import qp_bits
-from .responder import ReceivedAck
+from .responder import AckRecord
 from .rx_packet import Pair
 
 __all__ = ["AckMailbox"]
@@ -73,10 +73,10 @@ class AckMailbox(wiring.Component):
 
     Members
     -------
-    i : In(stream.Signature(Pair(ReceivedAck)))
+    i : In(stream.Signature(Pair(AckRecord)))
         ACK/NAK frames received, one or two per transfer in frame order; ``i.ready`` is
         always 1. The QP is ``qpn[:qp_bits]``.
-    o : Out(stream.Signature(ReceivedAck))
+    o : Out(stream.Signature(AckRecord))
         To the completion tracker.
     merged : Out(2)
         Records that did not leave on their own (dropped or replaced) this cycle, one
@@ -87,8 +87,8 @@ class AckMailbox(wiring.Component):
             raise ValueError(f"num_qps must be a power of two >= 2, not {num_qps!r}")
         self.num_qps = num_qps
         super().__init__({
-            "i": In(stream.Signature(Pair(ReceivedAck))),
-            "o": Out(stream.Signature(ReceivedAck)),
+            "i": In(stream.Signature(Pair(AckRecord))),
+            "o": Out(stream.Signature(AckRecord)),
             "merged": Out(2),
         })
 
@@ -96,7 +96,7 @@ class AckMailbox(wiring.Component):
         m = Module()
         qb = qp_bits(self.num_qps)
         i, o = self.i, self.o
-        slot_layout = data.StructLayout({"busy": 1, "rec": ReceivedAck})
+        slot_layout = data.StructLayout({"busy": 1, "rec": AckRecord})
         m.submodules.slots = slots = Memory(shape=slot_layout, depth=self.num_qps, init=[])
         # writers: the lanes' stores and the output's clear; readers: the lanes' QPs and
         # the head QP. Every reader sees the writes of the cycle it reads in, so what it
@@ -112,7 +112,7 @@ class AckMailbox(wiring.Component):
         # Stage 1: the input (always taken) and its QPs' slot reads.
         m.d.comb += i.ready.eq(1)
         s1_valid = Signal(2)
-        s1 = Signal(Pair(ReceivedAck))
+        s1 = Signal(Pair(AckRecord))
         m.d.sync += [s1_valid.eq(Mux(i.valid, Cat(1, i.p.second), 0)), s1.eq(i.p)]
         for k in range(2):
             m.d.comb += in_rd[k].addr.eq(i.p.p[k].qpn[:qb])
@@ -120,7 +120,7 @@ class AckMailbox(wiring.Component):
         # Stage 2a: two records of one QP fold into the one that says more (lane 0).
         same = Signal()
         lane_valid = Signal(2)
-        lane = [Signal(ReceivedAck, name=f"lane{k}") for k in range(2)]
+        lane = [Signal(AckRecord, name=f"lane{k}") for k in range(2)]
         lane_qp = [lane[k].qpn[:qb] for k in range(2)]
         m.d.comb += [
             same.eq(s1_valid[1] & (s1.p[0].qpn[:qb] == s1.p[1].qpn[:qb])),

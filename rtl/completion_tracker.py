@@ -7,7 +7,7 @@ from amaranth.lib.wiring import In, Out
 from spec.formats import Aeth, Syndrome
 from .contexts import qp_bits
 from .message import Completion, PacketNote
-from .responder import ReceivedAck
+from .responder import AckRecord
 
 __all__ = ["CompletionTracker", "Retransmit"]
 
@@ -75,7 +75,7 @@ class CompletionTracker(wiring.Component):
     -------
     sent : In(stream.Signature(Completion))
         Completions from the transmit path, in send order.
-    acks : In(stream.Signature(ReceivedAck))
+    acks : In(stream.Signature(AckRecord))
         ACK/NAK frames received for this NIC's QPs.
     packets : In(PacketNote)
         The PSN of each RC request packet sent (also retransmitted ones), any cycle.
@@ -97,7 +97,7 @@ class CompletionTracker(wiring.Component):
         cpl = Completion(num_qps, num_cqs)
         super().__init__({
             "sent": In(stream.Signature(cpl)),
-            "acks": In(stream.Signature(ReceivedAck)),
+            "acks": In(stream.Signature(AckRecord)),
             "packets": In(PacketNote(num_qps)),
             "commit": In(stream.Signature(data.StructLayout({
                 "qpn": unsigned(qp_bits(num_qps)), "start_psn": unsigned(PSN_BITS),
@@ -149,7 +149,7 @@ class CompletionTracker(wiring.Component):
         qpn = Signal(qb)
         st = Signal(state_layout)       # the QP's state as read from RAM
         st_reg = Signal(state_layout)   # the QP's state while releasing / retransmitting
-        ack = Signal(ReceivedAck)
+        ack = Signal(AckRecord)
         cpl = Signal(cpl_layout)
         scan = Signal(qb)               # the timer scanner's next QP
         sent_first = Signal()           # ACKs and completions take turns when both wait

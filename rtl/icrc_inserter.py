@@ -26,7 +26,9 @@ class IcrcInserter(wiring.Component):
     in front of the message cost nothing; bytes after its end are fed as zeros and
     removed with the inverse zero-byte step (7 conditional 32x32 matrices, one per
     bit of the count). The result goes into the 4 bytes the builder reserved at the
-    frame's end, even when they straddle two beats.
+    frame's end, even when they straddle two beats. A frame that starts at lane 64 and
+    ends in the same beat (``end_hi``, at most 64 bytes) is finished in that beat: its
+    register is the upper half's product, less its trailing zero bytes.
 
     Members
     -------
@@ -113,6 +115,18 @@ class IcrcInserter(wiring.Component):
         m.d.comb += qshift.eq((BEAT - k) * 8)
         m.d.comb += ins.eq(icrc << qshift)
 
+        # A frame that starts at lane 64 and ends in this beat (end_hi): the upper half's
+        # product less its trailing bytes, 68 - flen_hi of them (ICRC and beyond, zero).
+        k_b = Signal(7)
+        m.d.comb += k_b.eq(SEG + F.ICRC_LEN - beat.flen_hi)
+        s_b = hi
+        for bit in range(7):
+            nxt = Signal(32, name=f"unshift_hi{bit}")
+            m.d.comb += nxt.eq(Mux(k_b[bit], _apply(icrc_math.unshift_matrix(1 << bit), s_b, 32), s_b))
+            s_b = nxt
+        ins_b = Signal(8 * BEAT)
+        m.d.comb += ins_b.eq((~s_b).as_unsigned() << ((beat.flen_hi[:7] + (SEG - F.ICRC_LEN)) * 8))
+
         # One register stage.
         m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
         with m.If(self.o.valid & self.o.ready):
@@ -122,14 +136,17 @@ class IcrcInserter(wiring.Component):
             with m.If(beat.frame):
                 with m.If(index == 0):
                     m.d.sync += [off.eq(0), cur_flen.eq(beat.flen)]
-                with m.If(beat.sop_hi):
+                with m.If(beat.sop_hi & beat.end_hi):
+                    m.d.sync += index.eq(0)
+                with m.Elif(beat.sop_hi):
                     m.d.sync += [index.eq(1), off.eq(SEG), cur_flen.eq(beat.flen_hi), state.eq(hi)]
                 with m.Else():
                     m.d.sync += index.eq(Mux(beat.last, 0, index + 1))
                     with m.If(has_msg):
                         m.d.sync += state.eq(s_new)
                 with m.If(ends_msg):
-                    m.d.sync += [self.o.p.data.eq(beat.data | ins[:8 * BEAT]), pending.eq(ins[8 * BEAT:])]
+                    m.d.sync += [self.o.p.data.eq(beat.data | ins[:8 * BEAT] | Mux(beat.sop_hi & beat.end_hi, ins_b, 0)),
+                                 pending.eq(ins[8 * BEAT:])]
                 with m.Elif(index != 0):
                     # a beat with only (the rest of) the ICRC
                     with m.If(~has_msg):

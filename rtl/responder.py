@@ -7,13 +7,12 @@ from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
 from spec.formats import Aeth, MrCheck, Op, QpState
-from .ack_builder import AckRequest
 from .contexts import qp_bits
 from .mr_table import MemoryRegionTable, MrEntry
-from .rx_packet import RxPacket
+from .rx_packet import Pair, RxPacket
 from .rx_payload_writer import RxWriteCommand
 
-__all__ = ["Responder", "ResponderConfig", "ResponderEntry", "RxVerdict", "RX_VERDICT_NAMES", "ReceivedAck"]
+__all__ = ["Responder", "ResponderConfig", "ResponderEntry", "RxVerdict", "RX_VERDICT_NAMES", "AckRecord"]
 
 PSN_BITS = 24
 
@@ -57,10 +56,7 @@ def ResponderConfig(pd_bits):
         "pd":         unsigned(pd_bits),
         "ack_every":  unsigned(8),      # ACK coalescing: one ACK per this many packets (0 counts as 1)
         "mtu":        unsigned(3),      # ibv_mtu code 1..5
-        "remote_qpn": unsigned(24),     # the requester's QP: destination of ACKs
-        "dmac":       unsigned(48),
-        "dip":        unsigned(32),
-    })
+    })       # (the requester's address, where ACKs go, is the ``AckAddresser``'s)
 
 
 ResponderDynamic = data.StructLayout({
@@ -79,22 +75,25 @@ def ResponderEntry(pd_bits):
     return data.StructLayout({"cfg": ResponderConfig(pd_bits), "dyn": ResponderDynamic})
 
 
-# A received ACK/NAK frame, as ``RxDispatch`` passes it to the requester side.
-ReceivedAck = data.StructLayout({
+# An ACK/NAK as one QP sees it (``qpn`` is the local QP): a received one, as ``RxDispatch``
+# passes it to the requester side, or one the responder sends (``AckAddresser`` adds the
+# requester's address).
+AckRecord = data.StructLayout({
     "qpn": unsigned(24), "psn": unsigned(PSN_BITS), "syndrome": unsigned(8), "msn": unsigned(24),
 })
 
 
 
 class Responder(wiring.Component):
-    """The receive side of the RC transport for RDMA WRITE requests, one packet per cycle.
+    """The receive side of the RC transport for RDMA WRITE requests, two packets per cycle.
 
     It sees only the WRITE requests that passed the frame-level checks: ``RxDispatch``
     counts the frames dropped at frame level and passes received ACK/NAKs to the
-    requester side. Every request's descriptor gets exactly one payload command (write
-    or discard), so the payload writer stays in step with the request frames' beats; a
-    request may also produce an ACK/NAK to send. The rules are those of ``model/rc.py``
-    (``RcResponder.receive``, for the frames that pass its frame-level checks):
+    requester side. Every request with payload gets exactly one payload command (write
+    or discard), so the payload writer stays in step with the frames it sees (those
+    with payload); a request may also produce an ACK/NAK to send. The rules are those of
+    ``model/rc.py`` (``RcResponder.receive``, for the frames that pass its frame-level
+    checks):
 
     - a QP accepts packets in RTR or RTS;
     - PSN: the expected PSN is executed; a duplicate (less than 2^23 behind) is not
@@ -111,11 +110,15 @@ class Responder(wiring.Component):
     - ACKs are coalesced: one per ``ack_every`` accepted packets, and always on AckReq
       and on a message's last packet, with the PSN of that packet and the MSN.
 
-    Pipeline: the QP context is read from RAM when a descriptor is taken (stage B), the
-    key check runs in the memory-key table (stage C), the decision and the context
-    write are in stage C. A packet of the same QP as the one decided just before it
-    takes that one's new context from a bypass register, so back-to-back packets of
-    one QP go at one per cycle.
+    Two per cycle: the dispatch hands over the one or two requests that ended in one
+    beat as a pair (WRITEs of 0 and 1 payload bytes arrive 1.02 and 1.01 per cycle at
+    line rate). Pipeline: both lanes' QP contexts are read from RAM (two read ports) when
+    a pair is taken (stage B); the key checks run in two memory-key tables, one per lane
+    (stage C); the decisions and the context writes (two write ports) are in stage C.
+    Lane 1 decides on lane 0's new context when both are of one QP (a chained decision:
+    the second depends on the first's PSN and message state), and then only lane 1's
+    context is written. A pair whose QPs were decided in the pair just before takes
+    their new contexts from bypass registers, so back-to-back pairs go at one per cycle.
 
     Parameters
     ----------
@@ -128,23 +131,26 @@ class Responder(wiring.Component):
 
     Members
     -------
-    packets : In(stream.Signature(RxPacket()))
-        Descriptors of the received WRITE requests, in order: only ``drop`` = NONE and
-        opcode WRITE FIRST/MIDDLE/LAST/LAST_IMM/ONLY/ONLY_IMM (``RxDispatch.requests``);
-        other frames are not checked for here and must not be sent.
+    packets : In(stream.Signature(Pair(RxPacket())))
+        Descriptors of the received WRITE requests, one or two per transfer, in order:
+        only ``drop`` = NONE and opcode WRITE FIRST/MIDDLE/LAST/LAST_IMM/ONLY/ONLY_IMM
+        (``RxDispatch.requests``); other frames are not checked for here and must not be
+        sent.
     commit : In(stream.Signature(...))
         ``qpn`` and ``cfg`` (``ResponderConfig``), ``epsn``: create a QP's receive side
         (its dynamic state is reset). Taken only while no packet is in flight.
     mr_commit : In(stream.Signature(...))
         Register or deregister a memory region (``MemoryRegionTable.commit``).
-    commands : Out(stream.Signature(RxWriteCommand))
-        One per packet: write its payload at an address, or discard it.
-    responses : Out(stream.Signature(AckRequest(num_qps)))
-        ACKs and NAKs to send.
-    verdict_valid : Out(1), verdict : Out(RxVerdict)
-        One strobe per packet with what became of it (for the counters): ACCEPTED or
-        a QP-level verdict (QP_NOT_READY, PSN_DUPLICATE, PSN_OUT_OF_ORDER,
-        ACCESS_ERROR, INVALID_REQUEST).
+    commands : Out(stream.Signature(Pair(RxWriteCommand)))
+        One per packet with payload (``payload_len`` > 0), in packet order: write its
+        payload at an address, or discard it.
+    responses : Out(stream.Signature(Pair(AckRecord)))
+        ACKs and NAKs to send, one or two per transfer in packet order; ``qpn`` is the
+        local QP (``AckAddresser`` adds where it goes).
+    verdict_valid : Out(2), verdict : Out(ArrayLayout(RxVerdict, 2))
+        Per lane, one strobe per packet with what became of it (for the counters):
+        ACCEPTED or a QP-level verdict (QP_NOT_READY, PSN_DUPLICATE, PSN_OUT_OF_ORDER,
+        ACCESS_ERROR, INVALID_REQUEST). Lane 0 is the earlier packet.
     """
     def __init__(self, *, num_qps, num_mrs=1024, pd_bits=24):
         if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
@@ -152,117 +158,61 @@ class Responder(wiring.Component):
         if not isinstance(pd_bits, int) or not 1 <= pd_bits <= 32:
             raise ValueError(f"pd_bits must be 1..32, not {pd_bits!r}")
         self.num_qps, self.num_mrs, self.pd_bits = num_qps, num_mrs, pd_bits
-        self._mrt = MemoryRegionTable(num_mrs=num_mrs, pd_bits=pd_bits, tag_bits=1)
+        # one key check per lane: the table's RAM twice, written together
+        self._mrts = [MemoryRegionTable(num_mrs=num_mrs, pd_bits=pd_bits, tag_bits=1) for _ in range(2)]
         super().__init__({
-            "packets": In(stream.Signature(RxPacket())),
+            "packets": In(stream.Signature(Pair(RxPacket()))),
             "commit": In(stream.Signature(data.StructLayout({
                 "qpn": unsigned(qp_bits(num_qps)), "cfg": ResponderConfig(pd_bits), "epsn": unsigned(PSN_BITS)}))),
             "mr_commit": In(stream.Signature(data.StructLayout({
                 "index": unsigned((num_mrs - 1).bit_length()), "region": MrEntry(pd_bits)}))),
-            "commands": Out(stream.Signature(RxWriteCommand)),
-            "responses": Out(stream.Signature(AckRequest(num_qps))),
-            "verdict_valid": Out(1),
-            "verdict": Out(RxVerdict),
+            "commands": Out(stream.Signature(Pair(RxWriteCommand))),
+            "responses": Out(stream.Signature(Pair(AckRecord))),
+            "verdict_valid": Out(2),
+            "verdict": Out(data.ArrayLayout(RxVerdict, 2)),
         })
 
-    def elaborate(self, platform):
-        m = Module()
-        qb = qp_bits(self.num_qps)
+    def _decide(self, m, k, p, ctx, status):
+        """Lane ``k``'s decision on packet ``p`` with QP context ``ctx`` and key-check
+        ``status``: the new context and what to do (a dict of Signals)."""
         entry_layout = ResponderEntry(self.pd_bits)
-        m.submodules.mrt = mrt = self._mrt
-        wiring.connect(m, wiring.flipped(self.mr_commit), mrt.commit)
-        m.submodules.ctx = ram = Memory(shape=entry_layout, depth=self.num_qps, init=[])
-        wr = ram.write_port()
-        rd = ram.read_port(transparent_for=(wr,))
-
-        # Stage B: the descriptor whose context the RAM has read.
-        b_pkt = Signal(RxPacket())
-        b_full = Signal()
-        # Stage C: in step with the key check held in the memory-key table.
-        c_pkt = Signal(RxPacket())
-        c_ctx = Signal(entry_layout)
-        # The context written by the last decision (bypass for the next packet).
-        last_qpn = Signal(qb)
-        last_ctx = Signal(entry_layout)
-        last_valid = Signal()
-
-        c_go = Signal()                 # stage C decides and leaves this cycle
-        b_go = Signal()                 # stage B moves into the key check
-        take = Signal()
-        m.d.comb += [
-            b_go.eq(b_full & mrt.requests.ready),
-            self.packets.ready.eq(~b_full | b_go),
-            take.eq(self.packets.valid & self.packets.ready),
-            rd.addr.eq(self.packets.p.dqpn[:qb]),
-            rd.en.eq(self.packets.ready),
-        ]
-        with m.If(take):
-            m.d.sync += [b_pkt.eq(self.packets.p), b_full.eq(1)]
-        with m.Elif(b_go):
-            m.d.sync += b_full.eq(0)
-
-        # The key check: only FIRST/ONLY (the WRITEs with a RETH); MIDDLE/LAST ask for
-        # length 0, which the table answers OK.
-        m.d.comb += [
-            mrt.requests.valid.eq(b_full),
-            mrt.requests.p.key.eq(b_pkt.reth.rkey),
-            mrt.requests.p.addr.eq(b_pkt.reth.va),
-            mrt.requests.p.length.eq(Mux(b_pkt.has_reth, b_pkt.reth.dma_len, 0)),
-            mrt.requests.p.access.eq(F.Access.REMOTE_WRITE),
-            mrt.requests.p.pd.eq(rd.data.cfg.pd),
-        ]
-        with m.If(b_go):
-            m.d.sync += [c_pkt.eq(b_pkt), c_ctx.eq(rd.data)]
-
-        # ---- stage C: decide ------------------------------------------------------------
-        p = c_pkt
-        ctx = Signal(entry_layout)
-        m.d.comb += ctx.eq(Mux(last_valid & (last_qpn == p.dqpn[:qb]), last_ctx, c_ctx))
         cfg, dyn = ctx.cfg, ctx.dyn
-        status = mrt.results.p.status
 
-        new = Signal(entry_layout)
+        def sig(name, shape=1):
+            return Signal(shape, name=f"{name}{k}")
+        new = sig("new", entry_layout)
         m.d.comb += new.eq(ctx)
-        verdict = Signal(RxVerdict)
-        write = Signal()
-        respond = Signal()
-        resp_psn = Signal(PSN_BITS)
-        resp_syn = Signal(8)
-        fatal_syn = Signal(8)
-        fatal = Signal()
-
-        is_first = Signal()
-        is_last = Signal()
+        verdict, write, respond = sig("verdict", RxVerdict), sig("write"), sig("respond")
+        resp_psn, resp_syn, fatal_syn, fatal = sig("resp_psn", PSN_BITS), sig("resp_syn", 8), sig("fatal_syn", 8), sig("fatal")
+        is_first, is_last = sig("is_first"), sig("is_last")
         m.d.comb += [
             is_first.eq((p.opcode == Op.WRITE_FIRST) | (p.opcode == Op.WRITE_ONLY) | (p.opcode == Op.WRITE_ONLY_IMM)),
             is_last.eq((p.opcode == Op.WRITE_LAST) | (p.opcode == Op.WRITE_LAST_IMM)
                        | (p.opcode == Op.WRITE_ONLY) | (p.opcode == Op.WRITE_ONLY_IMM)),
         ]
-        ready_state = Signal()
+        ready_state = sig("ready_state")
         m.d.comb += ready_state.eq((cfg.state == QpState.RTR) | (cfg.state == QpState.RTS))
         # PSN distance, mod 2^24: 0 expected, >= 2^23 behind (duplicate), else a gap.
-        dist = Signal(PSN_BITS)
+        dist = sig("dist", PSN_BITS)
         m.d.comb += dist.eq(p.psn - dyn.epsn)
-        mtu = Signal(13)
+        mtu = sig("mtu", 13)
         m.d.comb += mtu.eq(Const(128, 13) << cfg.mtu)          # ibv_mtu code n: 128 << n bytes
-        va = Signal(64)
-        total = Signal(32)
-        off = Signal(32)
+        va, total, off = sig("va", 64), sig("total", 32), sig("off", 32)
         with m.If(is_first):
             m.d.comb += [va.eq(p.reth.va), total.eq(p.reth.dma_len), off.eq(0)]
         with m.Else():
             m.d.comb += [va.eq(dyn.msg_va), total.eq(dyn.msg_len), off.eq(dyn.msg_off)]
         n = p.payload_len
-        end = Signal(33)
+        end = sig("end", 33)
         m.d.comb += end.eq(off + n)
-        len_ok = Signal()
+        len_ok = sig("len_ok")
         with m.If(is_last):
             m.d.comb += len_ok.eq((n <= mtu) & (end == total))
         with m.Else():
             m.d.comb += len_ok.eq((n == mtu) & (end < total))
-        unacked = Signal(9)
+        unacked = sig("unacked", 9)
         m.d.comb += unacked.eq(dyn.unacked + 1)
-        every = Signal(8)
+        every = sig("every", 8)
         m.d.comb += every.eq(Mux(cfg.ack_every == 0, 1, cfg.ack_every))
 
         with m.If(~ready_state | (p.dqpn >= self.num_qps)):
@@ -296,41 +246,139 @@ class Responder(wiring.Component):
             # Class C error: NAK with the offending PSN, nothing executed, QP to error.
             m.d.comb += [new.cfg.state.eq(QpState.ERR), new.dyn.in_msg.eq(0),
                          respond.eq(1), resp_psn.eq(p.psn), resp_syn.eq(fatal_syn)]
+        addr = sig("addr", 64)
+        m.d.comb += addr.eq(va + off)
+        return {"new": new, "verdict": verdict, "write": write, "respond": respond,
+                "psn": resp_psn, "syndrome": resp_syn, "addr": addr}
 
-        # Outputs: registered, so no valid depends on a ready; the decision waits until
-        # every output this packet needs has room.
+    def elaborate(self, platform):
+        m = Module()
+        qb = qp_bits(self.num_qps)
+        entry_layout = ResponderEntry(self.pd_bits)
+        mrts = self._mrts
+        for k, mrt in enumerate(mrts):
+            m.submodules[f"mrt{k}"] = mrt
+            m.d.comb += [mrt.commit.valid.eq(self.mr_commit.valid), mrt.commit.p.eq(self.mr_commit.p)]
+        m.d.comb += self.mr_commit.ready.eq(mrts[0].commit.ready & mrts[1].commit.ready)
+        m.submodules.ctx = ram = Memory(shape=entry_layout, depth=self.num_qps, init=[])
+        wr = [ram.write_port() for _ in range(2)]
+        rd = [ram.read_port(transparent_for=wr) for _ in range(2)]
+
+        # Stage B: the pair whose contexts the RAM has read.
+        b_pair = Signal(Pair(RxPacket()))
+        b_full = Signal()
+        # Stage C: in step with the key checks held in the memory-key tables.
+        c_pair = Signal(Pair(RxPacket()))
+        c_ctx = Signal(data.ArrayLayout(entry_layout, 2))
+        # The contexts written by the last pair's decisions (bypass for the next pair);
+        # lane 1's is the newer.
+        last_qpn = Signal(data.ArrayLayout(unsigned(qb), 2))
+        last_ctx = Signal(data.ArrayLayout(entry_layout, 2))
+        last_valid = Signal(2)
+
+        c_go = Signal()                 # stage C decides and leaves this cycle
+        b_go = Signal()                 # stage B moves into the key checks
+        take = Signal()
+        m.d.comb += [
+            b_go.eq(b_full & mrts[0].requests.ready),
+            self.packets.ready.eq(~b_full | b_go),
+            take.eq(self.packets.valid & self.packets.ready),
+        ]
+        for k in range(2):
+            m.d.comb += [rd[k].addr.eq(self.packets.p.p[k].dqpn[:qb]), rd[k].en.eq(self.packets.ready)]
+        with m.If(take):
+            m.d.sync += [b_pair.eq(self.packets.p), b_full.eq(1)]
+        with m.Elif(b_go):
+            m.d.sync += b_full.eq(0)
+
+        # The key checks, in lockstep (same valid and ready, so the same occupancy): only
+        # FIRST/ONLY (the WRITEs with a RETH); MIDDLE/LAST, and an absent lane 1, ask for
+        # length 0, which the table answers OK.
+        for k, mrt in enumerate(mrts):
+            bp = b_pair.p[k]
+            present = 1 if k == 0 else b_pair.second
+            m.d.comb += [
+                mrt.requests.valid.eq(b_full),
+                mrt.requests.p.key.eq(bp.reth.rkey),
+                mrt.requests.p.addr.eq(bp.reth.va),
+                mrt.requests.p.length.eq(Mux(bp.has_reth & present, bp.reth.dma_len, 0)),
+                mrt.requests.p.access.eq(F.Access.REMOTE_WRITE),
+                mrt.requests.p.pd.eq(rd[k].data.cfg.pd),
+            ]
+        with m.If(b_go):
+            m.d.sync += [c_pair.eq(b_pair), c_ctx[0].eq(rd[0].data), c_ctx[1].eq(rd[1].data)]
+
+        # ---- stage C: decide -------------------------------------------------------------
+        p = [c_pair.p[0], c_pair.p[1]]
+        present = [C(1, 1), c_pair.second]
+        qp = [p[k].dqpn[:qb] for k in range(2)]
+        in_table = [p[k].dqpn < self.num_qps for k in range(2)]
+        same = Signal()
+        m.d.comb += same.eq(c_pair.second & (p[0].dqpn == p[1].dqpn))
+        ctx = [Signal(entry_layout, name=f"ctx{k}") for k in range(2)]
+        bypassed = []
+        for k in range(2):
+            b = Signal(entry_layout, name=f"bypassed{k}")
+            m.d.comb += b.eq(Mux(last_valid[1] & (last_qpn[1] == qp[k]), last_ctx[1],
+                                 Mux(last_valid[0] & (last_qpn[0] == qp[k]), last_ctx[0], c_ctx[k])))
+            bypassed.append(b)
+        m.d.comb += ctx[0].eq(bypassed[0])
+        d0 = self._decide(m, 0, p[0], ctx[0], mrts[0].results.p.status)
+        m.d.comb += ctx[1].eq(Mux(same, d0["new"], bypassed[1]))       # chained on lane 0
+        d1 = self._decide(m, 1, p[1], ctx[1], mrts[1].results.p.status)
+        dec = [d0, d1]
+
+        # Outputs: registered, so no valid depends on a ready; the pair decides when every
+        # output has room. Payload commands and responses are packed to the front.
         cmd, resp = self.commands, self.responses
         out_ready = Signal()
         m.d.comb += [
             out_ready.eq((~cmd.valid | cmd.ready) & (~resp.valid | resp.ready)),
-            mrt.results.ready.eq(out_ready),
-            c_go.eq(mrt.results.valid & out_ready),
-            self.verdict_valid.eq(c_go), self.verdict.eq(verdict),
+            mrts[0].results.ready.eq(out_ready), mrts[1].results.ready.eq(out_ready),
+            c_go.eq(mrts[0].results.valid & out_ready),
         ]
+        for k in range(2):
+            m.d.comb += [self.verdict_valid[k].eq(c_go & present[k]), self.verdict[k].eq(dec[k]["verdict"])]
         for s_ in (cmd, resp):
             with m.If(s_.valid & s_.ready):
                 m.d.sync += s_.valid.eq(0)
+        has_cmd = [present[k] & (p[k].payload_len != 0) for k in range(2)]
+        has_resp = [present[k] & dec[k]["respond"] for k in range(2)]
+        cmds, resps = [], []
+        for k in range(2):
+            c_ = Signal(RxWriteCommand, name=f"cmd{k}")
+            m.d.comb += [c_.write.eq(dec[k]["write"]), c_.addr.eq(dec[k]["addr"]),
+                         c_.offset.eq(p[k].payload_offset), c_.length.eq(p[k].payload_len)]
+            r_ = Signal(AckRecord, name=f"resp{k}")
+            m.d.comb += [r_.qpn.eq(p[k].dqpn), r_.psn.eq(dec[k]["psn"]), r_.syndrome.eq(dec[k]["syndrome"]),
+                         r_.msn.eq(dec[k]["new"].dyn.msn)]
+            cmds.append(c_)
+            resps.append(r_)
         with m.If(c_go):
             m.d.sync += [
-                cmd.valid.eq(1), cmd.p.write.eq(write), cmd.p.addr.eq(va + off),
-                cmd.p.offset.eq(p.payload_offset), cmd.p.length.eq(n),
-                resp.valid.eq(respond),
-                resp.p.dmac.eq(cfg.dmac), resp.p.dip.eq(cfg.dip), resp.p.dest_qp.eq(cfg.remote_qpn),
-                resp.p.src_qpn.eq(p.dqpn), resp.p.psn.eq(resp_psn), resp.p.syndrome.eq(resp_syn),
-                resp.p.msn.eq(new.dyn.msn),
+                cmd.valid.eq(has_cmd[0] | has_cmd[1]), cmd.p.second.eq(has_cmd[0] & has_cmd[1]),
+                cmd.p.p[0].eq(Mux(has_cmd[0], cmds[0], cmds[1])), cmd.p.p[1].eq(cmds[1]),
+                resp.valid.eq(has_resp[0] | has_resp[1]), resp.p.second.eq(has_resp[0] & has_resp[1]),
+                resp.p.p[0].eq(Mux(has_resp[0], resps[0], resps[1])), resp.p.p[1].eq(resps[1]),
             ]
 
-        # Context write: the decision, or a QP create from the control path.
+        # Context writes: the decisions (lane 0's only when lane 1 is of another QP), or a
+        # QP create from the control path.
         pipe_empty = Signal()
-        m.d.comb += [pipe_empty.eq(~b_full & ~mrt.results.valid & ~self.packets.valid),
+        m.d.comb += [pipe_empty.eq(~b_full & ~mrts[0].results.valid & ~self.packets.valid),
                      self.commit.ready.eq(pipe_empty)]
-        with m.If(c_go & (p.dqpn < self.num_qps)):
-            m.d.comb += [wr.en.eq(1), wr.addr.eq(p.dqpn[:qb]), wr.data.eq(new)]
-            m.d.sync += [last_valid.eq(1), last_qpn.eq(p.dqpn[:qb]), last_ctx.eq(new)]
+        writes = [c_go & in_table[0] & ~same, c_go & present[1] & in_table[1]]
+        for k in range(2):
+            m.d.comb += [wr[k].addr.eq(qp[k]), wr[k].data.eq(dec[k]["new"])]
+            with m.If(writes[k]):
+                m.d.comb += wr[k].en.eq(1)
+        with m.If(c_go):
+            m.d.sync += [last_valid.eq(Cat(*writes)), last_qpn[0].eq(qp[0]), last_qpn[1].eq(qp[1]),
+                         last_ctx[0].eq(dec[0]["new"]), last_ctx[1].eq(dec[1]["new"])]
         with m.Elif(self.commit.valid & self.commit.ready):
             fresh = Signal(entry_layout)
             # every bit assigned: bits a process never drives come out undriven (X in Icarus)
             m.d.comb += [fresh.eq(0), fresh.cfg.eq(self.commit.p.cfg), fresh.dyn.epsn.eq(self.commit.p.epsn)]
-            m.d.comb += [wr.en.eq(1), wr.addr.eq(self.commit.p.qpn), wr.data.eq(fresh)]
+            m.d.comb += [wr[0].en.eq(1), wr[0].addr.eq(self.commit.p.qpn), wr[0].data.eq(fresh)]
             m.d.sync += last_valid.eq(0)
         return m

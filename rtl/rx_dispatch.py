@@ -4,75 +4,32 @@ from amaranth.lib import wiring, data, fifo, stream
 from amaranth.lib.wiring import In, Out
 
 from spec.formats import Op
-from .responder import ReceivedAck
+from .responder import AckRecord
 from .rx_packet import Pair, RxDrop, RxPacket, RxPacketPair
 from .rx_resegmenter import RxKeepPair
 
-__all__ = ["RxDispatch", "PairSplitter"]
+__all__ = ["RxDispatch"]
 
-
-
-class PairSplitter(wiring.Component):
-    """A queue of one-or-two-entry transfers, read out one entry per cycle.
-
-    Parameters
-    ----------
-    shape : the entry's shape.
-    depth : int
-        Transfers held (each one or two entries).
-
-    Members
-    -------
-    i : In(stream.Signature({second, p[2]}))
-        ``p[0]``, then ``p[1]`` when ``second`` = 1.
-    o : Out(stream.Signature(shape))
-        The entries in order.
-    """
-    def __init__(self, shape, depth):
-        if not isinstance(depth, int) or depth < 2:
-            raise ValueError(f"depth must be an integer >= 2, not {depth!r}")
-        self._shape, self._depth = shape, depth
-        super().__init__({"i": In(stream.Signature(Pair(shape))), "o": Out(stream.Signature(shape))})
-
-    def elaborate(self, platform):
-        m = Module()
-        layout = Pair(self._shape)
-        m.submodules.fifo = q = fifo.SyncFIFOBuffered(width=layout.size, depth=self._depth)
-        head = Signal(layout)
-        half = Signal()                 # p[0] of the head has left; p[1] is next
-        m.d.comb += [
-            q.w_data.eq(self.i.p), q.w_en.eq(self.i.valid), self.i.ready.eq(q.w_rdy),
-            head.eq(q.r_data),
-            self.o.valid.eq(q.r_rdy), self.o.p.eq(Mux(half, head.p[1], head.p[0])),
-        ]
-        with m.If(self.o.valid & self.o.ready):
-            with m.If(head.second & ~half):
-                m.d.sync += half.eq(1)
-            with m.Else():
-                m.d.comb += q.r_en.eq(1)
-                m.d.sync += half.eq(0)
-        return m
 
 
 class RxDispatch(wiring.Component):
     """Sends each received frame's descriptor where its kind is handled, two per cycle.
 
     The header parser describes up to two frames per beat (32-byte frame starts keep
-    every frame size at line rate); no single block after it has to take two per cycle:
+    every frame size at line rate); the blocks after it take them two at a time:
 
     - a frame dropped at frame level (``drop`` not NONE) is counted here and goes no
       further;
     - an ACK/NAK goes to ``acks`` for the requester side, the one or two of a pair
       together (the ACK mailbox takes two per cycle);
-    - a WRITE request goes to ``requests`` for the responder; only such frames have
-      payload, so the frames the payload writer sees are exactly these: ``keep`` says
-      so per frame, for the resegmenter, in the parser's pairs.
+    - a WRITE request goes to ``requests`` for the responder, the one or two of a pair
+      together (the responder decides two per cycle: WRITEs of 0 and 1 payload bytes
+      arrive 1.02 and 1.01 per cycle at line rate);
+    - only a request with payload has bytes for the payload writer, so the frames the
+      payload writer sees are exactly those: ``keep`` says so per frame, for the
+      resegmenter, in the parser's pairs (a WRITE without payload needs no beat there).
 
-    The requests wait in a pair queue read one per cycle; a WRITE frame costs at least
-    98 bytes of wire time, so their rate stays within one per cycle except for the
-    floods of WRITEs with 0 or 1 payload bytes (1.02 and 1.01 per cycle), which the queue
-    absorbs up to its depth. The ACKs wait in pairs. A pair is taken when every queue
-    has room.
+    Each kind waits in a queue of pairs; a pair is taken when every queue has room.
 
     Parameters
     ----------
@@ -85,12 +42,12 @@ class RxDispatch(wiring.Component):
     -------
     packets : In(stream.Signature(RxPacketPair()))
         The parser's descriptors.
-    requests : Out(stream.Signature(RxPacket()))
-        WRITE requests (drop NONE, not an ACK), in frame order.
-    acks : Out(stream.Signature(Pair(ReceivedAck)))
+    requests : Out(stream.Signature(Pair(RxPacket())))
+        WRITE requests (drop NONE, not an ACK), the one or two of a beat, in frame order.
+    acks : Out(stream.Signature(Pair(AckRecord)))
         Received ACK/NAKs, the one or two of a beat, in frame order.
     keep : Out(stream.Signature(RxKeepPair))
-        Per parser pair: which of its frames are requests.
+        Per parser pair: which of its frames are requests with payload.
     dropped : Out(ArrayLayout(2, 6))
         Entry ``v - 1`` per ``RxDrop`` value v (1..6): frames dropped for that reason this
         cycle (0..2).
@@ -104,8 +61,8 @@ class RxDispatch(wiring.Component):
         self._depth, self._keep_depth = depth, keep_depth
         super().__init__({
             "packets": In(stream.Signature(RxPacketPair())),
-            "requests": Out(stream.Signature(RxPacket())),
-            "acks": Out(stream.Signature(Pair(ReceivedAck))),
+            "requests": Out(stream.Signature(Pair(RxPacket()))),
+            "acks": Out(stream.Signature(Pair(AckRecord))),
             "keep": Out(stream.Signature(RxKeepPair)),
             "dropped": Out(data.ArrayLayout(unsigned(2), len(RxDrop) - 1)),
             "acks_received": Out(2),
@@ -113,12 +70,13 @@ class RxDispatch(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.req_q = req_q = PairSplitter(RxPacket(), self._depth)
-        ack_layout = Pair(ReceivedAck)
+        req_layout, ack_layout = Pair(RxPacket()), Pair(AckRecord)
+        m.submodules.req_q = req_q = fifo.SyncFIFOBuffered(width=req_layout.size, depth=self._depth)
         m.submodules.ack_q = ack_q = fifo.SyncFIFOBuffered(width=ack_layout.size, depth=self._depth)
         m.submodules.keep_q = keep_q = fifo.SyncFIFOBuffered(width=RxKeepPair.size, depth=self._keep_depth)
-        wiring.connect(m, wiring.flipped(self.requests), req_q.o)
-        m.d.comb += [self.acks.valid.eq(ack_q.r_rdy), self.acks.p.eq(ack_q.r_data),
+        m.d.comb += [self.requests.valid.eq(req_q.r_rdy), self.requests.p.eq(req_q.r_data),
+                     req_q.r_en.eq(self.requests.ready),
+                     self.acks.valid.eq(ack_q.r_rdy), self.acks.p.eq(ack_q.r_data),
                      ack_q.r_en.eq(self.acks.ready)]
 
         pair = self.packets.p
@@ -126,7 +84,7 @@ class RxDispatch(wiring.Component):
         d = [pair.p[0], pair.p[1]]
         is_req = [Signal(name=f"is_req{i}") for i in range(2)]
         is_ack = [Signal(name=f"is_ack{i}") for i in range(2)]
-        acks = [Signal(ReceivedAck, name=f"ack{i}") for i in range(2)]
+        acks = [Signal(AckRecord, name=f"ack{i}") for i in range(2)]
         for i in range(2):
             ok = valid[i] & (d[i].drop == RxDrop.NONE)
             m.d.comb += [
@@ -137,16 +95,17 @@ class RxDispatch(wiring.Component):
 
         take = Signal()
         m.d.comb += [
-            self.packets.ready.eq(req_q.i.ready & ack_q.w_rdy & keep_q.w_rdy),
+            self.packets.ready.eq(req_q.w_rdy & ack_q.w_rdy & keep_q.w_rdy),
             take.eq(self.packets.valid & self.packets.ready),
         ]
 
         # Requests: the one or two of the pair, packed to the front.
+        req_pair = Signal(req_layout)
         m.d.comb += [
-            req_q.i.valid.eq(take & (is_req[0] | is_req[1])),
-            req_q.i.p.second.eq(is_req[0] & is_req[1]),
-            req_q.i.p.p[0].eq(Mux(is_req[0], d[0], d[1])),
-            req_q.i.p.p[1].eq(d[1]),
+            req_pair.second.eq(is_req[0] & is_req[1]),
+            req_pair.p[0].eq(Mux(is_req[0], d[0], d[1])),
+            req_pair.p[1].eq(d[1]),
+            req_q.w_data.eq(req_pair), req_q.w_en.eq(take & (is_req[0] | is_req[1])),
         ]
 
         # ACKs: likewise.
@@ -160,7 +119,7 @@ class RxDispatch(wiring.Component):
 
         keep = Signal(RxKeepPair)
         m.d.comb += [
-            keep.second.eq(pair.second), keep.keep.eq(Cat(is_req[0], is_req[1])),
+            keep.second.eq(pair.second), keep.keep.eq(Cat(*[is_req[i] & (d[i].payload_len != 0) for i in range(2)])),
             keep_q.w_data.eq(keep), keep_q.w_en.eq(take),
             self.keep.valid.eq(keep_q.r_rdy), self.keep.p.eq(keep_q.r_data), keep_q.r_en.eq(self.keep.ready),
         ]

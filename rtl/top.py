@@ -12,19 +12,21 @@ from spec import formats as F
 from spec import params as P
 from .axi import (AxiLiteSignature, AxiWriteSignature, AxiReadSignature, AxiSignature, AxiStreamSignature,
                   flat_members, connect_flat)
-from .ack_builder import AckBuilder, AckRequest
+from .ack_addresser import AckAddresser
+from .ack_builder import AckBuilder
 from .ack_mailbox import AckMailbox
 from .axi_write_arbiter import AxiWriteArbiter
 from .completion_tracker import CompletionTracker
 from .control_registers import ControlRegisters, COUNTERS
 from .icrc_checker import IcrcChecker, MacRxAdapter
-from .responder import Responder, RX_VERDICT_NAMES
+from .responder import AckRecord, Responder, RX_VERDICT_NAMES
 from .rx_beat import RxBeat, RxSegmentBeat
 from .rx_header_parser import RxHeaderParser
 from .rx_dispatch import RxDispatch
-from .rx_packet import RX_DROP_NAMES
+from .rx_packet import Pair, RX_DROP_NAMES
 from .rx_resegmenter import RxResegmenter
 from .rx_payload_writer import RxPayloadWriter, RxWriteCommand
+from .pair_splitter import PairSplitter
 from .tx_mux import TxMux
 from .doorbell_decoder import DoorbellDecoder, DoorbellEvent
 from .qp_table import QpTable, FetchJob
@@ -98,8 +100,9 @@ class IbgdaNic(wiring.Component):
             # 129-152-byte payload (docs/architecture.md, "DMA ports")
             "m_axi_wqe": AxiReadSignature(addr_width=P.DMA_ADDR_WIDTH, data_width=data_bits,
                                           id_width=P.AXI_ID_WIDTH),
-            # tuser = 1: a second frame starts at lane 64 (64-byte segments, docs/interfaces.md)
-            "m_axis_tx": AxiStreamSignature(data_width=data_bits, user_width=1),
+            # tuser[0]: a second frame starts at lane 64 (64-byte segments, docs/interfaces.md);
+            # tuser[1]: it also ends in this beat (two ACK frames in one beat)
+            "m_axis_tx": AxiStreamSignature(data_width=data_bits, user_width=2),
             # tuser[q] / tuser[4 + q]: a frame starts at lane 32q / ends in quarter q
             # (32-byte frame starts: every frame size at line rate, rtl/rx_beat.py)
             "s_axis_rx": AxiStreamSignature(data_width=data_bits, user_width=8).flip(),
@@ -142,12 +145,16 @@ class IbgdaNic(wiring.Component):
         m.submodules.rx_dispatch = rxd = RxDispatch()
         m.submodules.rx_resegmenter = rxs = RxResegmenter()
         m.submodules.responder = rsp = Responder(num_qps=nq, num_mrs=P.NUM_MRS, pd_bits=P.PD_BITS)
-        m.submodules.rx_cmd_fifo = rx_cmds = _StreamFifo(RxWriteCommand, 16)
+        # the responder's payload commands, one or two per cycle, to the writer one per cycle
+        m.submodules.rx_cmd_fifo = rx_cmds = PairSplitter(RxWriteCommand, 16)
         # a registered queue between the resegmenter and the payload writer: without it the
         # resegmenter's (and so the beat buffer's) ready would hang on the writer's
         m.submodules.rx_seg_fifo = rx_segs = _StreamFifo(RxSegmentBeat(), 4)
         m.submodules.rx_writer = rpw = RxPayloadWriter()
-        m.submodules.ack_fifo = ack_fifo = _StreamFifo(AckRequest(nq), 16)
+        # the responder's ACK/NAKs, one or two per cycle (two go out in one beat); they wait
+        # here while MAC TX sends a data frame
+        m.submodules.ack_fifo = ack_fifo = _StreamFifo(Pair(AckRecord), 16)
+        m.submodules.ack_addresser = ack_addr = AckAddresser(num_qps=nq)
         m.submodules.ack_builder = ackb = AckBuilder(num_qps=nq, num_cqs=nc)
         m.submodules.dma_write = wr_arb = AxiWriteArbiter(ids=(0, 2))
 
@@ -185,8 +192,9 @@ class IbgdaNic(wiring.Component):
             rsp.commit.p.qpn.eq(csr.qp_num), rsp.commit.p.epsn.eq(csr.qp_rq_psn),
             rsp.commit.p.cfg.state.eq(csr.qp_cfg.state), rsp.commit.p.cfg.pd.eq(csr.qp_pd),
             rsp.commit.p.cfg.ack_every.eq(csr.qp_ack_every), rsp.commit.p.cfg.mtu.eq(csr.qp_cfg.mtu),
-            rsp.commit.p.cfg.remote_qpn.eq(csr.qp_cfg.remote_qpn),
-            rsp.commit.p.cfg.dmac.eq(csr.qp_cfg.dmac), rsp.commit.p.cfg.dip.eq(csr.qp_cfg.dip),
+            ack_addr.commit.valid.eq(rsp.commit.valid & rsp.commit.ready),
+            ack_addr.commit.p.qpn.eq(csr.qp_num), ack_addr.commit.p.addr.remote_qpn.eq(csr.qp_cfg.remote_qpn),
+            ack_addr.commit.p.addr.dmac.eq(csr.qp_cfg.dmac), ack_addr.commit.p.addr.dip.eq(csr.qp_cfg.dip),
             rsp.mr_commit.valid.eq(csr.mr_commit),
             rsp.mr_commit.p.index.eq(csr.mr.index), rsp.mr_commit.p.region.valid.eq(csr.mr_valid),
             rsp.mr_commit.p.region.key.eq(csr.mr.key), rsp.mr_commit.p.region.base.eq(csr.mr.base),
@@ -233,7 +241,8 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, rsp.commands, rx_cmds.i)
         wiring.connect(m, rx_cmds.o, rpw.commands)
         wiring.connect(m, rsp.responses, ack_fifo.i)
-        wiring.connect(m, ack_fifo.o, ackb.requests)
+        wiring.connect(m, ack_fifo.o, ack_addr.i)
+        wiring.connect(m, ack_addr.o, ackb.requests)
         wiring.connect(m, rxd.acks, ack_mailbox.i)
         wiring.connect(m, ack_mailbox.o, trk.acks)
         wiring.connect(m, trk.retransmit, wp.retransmit)
@@ -257,10 +266,13 @@ class IbgdaNic(wiring.Component):
             self.m_axis_tx_tkeep.eq(Mux(beat.last,
                                         (Const((1 << P.DATA_BYTES) - 1, P.DATA_BYTES)
                                          >> (P.DATA_BYTES - beat.nbytes).as_unsigned())
-                                        | Mux(beat.sop_hi, Const(((1 << SEG) - 1) << SEG, P.DATA_BYTES), 0),
+                                        | Mux(beat.sop_hi & beat.end_hi,
+                                              (Const((1 << SEG) - 1, P.DATA_BYTES)
+                                               >> (SEG - beat.flen_hi[:7]).as_unsigned()) << SEG,
+                                              Mux(beat.sop_hi, Const(((1 << SEG) - 1) << SEG, P.DATA_BYTES), 0)),
                                         Const((1 << P.DATA_BYTES) - 1, P.DATA_BYTES))),
             self.m_axis_tx_tlast.eq(beat.last),
-            self.m_axis_tx_tuser.eq(beat.sop_hi),
+            self.m_axis_tx_tuser.eq(Cat(beat.sop_hi, beat.sop_hi & beat.end_hi)),
             cpl_fifo.i.valid.eq(icrc.o.valid & ready & wants_cpl),
             cpl_fifo.i.p.eq(beat.cpl),
         ]
@@ -276,15 +288,19 @@ class IbgdaNic(wiring.Component):
         # Frame-level drops and ACKs are counted at the dispatch (up to two a cycle), the
         # verdicts on WRITE requests at the responder.
         for v, name in RX_VERDICT_NAMES.items():
-            incs[f"rx_{name}"] = rsp.verdict_valid & (rsp.verdict == v)
+            incs[f"rx_{name}"] = ((rsp.verdict_valid[0] & (rsp.verdict[0] == v))
+                                  + (rsp.verdict_valid[1] & (rsp.verdict[1] == v)))
         for v, name in RX_DROP_NAMES.items():
             if name is not None:
                 incs[f"rx_{name}"] = incs[f"rx_{name}"] + rxd.dropped[v.value - 1]
         incs["rx_ack_received"] = incs["rx_ack_received"] + rxd.acks_received
+        # ACK/NAKs sent, up to two a cycle
         resp_sent = Signal()
+        resp = rsp.responses.p
         m.d.comb += resp_sent.eq(rsp.responses.valid & rsp.responses.ready)
-        incs["acks_sent"] = resp_sent & (rsp.responses.p.syndrome == F.Aeth.ACK)
-        incs["naks_sent"] = resp_sent & (rsp.responses.p.syndrome != F.Aeth.ACK)
+        lanes = [resp_sent, resp_sent & resp.second]
+        incs["acks_sent"] = sum(lanes[k] & (resp.p[k].syndrome == F.Aeth.ACK) for k in range(2))
+        incs["naks_sent"] = sum(lanes[k] & (resp.p[k].syndrome != F.Aeth.ACK) for k in range(2))
         incs.update({"naks_received": trk.naks, "retransmits": trk.retransmits, "timeouts": trk.timeouts,
                      "retry_exceeded": trk.retry_exceeded,
                      "acks_merged": ack_mailbox.merged})

@@ -173,13 +173,14 @@ def _not_roce(n, k):
 @cocotb.test()
 async def rx_every_frame_size(dut):
     """Every frame size from 60 to 300 bytes (and longer ones), back to back at the 400G
-    line rate: floods of 1500 frames for each size below 74 bytes (not-RoCE frames; 62-byte
-    ACKs, the first half of one QP, then alternating between two QPs, so that two QPs'
-    ACKs end in one beat), which need more than one frame per cycle and would outrun a
-    path taking one (its buffers hold about 100 such frames), runs of 16 WRITE ONLYs of each
-    size from 74 bytes (0-226 payload bytes, alternating between two QPs), then a random
-    mix. MAC RX is never held back, and ACK frames, memory and counters equal the
-    model's. Icarus runs about 50 cycles a second on this design, so there the floods
+    line rate: floods of 1500 frames for each size up to 74 bytes (not-RoCE frames; 62-byte
+    ACKs and 74-byte WRITE ONLYs without payload, each the first half of one QP, then
+    alternating between two QPs, so that two QPs' ACKs or requests end in one beat),
+    which need more than one frame per cycle and would outrun a path taking one (its
+    buffers hold about 100 such frames; each such WRITE is answered by its own ACK), runs
+    of 16 WRITE ONLYs of each size from 75 bytes (1-226 payload bytes, alternating between
+    two QPs), then a random mix. MAC RX is never held back, and ACK frames, memory and
+    counters equal the model's. Icarus runs about 50 cycles a second on this design, so there the floods
     are 40 frames, the runs 1 and the mix 40 (the same checks on a shorter stream)."""
     rnd = random.Random(11)
     flood, run, mix = (1500, 16, 400) if cocotb.SIM_NAME.lower().startswith("verilator") else (40, 1, 40)
@@ -202,12 +203,14 @@ async def rx_every_frame_size(dut):
     def frame(n, k):
         if n == 62:
             return ack(1 if k < flood // 2 or k % 2 else 3)
+        if n == 74:
+            return write(1 if k < flood // 2 or k % 2 else 3, 0)
         if n < 74:
             return _not_roce(n, k)
         return write(1 if k % 2 or n > 74 + 1024 else 3, n - 74)       # QP 3's MTU is 1024
 
     frames = [frame(n, k) for n in list(range(60, 301)) + [512, 1024, 1500, 1098]
-              for k in range(flood if n < 74 else run)]
+              for k in range(flood if n <= 74 else run)]
     for k in range(mix):                     # a mix of every kind and size
         n = rnd.choice([rnd.randrange(60, 200), 62, rnd.randrange(74, 90)])
         frames.append(frame(n, k))

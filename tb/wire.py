@@ -7,8 +7,10 @@ frame that ended has left the wire by 100*(c+1); a frame starts at
 max(100c, previous end). So a first beat waits for the wire and the other beats
 of a frame that started at lane 0 always pass.
 
-Segments: ``tuser`` = 1 on a beat means the current frame ends in lanes 0..63
-(tkeep lanes 0..n-1) and the next frame starts at lane 64 (tkeep lanes 64..127).
+Segments: ``tuser[0]`` = 1 on a beat means the current frame ends in lanes 0..63
+(tkeep lanes 0..n-1) and the next frame starts at lane 64 (tkeep lanes 64..127); with
+``tuser[1]`` = 1 as well, that frame also ends in this beat (tkeep lanes 64..64+m-1):
+two whole frames of at most 64 bytes in one beat (the NIC's ACK pairs).
 """
 
 import struct
@@ -141,14 +143,20 @@ class Wire400G:
             if self._ready and sig_high(bus.tvalid):
                 keep = sig_uint(self._tkeep) if self._tkeep is not None else full
                 last = sig_high(bus.tlast)
-                second = self._tuser is not None and sig_high(self._tuser)
+                user = sig_uint(self._tuser) if self._tuser is not None else 0
+                second, both = bool(user & 1), bool(user & 2)
                 raw = sig_uint(bus.tdata).to_bytes(self.bus_bytes, "little")
+                hi = keep >> SEGMENT
+                if both and not second:
+                    self._error(f"tuser {user:#x}: bit 1 (frame at lane 64 ends here) without bit 0 (cycle {c})")
+                    both = False
                 if second:
                     # the current frame ends in lanes 0..63, the next starts at lane 64
                     lo = keep & ((1 << SEGMENT) - 1)
-                    if not last or keep >> SEGMENT != (1 << SEGMENT) - 1 or lo == 0 or lo & (lo + 1):
-                        self._error(f"tuser beat: tlast {last}, tkeep {keep:#x} is not "
-                                    f"(lanes 0..n-1 of 64) + lanes 64..127 (cycle {c})")
+                    hi_ok = (hi != 0 and not hi & (hi + 1)) if both else hi == (1 << SEGMENT) - 1
+                    if not last or not hi_ok or lo == 0 or lo & (lo + 1):
+                        self._error(f"tuser {user:#x} beat: tlast {last}, tkeep {keep:#x} is not "
+                                    f"(lanes 0..n-1 of 64) + lanes 64..{'64+m-1' if both else '127'} (cycle {c})")
                     keep = lo
                 elif not last and keep != full:
                     self._error(f"tkeep {keep:#x} not all ones on a non-last beat (cycle {c})")
@@ -161,19 +169,24 @@ class Wire400G:
                 else:
                     self._cur += data
                 if last:
-                    frame = WireFrame(bytes(self._cur), self._first_cycle, c, self._start,
-                                      self._start + wire_bytes(len(self._cur)))
-                    self.frames.append(frame)
-                    self.prev_end = frame.end_bytes
-                    self._cur = None
-                    self._event.set()
+                    self._end(c)
                 if second:
                     self._begin(c)
-                    self._cur = bytearray(raw[SEGMENT:])
+                    self._cur = bytearray(raw[SEGMENT:SEGMENT + hi.bit_length()] if both else raw[SEGMENT:])
+                    if both:
+                        self._end(c)
             # Back-pressure: a beat goes in cycle c only when the last frame that ended
             # leaves the wire by the end of c. A frame's first beat thus waits for the
             # wire; later beats of a frame that started at lane 0 always pass.
             self._drive_ready(int(self.prev_end <= BYTES_PER_CYCLE * (now + 1)))
+
+    def _end(self, c):
+        frame = WireFrame(bytes(self._cur), self._first_cycle, c, self._start,
+                          self._start + wire_bytes(len(self._cur)))
+        self.frames.append(frame)
+        self.prev_end = frame.end_bytes
+        self._cur = None
+        self._event.set()
 
     def _begin(self, c):
         self._first_cycle = c

@@ -55,34 +55,55 @@ def _requests(rnd, n):
         if k == 0:
             req.update(psn=(1 << 24) - 1, msn=(1 << 24) - 1, dest_qp=(1 << 24) - 1, src_qpn=NQ - 1)
         mac, ip = rnd.randrange(1 << 48), rnd.randrange(1 << 32)
-        qp = QpContext(qpn=req["src_qpn"], remote_qpn=req["dest_qp"], dmac=req["dmac"], dip=req["dip"])
-        want = build_response(qp, Port(smac=mac, sip=ip), req["psn"], req["syndrome"], req["msn"])
-        assert len(want) == ACK_FRAME_LEN
-        out.append((req, mac, ip, want))
+        out.append(_with_port(req, mac, ip))
     return out
 
 
-def _ack_bench(ack, out, reqs, n_full, rnd, log):
-    """Requests 0..n_full-1 offered every cycle with the output always ready, the rest with
-    random gaps and random output stalls. ``log`` collects ``took`` (cycle each request was
-    taken), ``mid`` (AckBuilder beats: data and the fixed fields) and ``out`` (frames out,
-    nbytes long, with their cycle)."""
+def _with_port(req, mac, ip):
+    """(req, mac, ip, the golden frame of req sent from port mac/ip)."""
+    qp = QpContext(qpn=req["src_qpn"], remote_qpn=req["dest_qp"], dmac=req["dmac"], dip=req["dip"])
+    want = build_response(qp, Port(smac=mac, sip=ip), req["psn"], req["syndrome"], req["msn"])
+    assert len(want) == ACK_FRAME_LEN
+    return req, mac, ip, want
+
+
+def _groups(rnd, reqs):
+    """The requests as transfers of one or two (the first few single, then pairs, then random)."""
+    out, k = [], 0
+    while k < len(reqs):
+        n = 1 if k < 3 else 2 if k < 9 else rnd.choice([1, 2])
+        g = reqs[k:k + n]
+        if len(g) == 2:             # one port sends both
+            g[1] = _with_port(g[1][0], g[0][1], g[0][2])
+        out.append(g)
+        k += n
+    return out
+
+
+def _ack_bench(ack, out, groups, n_full, rnd, log):
+    """Transfers 0..n_full-1 offered every cycle with the output always ready, the rest with
+    random gaps and random output stalls. ``log`` collects ``took`` (cycle each transfer was
+    taken), ``mid`` (AckBuilder beats: data and the fixed fields) and ``out`` (beats out: the
+    one or two frames, with their cycle)."""
     mid = ack.frames
+    fields = ("nbytes", "last", "frame", "flen", "sop_hi", "end_hi", "flen_hi", "cpl_valid")
 
     async def bench(ctx):
         i = cycle = 0
-        on = False                   # request i offered and not yet taken: keep it
-        while len(log["out"]) < len(reqs):
-            assert cycle < 20 * len(reqs), "ACK path stopped"
+        on = False                   # transfer i offered and not yet taken: keep it
+        while len(log["out"]) < len(groups):
+            assert cycle < 20 * len(groups), "ACK path stopped"
             stalls = len(log["out"]) >= n_full
-            on = i < len(reqs) and (on or i < n_full or rnd.random() < 0.7)
+            on = i < len(groups) and (on or i < n_full or rnd.random() < 0.7)
             ctx.set(ack.requests.valid, on)
             if on:
-                req, mac, ip, _ = reqs[i]
-                for name, v in req.items():
-                    ctx.set(getattr(ack.requests.p, name), v)
-                ctx.set(ack.port_mac, mac)
-                ctx.set(ack.port_ip, ip)
+                ctx.set(ack.requests.p.as_value(), 0)
+                ctx.set(ack.requests.p.second, len(groups[i]) == 2)
+                for k, (req, mac, ip, _) in enumerate(groups[i]):
+                    for name, v in req.items():
+                        ctx.set(getattr(ack.requests.p.p[k], name), v)
+                    ctx.set(ack.port_mac, mac)           # one port: the pair's share it
+                    ctx.set(ack.port_ip, ip)
             ctx.set(out.ready, not stalls or rnd.random() < 0.5)
             await ctx.delay(1e-12)
             if ctx.get(ack.requests.valid) and ctx.get(ack.requests.ready):
@@ -90,54 +111,65 @@ def _ack_bench(ack, out, reqs, n_full, rnd, log):
                 i, on = i + 1, False
             if ctx.get(mid.valid) and ctx.get(mid.ready):
                 log["mid"].append((ctx.get(mid.p.data).to_bytes(BEAT, "little"),
-                                   tuple(ctx.get(getattr(mid.p, f)) for f in
-                                         ("nbytes", "last", "frame", "flen", "sop_hi", "flen_hi", "cpl_valid"))))
+                                   tuple(ctx.get(getattr(mid.p, f)) for f in fields)))
             if ctx.get(out.valid) and ctx.get(out.ready):
-                assert ctx.get(out.p.last) and ctx.get(out.p.frame) and not ctx.get(out.p.sop_hi)
-                n = ctx.get(out.p.nbytes)
-                log["out"].append((ctx.get(out.p.data).to_bytes(BEAT, "little")[:n], cycle))
+                assert ctx.get(out.p.last) and ctx.get(out.p.frame)
+                raw = ctx.get(out.p.data).to_bytes(BEAT, "little")
+                frames = [raw[:ctx.get(out.p.nbytes)]]
+                if ctx.get(out.p.sop_hi):
+                    assert ctx.get(out.p.end_hi)
+                    frames.append(raw[64:64 + ctx.get(out.p.flen_hi)])
+                log["out"].append((frames, cycle))
             await ctx.tick()
             cycle += 1
     return bench
 
 
-def _check_ack_log(reqs, n_full, log, latency, icrc_filled):
-    assert len(log["took"]) == len(log["mid"]) == len(log["out"]) == len(reqs)
-    fixed = (ACK_FRAME_LEN, 1, 1, ACK_FRAME_LEN, 0, 0, 0)   # nbytes last frame flen sop_hi flen_hi cpl_valid
-    for k, ((req, _, _, want), (raw, fields), (got, _)) in enumerate(zip(reqs, log["mid"], log["out"])):
-        assert raw == want[:-4] + bytes(BEAT - len(want) + 4), \
-            f"request {k} {req}: beat\n{raw[:len(want)].hex()}\n!= model (ICRC and the rest zero)\n{want.hex()}"
-        assert fields == fixed, f"request {k}: (nbytes, last, frame, flen, sop_hi, flen_hi, cpl_valid) = {fields}"
+def _check_ack_log(groups, n_full, log, latency, icrc_filled):
+    assert len(log["took"]) == len(log["mid"]) == len(log["out"]) == len(groups)
+    L = ACK_FRAME_LEN
+    for k, (g, (raw, fields), (got, _)) in enumerate(zip(groups, log["mid"], log["out"])):
+        wants = [w for _, _, _, w in g]
+        # the frames with the 4 ICRC bytes zero, at lanes 0 and 64, the rest of the beat zero
+        beat = wants[0][:-4] + bytes(64 - L + 4) + (wants[1][:-4] + bytes(64 - L + 4) if len(g) == 2 else bytes(64))
+        assert raw == beat, f"transfer {k}: beat\n{raw.hex()}\n!= model\n{beat.hex()}"
+        two = int(len(g) == 2)
+        # nbytes last frame flen sop_hi end_hi flen_hi cpl_valid
+        assert fields == (L, 1, 1, L, two, two, L * two, 0), f"transfer {k}: {fields}"
         if icrc_filled:
-            assert got == want, f"request {k} {req}: frame\n{got.hex()}\n!= model\n{want.hex()}"
-    # full rate: one request per cycle from the first, each frame ``latency`` cycles later
+            assert got == wants, f"transfer {k}: frames\n{[f.hex() for f in got]}\n!= model\n{[w.hex() for w in wants]}"
+    # full rate: one transfer per cycle from the first, each beat ``latency`` cycles later
     assert log["took"][:n_full] == list(range(n_full))
     assert [c for _, c in log["out"][:n_full]] == [c + latency for c in range(n_full)]
 
 
 @pytest.mark.parametrize("seed", [41, 42])
 def test_ack_builder_matches_model(seed):
-    """AckBuilder alone, many requests: every beat is build_response's frame with the 4 ICRC bytes
-    zero, the rest of the beat zero and the fixed fields; one per cycle at full rate (registered:
-    one cycle later), in order with none lost or doubled under random stalls."""
+    """AckBuilder alone, many requests, one or two per transfer: every beat holds
+    build_response's frames (at lanes 0 and 64) with the 4 ICRC bytes zero, the rest of the
+    beat zero and the fixed fields; one transfer per cycle at full rate (registered: one
+    cycle later), in order with none lost or doubled under random stalls."""
     rnd = random.Random(seed)
-    reqs, n_full = _requests(rnd, 800), 200
+    n_full = 200
+    groups = _groups(rnd, _requests(rnd, 1200))
     dut = AckBuilder(num_qps=NQ, num_cqs=NC)
     log = {"took": [], "mid": [], "out": []}
-    _run(dut, _ack_bench(dut, dut.frames, reqs, n_full, rnd, log))
-    _check_ack_log(reqs, n_full, log, latency=1, icrc_filled=False)
+    _run(dut, _ack_bench(dut, dut.frames, groups, n_full, rnd, log))
+    _check_ack_log(groups, n_full, log, latency=1, icrc_filled=False)
 
 
 def test_ack_builder_with_icrc_matches_model():
-    """AckBuilder -> IcrcInserter: frames byte-identical to build_response (ICRC included), one per
-    cycle at full rate, then under random stalls. (The ICRC unit is slow in this simulator: ~0.1 s
-    a cycle, hence fewer requests than above.)"""
+    """AckBuilder -> IcrcInserter: frames byte-identical to build_response (ICRC included, also
+    of the frame at lane 64 of a pair's beat), one transfer per cycle at full rate, then under
+    random stalls. (The ICRC unit is slow in this simulator: ~0.1 s a cycle, hence fewer
+    requests than above.)"""
     rnd = random.Random(43)
-    reqs, n_full = _requests(rnd, 50), 20
+    n_full = 12
+    groups = _groups(rnd, _requests(rnd, 60))
     dut = _AckPath()
     log = {"took": [], "mid": [], "out": []}
-    _run(dut, _ack_bench(dut.ack, dut.icrc.o, reqs, n_full, rnd, log))
-    _check_ack_log(reqs, n_full, log, latency=2, icrc_filled=True)
+    _run(dut, _ack_bench(dut.ack, dut.icrc.o, groups, n_full, rnd, log))
+    _check_ack_log(groups, n_full, log, latency=2, icrc_filled=True)
 
 
 def test_block_arguments():

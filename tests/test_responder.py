@@ -2,9 +2,10 @@
 
 WRITE request frames are built by the golden model, decoded by ``model.rc.parse_frame``
 into the descriptor the receive header parser would give (that parser has its own test),
-and driven back to back through the block with random stalls on every output. For every
-frame the block's verdict, payload command and ACK/NAK must equal what RcResponder does
-with the same frame. The block only gets WRITE requests that passed the frame-level
+and driven back to back through the block, one or two per transfer as the dispatch
+hands them over, with random stalls on every output. For every frame the block's
+verdict, payload command (frames with payload only) and ACK/NAK must equal what
+RcResponder does with the same frame. The block only gets WRITE requests that passed the frame-level
 checks (``RxDispatch`` takes the others, and has its own test), so the traffic holds
 only such frames.
 """
@@ -123,12 +124,33 @@ def _set(ctx, sig, d):
 
 
 
+def _set_pair(ctx, dut, frames):
+    """Present one or two frames' descriptors as one transfer."""
+    ctx.set(dut.packets.p.as_value(), 0)
+    ctx.set(dut.packets.p.second, len(frames) == 2)
+    for k, f in enumerate(frames):
+        _set(ctx, dut.packets.p.p[k], descriptor(f))
+
+
+def _lanes(verdict_valid, verdict):
+    return [RxVerdict(verdict[k]) for k in range(2) if verdict_valid >> k & 1]
+
+
+def _group(rnd, frames):
+    """Split ``frames`` into the transfers of one or two the dispatch would make."""
+    out, k = [], 0
+    while k < len(frames):
+        n = 2 if k + 1 < len(frames) and rnd.random() < 0.5 else 1
+        out.append(frames[k:k + n])
+        k += n
+    return out
+
+
 async def _setup(ctx, dut, qps, regions):
     """Create the QPs (qpn -> (expected PSN, MTU, state, ack_every)) and register the regions."""
     for qpn, (psn, mtu, state, ack_every) in qps.items():
         _set(ctx, dut.commit.p, {"qpn": qpn, "epsn": psn, "cfg": {
-            "state": state, "pd": PD, "ack_every": ack_every, "mtu": mtu_code(mtu), "remote_qpn": 0x100 + qpn,
-            "dmac": A_MAC, "dip": A_IP}})
+            "state": state, "pd": PD, "ack_every": ack_every, "mtu": mtu_code(mtu)}})
         ctx.set(dut.commit.valid, 1)
         await ctx.tick().until(dut.commit.ready)
         ctx.set(dut.commit.valid, 0)
@@ -167,11 +189,10 @@ def test_responder_matches_model():
 
     async def setup_and_drive(ctx):
         await _setup(ctx, dut, created, REGIONS)
-        for f in frames:
+        for group in _group(rnd, frames):
             while rnd.random() < 0.2:
                 await ctx.tick()
-            ctx.set(dut.packets.p.as_value(), 0)
-            _set(ctx, dut.packets.p, descriptor(f))
+            _set_pair(ctx, dut, group)
             ctx.set(dut.packets.valid, 1)
             await ctx.tick().until(dut.packets.ready)
             ctx.set(dut.packets.valid, 0)
@@ -186,19 +207,18 @@ def test_responder_matches_model():
             # values sampled at the clock edge: the transfer of the cycle that just ended
             async for _, _, valid, ready, payload in ctx.tick().sample(stream.valid, stream.ready, stream.p):
                 if valid and ready:
-                    out.append({k: getattr(payload, k) for k in fields})
+                    out.extend({k: getattr(e, k) for k in fields} for e in payload.p[:1 + payload.second])
         return run, sample
 
     async def verdicts(ctx):
         async for _, _, v, verdict in ctx.tick().sample(dut.verdict_valid, dut.verdict):
-            if v:
-                got_verdict.append(RxVerdict(verdict))
+            got_verdict.extend(_lanes(v, verdict))
 
     sim = Simulator(dut)
     sim.add_clock(2e-9)
     sim.add_testbench(setup_and_drive)
     for s, out, fields in ((dut.commands, got_cmd, ("write", "addr", "length")),
-                           (dut.responses, got_resp, ("dmac", "dip", "dest_qp", "src_qpn", "psn", "syndrome", "msn"))):
+                           (dut.responses, got_resp, ("qpn", "psn", "syndrome", "msn"))):
         run, sample = collector(s, out, fields)
         sim.add_process(run)
         sim.add_process(sample)
@@ -206,21 +226,24 @@ def test_responder_matches_model():
     sim.run_until(2e-9 * (len(frames) * 12 + 2000))
 
     assert len(got_verdict) == len(frames), (len(got_verdict), len(frames))
-    assert len(got_cmd) == len(frames)
+    with_payload = [k for k, f in enumerate(frames) if descriptor(f)["payload_len"]]
+    assert len(got_cmd) == len(with_payload)
+    cmd_of = dict(zip(with_payload, got_cmd))
     want_resp = []
-    for k, (f, e, v, c) in enumerate(zip(frames, expect, got_verdict, got_cmd)):
+    for k, (f, e, v) in enumerate(zip(frames, expect, got_verdict)):
         p, _ = parse_frame(f, WRITE_OPCODES)
         assert RX_VERDICT_NAMES[v] == (e.reason or "accepted"), (k, v, e.reason)
-        if e.writes:
+        c = cmd_of.get(k)
+        if c is None:
+            assert not p.payload and not e.writes, (k, e.writes)      # nothing to write, no command
+        elif e.writes:
             (addr, data), = e.writes
             assert c == {"write": 1, "addr": addr, "length": len(data)}, (k, c, e.writes)
         else:
             assert not c["write"], (k, c)
         if e.response is not None:
             r = e.response
-            want_resp.append({"dmac": int.from_bytes(r[0:6], "big"), "dip": int.from_bytes(r[30:34], "big"),
-                              "dest_qp": int.from_bytes(r[47:50], "big"), "src_qpn": p.dqpn,
-                              "psn": int.from_bytes(r[51:54], "big"), "syndrome": r[54],
+            want_resp.append({"qpn": p.dqpn, "psn": int.from_bytes(r[51:54], "big"), "syndrome": r[54],
                               "msn": int.from_bytes(r[55:58], "big")})
     assert got_resp == want_resp
     counts = {n: sum(1 for v in got_verdict if RX_VERDICT_NAMES[v] == n) for n in RX_VERDICT_NAMES.values()}
@@ -229,10 +252,11 @@ def test_responder_matches_model():
         assert counts[n] > 0, (n, counts)
 
 
-def test_responder_one_per_cycle():
-    """Back to back packets of one QP (each takes the previous one's context from the
-    bypass) and of alternating QPs, every output ready: one packet taken per cycle, and
-    the verdicts, writes and ACKs as the model's."""
+def test_responder_two_per_cycle():
+    """Back-to-back pairs, every output ready: a pair taken every cycle, whether its two
+    packets are of one QP (lane 1 decides on lane 0's new context), of two QPs, or of
+    QPs decided in the pair just before (the bypass), WRITEs without payload among
+    them; and the verdicts, writes and ACKs as the model's."""
     model = RcResponder(B_PORT, ack_every=1)
     reqs = {}
     for qpn in (1, 2):
@@ -244,12 +268,15 @@ def test_responder_one_per_cycle():
         model.register(r)
     psns = {q: r.start_psn for q, r in reqs.items()}
     frames = []
-    for k in range(40):
-        qpn = 1 if k < 20 or k % 2 else 2                          # 20 of QP 1, then alternating
-        fs = build_write_frames(reqs[qpn], A_PORT, DST + 64 * k, KEY, bytes([k]) * (8 + k), psns[qpn])
+    for k in range(80):
+        qpn = 1 if k < 30 or k % 2 else 2                          # 30 of QP 1, then alternating
+        n = (0, 1, 8 + k)[k % 3]
+        fs = build_write_frames(reqs[qpn], A_PORT, DST + 64 * k, KEY, bytes([k]) * n, psns[qpn])
         psns[qpn] = (psns[qpn] + 1) & 0xFFFFFF
         frames += fs
     expect = [model.receive(f) for f in frames]
+    groups = [frames[k:k + 2] for k in range(0, len(frames), 2)]
+    groups[7:8] = [[frames[14]], [frames[15]]]                    # single transfers between pairs
 
     dut = Responder(num_qps=NUM_QPS, num_mrs=64, pd_bits=8)
     got_verdict, got_cmd, got_resp, taken = [], [], [], []
@@ -259,9 +286,8 @@ def test_responder_one_per_cycle():
         ctx.set(dut.responses.ready, 1)
         await _setup(ctx, dut, {qpn: (req.start_psn, 256, QpState.RTS, 2) for qpn, req in reqs.items()},
                      REGIONS[:1])
-        for f in frames:
-            ctx.set(dut.packets.p.as_value(), 0)
-            _set(ctx, dut.packets.p, descriptor(f))
+        for g in groups:
+            _set_pair(ctx, dut, g)
             ctx.set(dut.packets.valid, 1)
             _, _, ready = await ctx.tick().sample(dut.packets.ready)
             taken.append(ready)                        # taken at this edge, no wait
@@ -271,12 +297,11 @@ def test_responder_one_per_cycle():
         async for _, _, v, verdict, cv, cp, rv, rp in ctx.tick().sample(
                 dut.verdict_valid, dut.verdict, dut.commands.valid, dut.commands.p,
                 dut.responses.valid, dut.responses.p):
-            if v:
-                got_verdict.append(RxVerdict(verdict))
+            got_verdict.extend(_lanes(v, verdict))
             if cv:
-                got_cmd.append((cp.write, cp.addr, cp.length))
+                got_cmd.extend((c.write, c.addr, c.length) for c in cp.p[:1 + cp.second])
             if rv:
-                got_resp.append((rp.src_qpn, rp.psn, rp.syndrome))
+                got_resp.extend((r.qpn, r.psn, r.syndrome) for r in rp.p[:1 + rp.second])
 
     sim = Simulator(dut)
     sim.add_clock(2e-9)
@@ -286,7 +311,7 @@ def test_responder_one_per_cycle():
 
     assert all(taken), taken
     assert [RX_VERDICT_NAMES[v] for v in got_verdict] == [e.reason or "accepted" for e in expect]
-    assert got_cmd == [(1, e.writes[0][0], len(e.writes[0][1])) for e in expect]
+    assert got_cmd == [(1, e.writes[0][0], len(e.writes[0][1])) for e in expect if e.writes and e.writes[0][1]]
     want_resp = [(e.qpn, int.from_bytes(e.response[51:54], "big"), e.response[54]) for e in expect if e.response]
     assert got_resp == want_resp
-    assert len(want_resp) >= 15
+    assert len(want_resp) >= 30
