@@ -61,7 +61,8 @@ from spec.formats import (
 )
 from spec.params import WIRE_GBPS, wire_bytes
 from model.cqe import CqContext, CqModel
-from model.frames import PSN_MASK, Port, QpContext, build_packet, build_write_frames, parse_wqe, split_message
+from model.frames import (PSN_MASK, Port, QpContext, build_packet, build_write_frames, ip_bytes, mac_bytes, parse_wqe,
+                          split_message)
 from model.icrc import icrc, ipv4_checksum
 from model.mr import MemoryRegion, check as mr_check
 
@@ -85,7 +86,7 @@ MSN_MASK = PSN_MASK                    # MSN is 24 bits too
 # Why a responder drops a frame, in the order the checks run. An unknown destination QP
 # counts as qp_not_ready: a QP number without a context is a QP in RESET.
 DROP_REASONS = ("bad_length", "not_roce", "bad_ip_checksum", "bad_icrc", "bad_pkey", "bad_opcode",
-                "qp_not_ready", "psn_duplicate", "psn_out_of_order", "access_error", "invalid_request")
+                "bad_address", "qp_not_ready", "psn_duplicate", "psn_out_of_order", "access_error", "invalid_request")
 
 # opcode -> (RETH, ImmDt, AETH) present
 _EXT = {
@@ -133,18 +134,21 @@ class ParsedFrame:
     payload: bytes = b""
 
 
-def parse_frame(frame, opcodes=None):
+def parse_frame(frame, opcodes=None, port=None):
     """Check and decode one RoCEv2 frame (Ethernet header through ICRC, no FCS).
 
     Parameters:
         frame: the frame bytes.
         opcodes: BTH opcodes the caller accepts (default: every opcode this model knows:
             RDMA WRITE FIRST/MIDDLE/LAST/ONLY with and without immediate, and ACK).
+        port: the receiving ``model.frames.Port``: a frame whose destination MAC or IPv4
+            address is not the port's is dropped (bad_address); None: not checked.
 
-    Returns ``(ParsedFrame, None)`` or ``(None, reason)``, reason one of the first six
+    Returns ``(ParsedFrame, None)`` or ``(None, reason)``, reason one of the first seven
     of ``DROP_REASONS``. Checks in order: long enough for Ethernet+IPv4+UDP+BTH+ICRC;
     IPv4 with a 20-byte header (else not_roce); IPv4 header checksum; protocol UDP, no
-    fragment, destination port 4791 (else not_roce); IPv4 total length and UDP length
+    fragment, destination port 4791 (else not_roce); destination MAC and IPv4 address
+    the port's (bad_address); IPv4 total length and UDP length
     against the frame length (a 60-byte frame may carry Ethernet padding behind a shorter
     IP packet: the padding is removed first); ICRC; P_Key 0xFFFF; known opcode; frame long enough for
     the opcode's extension headers and pad count (an ACK carries no payload).
@@ -163,6 +167,8 @@ def parse_frame(frame, opcodes=None):
     udp = unpack(UDP, f, OFF_UDP)
     if ip["proto"] != IP_PROTO_UDP or ip["flags_frag"] & 0x3FFF or udp["dport"] != ROCEV2_UDP_PORT:
         return None, "not_roce"
+    if port is not None and (f[0:6] != mac_bytes(port.smac) or f[OFF_IP + 16:OFF_IP + 20] != ip_bytes(port.sip)):
+        return None, "bad_address"
     if n == ETH_MIN_FRAME and ip["total_len"] < n - OFF_IP:
         # A frame shorter than Ethernet's minimum (a WRITE LAST with 1 byte is 59 bytes)
         # arrives padded to 60: the IP length says where the packet ends.
@@ -441,7 +447,7 @@ class RcResponder:
         """Process one received frame; returns an RxResult (the caller performs its writes
         and sends its response)."""
         self.counters.rx_frames += 1
-        p, reason = parse_frame(frame, WRITE_OPCODES)
+        p, reason = parse_frame(frame, WRITE_OPCODES, self.port)
         if p is None:
             return self._drop(reason)
         q = self.qps.get(p.dqpn)
@@ -852,7 +858,7 @@ class RcRequester:
         """
         c = self.counters
         res = ResponseOutcome()
-        p, reason = parse_frame(frame, (Op.ACK,))
+        p, reason = parse_frame(frame, (Op.ACK,), self.port)
         if p is None:
             q = None
         else:

@@ -28,11 +28,13 @@ __all__ = ["ControlRegisters", "COUNTERS", "TX_COUNTERS", "RX_COUNTERS", "RX_COU
 
 ID_VALUE = 0x49424741       # "IBGA"
 # Counter names in register order from 0x040 (transmit) and 0x080 (receive: one per
-# rtl.responder.RxVerdict, then ACKs and NAKs sent).
+# rtl.responder.RxVerdict, then ACKs and NAKs sent, then frames not addressed to the
+# port: RxDrop.BAD_ADDRESS, the one frame-level drop added since).
 TX_COUNTERS = ("doorbells", "doorbells_dropped", "wqes", "packets", "cqes", "error_cqes")
 RX_COUNTERS = ("rx_accepted", "rx_ack_received", "rx_bad_length", "rx_not_roce", "rx_bad_ip_checksum",
                "rx_bad_icrc", "rx_bad_pkey", "rx_bad_opcode", "rx_qp_not_ready", "rx_psn_duplicate",
-               "rx_psn_out_of_order", "rx_access_error", "rx_invalid_request", "acks_sent", "naks_sent")
+               "rx_psn_out_of_order", "rx_access_error", "rx_invalid_request", "acks_sent", "naks_sent",
+               "rx_bad_address")
 # Requester reliability (0x0C0): NAKs received, go-back-N retransmissions, ACK timeouts,
 # QPs that ran out of retries, received ACKs folded into another of their QP (AckMailbox).
 REQ_COUNTERS = ("naks_received", "retransmits", "timeouts", "retry_exceeded", "acks_merged")

@@ -55,6 +55,8 @@ class _FrameCheck(wiring.Component):
         The frame's bytes, exact up to ``LEN_CAP`` (may exceed it by less than a beat).
     icrc_ok : In(1)
         The ICRC verdict on the frame.
+    port_mac, port_ip : In(48), In(32)
+        The port's MAC and IPv4 address: the frame's destination must be these.
     desc : Out(RxPacket())
         The frame's descriptor.
     """
@@ -64,6 +66,7 @@ class _FrameCheck(wiring.Component):
             "hdr": In(RxHeader),
             "length": In(LEN_BITS),
             "icrc_ok": In(1),
+            "port_mac": In(48), "port_ip": In(32),
             "desc": Out(RxPacket()),
         })
 
@@ -132,6 +135,8 @@ class _FrameCheck(wiring.Component):
             m.d.comb += desc.drop.eq(RxDrop.BAD_IP_CHECKSUM)
         with m.Elif(udp_bad):
             m.d.comb += desc.drop.eq(RxDrop.NOT_ROCE)
+        with m.Elif((_num(h.eth.dmac) != self.port_mac) | (_num(h.ip.dip) != self.port_ip)):
+            m.d.comb += desc.drop.eq(RxDrop.BAD_ADDRESS)
         with m.Elif(ip_len_bad):
             m.d.comb += desc.drop.eq(RxDrop.BAD_LENGTH)
         with m.Elif(~self.icrc_ok):
@@ -196,7 +201,8 @@ class RxHeaderParser(wiring.Component):
     bytes (BAD_LENGTH); EtherType not IPv4 or version/IHL byte not 0x45 (NOT_ROCE);
     IPv4 header checksum, the stored value against the one computed (BAD_IP_CHECKSUM);
     protocol not UDP, a fragment (MF or offset) or UDP destination port not 4791
-    (NOT_ROCE); IPv4 total length or UDP length not matching the frame,
+    (NOT_ROCE); destination MAC or IPv4 address not ``port_mac``/``port_ip``
+    (BAD_ADDRESS); IPv4 total length or UDP length not matching the frame,
     after removing Ethernet padding from a 60-byte frame whose IPv4 length is shorter
     (BAD_LENGTH); ``icrc_ok`` clear (BAD_ICRC); P_Key not 0xFFFF (BAD_PKEY); opcode not
     accepted (BAD_OPCODE); the opcode's extension headers and PadCnt not fitting, or an
@@ -227,6 +233,8 @@ class RxHeaderParser(wiring.Component):
         One transfer per beat in which at least one frame ends, after that beat has left
         on ``o``: the descriptors of the frames ending in it in frame order (``p[0]``,
         and ``p[1]`` with ``second`` when two ended).
+    port_mac, port_ip : In(48), In(32)
+        The port's MAC and IPv4 address (the control registers').
     """
     def __init__(self, *, opcodes=None):
         if opcodes is None:
@@ -246,6 +254,7 @@ class RxHeaderParser(wiring.Component):
             "i": In(stream.Signature(RxBeat())),
             "o": Out(stream.Signature(RxBeat())),
             "packets": Out(stream.Signature(RxPacketPair())),
+            "port_mac": In(48), "port_ip": In(32),
         })
 
     def elaborate(self, platform):
@@ -359,7 +368,8 @@ class RxHeaderParser(wiring.Component):
         # ---- checks on s1, once per frame -------------------------------------------------
         for k in range(2):
             m.submodules[f"check{k}"] = ck = _FrameCheck(self.opcodes)
-            m.d.comb += [ck.hdr.eq(s1_hdr[k]), ck.length.eq(s1_len[k]), ck.icrc_ok.eq(s1_icrc[k]),
+            m.d.comb += [ck.port_mac.eq(self.port_mac), ck.port_ip.eq(self.port_ip),
+                         ck.hdr.eq(s1_hdr[k]), ck.length.eq(s1_len[k]), ck.icrc_ok.eq(s1_icrc[k]),
                          desc.p[k].eq(ck.desc)]
         m.d.comb += desc.second.eq(s1_second)
 

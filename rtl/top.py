@@ -186,6 +186,7 @@ class IbgdaNic(wiring.Component):
             csr.cq_commit_ack.eq(cw.commit.ready),
             pb.port_mac.eq(csr.port_mac), pb.port_ip.eq(csr.port_ip),
             ackb.port_mac.eq(csr.port_mac), ackb.port_ip.eq(csr.port_ip),
+            rxp.port_mac.eq(csr.port_mac), rxp.port_ip.eq(csr.port_ip),
             # A create also sets up the QP's receive side (QP_MODIFY leaves it alone).
             rsp.commit.valid.eq(csr.qp_commit & csr.qp_commit_reset & qpt.commit.ready & wp.commit.ready
                                 & trk.commit.ready),
@@ -292,7 +293,7 @@ class IbgdaNic(wiring.Component):
                                   + (rsp.verdict_valid[1] & (rsp.verdict[1] == v)))
         for v, name in RX_DROP_NAMES.items():
             if name is not None:
-                incs[f"rx_{name}"] = incs[f"rx_{name}"] + rxd.dropped[v.value - 1]
+                incs[f"rx_{name}"] = incs.get(f"rx_{name}", 0) + rxd.dropped[v.value - 1]
         incs["rx_ack_received"] = incs["rx_ack_received"] + rxd.acks_received
         # ACK/NAKs sent, up to two a cycle
         resp_sent = Signal()

@@ -37,7 +37,8 @@ def peer_port(q):
 def traffic(rnd, peers, messages, *, faults=True, aligned=False):
     """Frames of the peer requesters, interleaved per message; with ``faults`` also
     duplicates, a lost frame with the next two out of order and then resent from it
-    (go-back-N), damaged frames, access violations and frames for unknown QPs."""
+    (go-back-N), damaged frames, access violations, frames for unknown QPs and frames
+    addressed to another port (MAC or IPv4 address)."""
     streams = {}
     for q, (ctx, mtu) in peers.items():
         psn, frames = ctx.start_psn, []
@@ -77,6 +78,14 @@ def traffic(rnd, peers, messages, *, faults=True, aligned=False):
                 other = QpContext(qpn=0x77, remote_qpn=rnd.choice([9, 0x3FF, 0x123456]), dmac=PORT_MAC,
                                   dip=PORT_IP, mtu=256)
                 out += build_write_frames(other, peer_port(1), DST, KEY, b"z" * 8, 0)   # no such QP here
+            if 0.16 <= r < 0.18:
+                # for another port: another destination MAC, or another IPv4 address
+                if rnd.random() < 0.5:
+                    out.append(bytes([f[0] ^ 0x80]) + f[1:])
+                else:
+                    ctx, _ = peers[q]
+                    other = QpContext(qpn=ctx.qpn, remote_qpn=q, dmac=PORT_MAC, dip=PORT_IP ^ 0x100, mtu=ctx.mtu)
+                    out += build_write_frames(other, peer_port(q), DST, KEY, b"y" * 8, 0)
             out.append(f)
             sent.append(f)
             i += 1
@@ -132,7 +141,7 @@ async def run_and_check(env, model, frames, *, acks=()):
     c = await env.ctl.read_counters()
     mc = model.counters
     want = {"rx_accepted": mc.accepted, "acks_sent": mc.acks_sent, "naks_sent": sum(mc.naks_sent.values())}
-    for reason in ("bad_length", "not_roce", "bad_ip_checksum", "bad_icrc", "bad_pkey", "bad_opcode",
+    for reason in ("bad_length", "not_roce", "bad_ip_checksum", "bad_icrc", "bad_pkey", "bad_opcode", "bad_address",
                    "qp_not_ready", "psn_duplicate", "psn_out_of_order", "access_error", "invalid_request"):
         want[f"rx_{reason}"] = mc.dropped[reason]
     diff = {k: (c[k], v) for k, v in want.items() if c[k] != v}
@@ -149,7 +158,7 @@ async def responder_writes_with_faults(dut):
     frames = traffic(rnd, peers, 6)
     expect, c = await run_and_check(env, model, frames)
     reasons = {e.reason for e in expect}
-    for r in (None, "psn_duplicate", "psn_out_of_order", "access_error", "qp_not_ready"):
+    for r in (None, "psn_duplicate", "psn_out_of_order", "access_error", "qp_not_ready", "bad_address"):
         assert r in reasons, f"the traffic did not exercise {r}"
     dut._log.info(f"{len(frames)} frames, counters {c}, MAC RX stalls {env.rx.stall_cycles}")
 

@@ -29,15 +29,19 @@ OVERHEAD = {Op.WRITE_MIDDLE: 58, Op.WRITE_LAST: 58, Op.WRITE_LAST_IMM: 62, Op.WR
             Op.WRITE_ONLY: 74, Op.WRITE_ONLY_IMM: 78}
 
 
+# The receiving port (the parser's port_mac/port_ip): frames are addressed to it, but for
+# the bad_address ones.
+PORT = Port(smac=0x02A5A5A5A5A5, sip=0x0A0B0C0D)
+
+
 # ---- frames ----------------------------------------------------------------------------
-def _endpoints(rnd):
-    qp = QpContext(qpn=rnd.randrange(1 << 24), remote_qpn=rnd.randrange(1 << 24),
-                   dmac=rnd.randrange(1 << 48), dip=rnd.randrange(1 << 32))
+def _endpoints(rnd, dmac=PORT.smac, dip=PORT.sip):
+    qp = QpContext(qpn=rnd.randrange(1 << 24), remote_qpn=rnd.randrange(1 << 24), dmac=dmac, dip=dip)
     return qp, Port(smac=rnd.randrange(1 << 48), sip=rnd.randrange(1 << 32))
 
 
-def _write(rnd, opcode, size):
-    qp, port = _endpoints(rnd)
+def _write(rnd, opcode, size, **dest):
+    qp, port = _endpoints(rnd, **dest)
     reth = None
     if opcode in (Op.WRITE_FIRST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM):
         reth = (rnd.randrange(1 << 64), rnd.randrange(1 << 32), rnd.randrange(1 << 32))
@@ -46,8 +50,8 @@ def _write(rnd, opcode, size):
                            ackreq=rnd.choice([None, True, False]))
 
 
-def _response(rnd, syndrome):
-    qp, port = _endpoints(rnd)
+def _response(rnd, syndrome, **dest):
+    qp, port = _endpoints(rnd, **dest)
     return build_response(qp, port, rnd.randrange(1 << 24), syndrome, rnd.randrange(1 << 24))
 
 
@@ -120,6 +124,10 @@ def _frames(rnd, n_fuzz=150):
     bad.append(_mutate(w(), _set(IPV4, OFF_IP, flags_frag=0x8000)))        # reserved bit: accepted
     bad.append(_mutate(w(), _set(IPV4, OFF_IP, flags_frag=0)))             # DF clear: accepted
     bad.append(_mutate(w(), _set(UDP, OFF_UDP, dport=4792)))
+    # addressed to another port: MAC, IPv4 address, both; a multicast MAC; an ACK
+    bad += [_write(rnd, Op.WRITE_ONLY, 20, dmac=PORT.smac ^ 1), _write(rnd, Op.WRITE_MIDDLE, 0, dip=PORT.sip ^ 0x100),
+            _write(rnd, Op.WRITE_FIRST, 300, dmac=0, dip=0), _write(rnd, Op.WRITE_LAST, 8, dmac=0x01005E000001),
+            _response(rnd, Aeth.ACK, dip=PORT.sip + 1)]
     # IPv4 checksum, including the 0x0000 / 0xFFFF edge
     bad.append(_mutate(w(), lambda f: f.__setitem__(OFF_IP + 11, f[OFF_IP + 11] ^ 1), fix_csum=False))
     bad.append(_mutate(w(), _set(IPV4, OFF_IP, proto=6), fix_csum=False))  # checksum before protocol
@@ -188,7 +196,7 @@ def _icrc_ok(f, rnd):
 
 def _expect(f, opcodes):
     """Descriptor fields parse_frame implies for frame ``f`` (dict), and its payload."""
-    p, reason = parse_frame(f, opcodes)
+    p, reason = parse_frame(f, opcodes, PORT)
     e = {"drop": DROP[reason], "frame_len": min(len(f), 0xFFFF)}
     if p is None:
         e["payload_len"] = 0
@@ -276,6 +284,8 @@ def _run(frames, oks, rnd, *, opcodes=None, gap=0.0, stall_o=0.0, stall_p=0.0):
     stalled = [0]
 
     async def bench(ctx):
+        ctx.set(dut.port_mac, PORT.smac)
+        ctx.set(dut.port_ip, PORT.sip)
         i = 0
         presenting = False
         ends_out = 0
