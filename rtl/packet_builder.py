@@ -234,6 +234,8 @@ class PacketBuilder(wiring.Component):
                             # the held tail ends its frame in lanes 0..63, this packet starts at 64
                             m.d.comb += [out.p.last.eq(1), out.p.nbytes.eq(hold_n), out.p.flen.eq(hold_flen),
                                          out.p.sop_hi.eq(1), out.p.flen_hi.eq(flen),
+                                         # by definition; 0 here, as only packets over 68 bytes merge
+                                         out.p.end_hi.eq(flen <= SEG),
                                          out.p.cpl_valid.eq(hold_cpl_valid), out.p.cpl.eq(hold_cpl)]
                         with m.Elif(chunk_last & (total <= BEAT)):
                             m.d.comb += [out.p.last.eq(1), out.p.nbytes.eq(total),

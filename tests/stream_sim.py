@@ -10,3 +10,12 @@ async def put(ctx, stream, **fields):
     ctx.set(stream.valid, 1)
     await ctx.tick().until(stream.ready)
     ctx.set(stream.valid, 0)
+
+
+def run(dut, bench, period=2e-9):
+    """Run testbench ``bench`` on ``dut`` with a clock of ``period`` until it returns."""
+    from amaranth.sim import Simulator
+    sim = Simulator(dut)
+    sim.add_clock(period)
+    sim.add_testbench(bench)
+    sim.run()

@@ -3,9 +3,8 @@ address (requester MAC, IP and QP) from the table; in order, none lost or double
 random output stalls, one transfer per cycle with the output ready."""
 import random
 
-from amaranth.sim import Simulator
-
 from rtl.ack_addresser import AckAddresser
+from tests.stream_sim import run
 
 NQ = 16
 
@@ -46,10 +45,7 @@ def _run(dut, addrs, groups, rnd, p_ready):
             await ctx.tick()
             cycle += 1
 
-    sim = Simulator(dut)
-    sim.add_clock(2e-9)
-    sim.add_testbench(bench)
-    sim.run()
+    run(dut, bench)
     return got, took
 
 

@@ -8,7 +8,6 @@ import pytest
 from amaranth.back import verilog
 from amaranth.hdl import Elaboratable, Module, UnusedElaboratable
 from amaranth.lib import wiring
-from amaranth.sim import Simulator
 
 from model.frames import Port, QpContext, build_write_frames
 from model.rc import build_response
@@ -17,6 +16,7 @@ from rtl.icrc_inserter import IcrcInserter
 from rtl.tx_beat import TxBeat
 from rtl.tx_mux import TxMux
 from spec.formats import Aeth
+from tests.stream_sim import run
 from tests.test_blocks import _beats
 
 BEAT = 128
@@ -25,10 +25,7 @@ SYNDROMES = (Aeth.ACK, Aeth.NAK_PSN_SEQ, Aeth.NAK_INVALID_REQ, Aeth.NAK_REMOTE_A
 
 
 def _run(dut, bench):
-    sim = Simulator(dut)
-    sim.add_clock(2e-9)
-    sim.add_testbench(bench)
-    sim.run()
+    run(dut, bench)
 
 
 # ---- AckBuilder -> IcrcInserter ----------------------------------------------------------
