@@ -15,6 +15,16 @@ BEAT = 128
 _apply = icrc_math.apply
 
 
+def _unshift(m, s, k, name):
+    """Register ``s`` less ``k`` trailing zero bytes (k < 128): one conditional 32x32
+    matrix per bit of ``k`` (a Signal per stage keeps the expression a DAG)."""
+    for bit in range(len(k)):
+        nxt = Signal(32, name=f"{name}{bit}")
+        m.d.comb += nxt.eq(Mux(k[bit], _apply(icrc_math.unshift_matrix(1 << bit), s, 32), s))
+        s = nxt
+    return s
+
+
 class IcrcInserter(wiring.Component):
     """Fills in the RoCEv2 ICRC, one beat per cycle.
 
@@ -103,11 +113,7 @@ class IcrcInserter(wiring.Component):
         m.d.comb += ends_msg.eq(has_msg & (msg_end <= (index + 1) * BEAT))
         k = Signal(7)
         m.d.comb += k.eq((index + 1) * BEAT - msg_end)
-        s = s_new
-        for bit in range(7):        # a Signal per stage keeps the expression a DAG
-            nxt = Signal(32, name=f"unshift{bit}")
-            m.d.comb += nxt.eq(Mux(k[bit], _apply(icrc_math.unshift_matrix(1 << bit), s, 32), s))
-            s = nxt
+        s = _unshift(m, s_new, k, "unshift")
         icrc = Signal(32)
         m.d.comb += icrc.eq(~s)
         ins = Signal(8 * BEAT + 32)
@@ -119,11 +125,7 @@ class IcrcInserter(wiring.Component):
         # product less its trailing bytes, 68 - flen_hi of them (ICRC and beyond, zero).
         k_b = Signal(7)
         m.d.comb += k_b.eq(SEG + F.ICRC_LEN - beat.flen_hi)
-        s_b = hi
-        for bit in range(7):
-            nxt = Signal(32, name=f"unshift_hi{bit}")
-            m.d.comb += nxt.eq(Mux(k_b[bit], _apply(icrc_math.unshift_matrix(1 << bit), s_b, 32), s_b))
-            s_b = nxt
+        s_b = _unshift(m, hi, k_b, "unshift_hi")
         ins_b = Signal(8 * BEAT)
         m.d.comb += ins_b.eq((~s_b).as_unsigned() << ((beat.flen_hi[:7] + (SEG - F.ICRC_LEN)) * 8))
 

@@ -9,7 +9,7 @@ from spec import formats as F
 from spec.formats import Aeth, MrCheck, Op, QpState
 from .contexts import qp_bits
 from .mr_table import MemoryRegionTable, MrEntry
-from .rx_packet import Pair, RxPacket
+from .rx_packet import Pair, RxPacket, pack_pair
 from .rx_payload_writer import RxWriteCommand
 
 __all__ = ["Responder", "ResponderConfig", "ResponderEntry", "RxVerdict", "RX_VERDICT_NAMES", "AckRecord"]
@@ -355,12 +355,8 @@ class Responder(wiring.Component):
             cmds.append(c_)
             resps.append(r_)
         with m.If(c_go):
-            m.d.sync += [
-                cmd.valid.eq(has_cmd[0] | has_cmd[1]), cmd.p.second.eq(has_cmd[0] & has_cmd[1]),
-                cmd.p.p[0].eq(Mux(has_cmd[0], cmds[0], cmds[1])), cmd.p.p[1].eq(cmds[1]),
-                resp.valid.eq(has_resp[0] | has_resp[1]), resp.p.second.eq(has_resp[0] & has_resp[1]),
-                resp.p.p[0].eq(Mux(has_resp[0], resps[0], resps[1])), resp.p.p[1].eq(resps[1]),
-            ]
+            m.d.sync += [cmd.valid.eq(has_cmd[0] | has_cmd[1]), *pack_pair(cmd.p, has_cmd, cmds),
+                         resp.valid.eq(has_resp[0] | has_resp[1]), *pack_pair(resp.p, has_resp, resps)]
 
         # Context writes: the decisions (lane 0's only when lane 1 is of another QP), or a
         # QP create from the control path.

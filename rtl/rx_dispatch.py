@@ -5,7 +5,7 @@ from amaranth.lib.wiring import In, Out
 
 from spec.formats import Op
 from .responder import AckRecord
-from .rx_packet import Pair, RxDrop, RxPacket, RxPacketPair
+from .rx_packet import Pair, RxDrop, RxPacket, RxPacketPair, pack_pair
 from .rx_resegmenter import RxKeepPair
 
 __all__ = ["RxDispatch"]
@@ -99,22 +99,11 @@ class RxDispatch(wiring.Component):
             take.eq(self.packets.valid & self.packets.ready),
         ]
 
-        # Requests: the one or two of the pair, packed to the front.
-        req_pair = Signal(req_layout)
+        # Requests and ACKs: the one or two of the pair of each kind, packed to the front.
+        req_pair, ack_pair = Signal(req_layout), Signal(ack_layout)
         m.d.comb += [
-            req_pair.second.eq(is_req[0] & is_req[1]),
-            req_pair.p[0].eq(Mux(is_req[0], d[0], d[1])),
-            req_pair.p[1].eq(d[1]),
-            req_q.w_data.eq(req_pair), req_q.w_en.eq(take & (is_req[0] | is_req[1])),
-        ]
-
-        # ACKs: likewise.
-        ack_pair = Signal(ack_layout)
-        m.d.comb += [
-            ack_pair.second.eq(is_ack[0] & is_ack[1]),
-            ack_pair.p[0].eq(Mux(is_ack[0], acks[0], acks[1])),
-            ack_pair.p[1].eq(acks[1]),
-            ack_q.w_data.eq(ack_pair), ack_q.w_en.eq(take & (is_ack[0] | is_ack[1])),
+            *pack_pair(req_pair, is_req, d), req_q.w_data.eq(req_pair), req_q.w_en.eq(take & (is_req[0] | is_req[1])),
+            *pack_pair(ack_pair, is_ack, acks), ack_q.w_data.eq(ack_pair), ack_q.w_en.eq(take & (is_ack[0] | is_ack[1])),
         ]
 
         keep = Signal(RxKeepPair)

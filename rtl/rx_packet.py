@@ -6,10 +6,10 @@ QP-level reasons (QP not ready, PSN, access, invalid request) need the QP's stat
 are decided later by the responder. :func:`RxPacket` is one frame's decoded headers,
 as plain integers (the big-endian wire fields converted once, in the parser).
 """
-from amaranth.hdl import unsigned
+from amaranth.hdl import Mux, unsigned
 from amaranth.lib import data, enum
 
-__all__ = ["RxDrop", "RxPacket", "Pair", "RxPacketPair", "RX_DROP_NAMES"]
+__all__ = ["RxDrop", "RxPacket", "Pair", "pack_pair", "RxPacketPair", "RX_DROP_NAMES"]
 
 
 class RxDrop(enum.Enum, shape=3):
@@ -103,6 +103,14 @@ def Pair(shape):
     """One or two entries of ``shape`` that travel together: ``p[0]``, and ``p[1]`` when
     ``second`` is 1."""
     return data.StructLayout({"second": unsigned(1), "p": data.ArrayLayout(shape, 2)})
+
+
+def pack_pair(pair, present, entries):
+    """Statements that pack the present ones of two candidate ``entries`` to the front of
+    ``pair`` (a :func:`Pair` view), in order; the pair holds something when
+    ``present[0] | present[1]``."""
+    return [pair.second.eq(present[0] & present[1]),
+            pair.p[0].eq(Mux(present[0], entries[0], entries[1])), pair.p[1].eq(entries[1])]
 
 
 def RxPacketPair():

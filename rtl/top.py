@@ -259,6 +259,8 @@ class IbgdaNic(wiring.Component):
         wants_cpl = Signal()
         m.d.comb += wants_cpl.eq(beat.last & beat.cpl_valid)
         ready = Signal()
+        hi_lanes = Signal(range(SEG + 1))   # on a last beat: the lanes from 64 of the frame starting there
+        m.d.comb += hi_lanes.eq(Mux(beat.sop_hi, Mux(beat.end_hi, beat.flen_hi[:7], SEG), 0))
         m.d.comb += [
             ready.eq((~beat.frame | self.m_axis_tx_tready) & (~wants_cpl | cpl_fifo.i.ready)),
             icrc.o.ready.eq(ready),
@@ -267,10 +269,8 @@ class IbgdaNic(wiring.Component):
             self.m_axis_tx_tkeep.eq(Mux(beat.last,
                                         (Const((1 << P.DATA_BYTES) - 1, P.DATA_BYTES)
                                          >> (P.DATA_BYTES - beat.nbytes).as_unsigned())
-                                        | Mux(beat.sop_hi & beat.end_hi,
-                                              (Const((1 << SEG) - 1, P.DATA_BYTES)
-                                               >> (SEG - beat.flen_hi[:7]).as_unsigned()) << SEG,
-                                              Mux(beat.sop_hi, Const(((1 << SEG) - 1) << SEG, P.DATA_BYTES), 0)),
+                                        | ((Const((1 << SEG) - 1, P.DATA_BYTES)
+                                            >> (SEG - hi_lanes).as_unsigned()) << SEG)[:P.DATA_BYTES],
                                         Const((1 << P.DATA_BYTES) - 1, P.DATA_BYTES))),
             self.m_axis_tx_tlast.eq(beat.last),
             self.m_axis_tx_tuser.eq(Cat(beat.sop_hi, beat.sop_hi & beat.end_hi)),
