@@ -108,7 +108,7 @@ class RxDispatch(wiring.Component):
 
         keep = Signal(RxKeepPair)
         m.d.comb += [
-            keep.second.eq(pair.second), keep.keep.eq(Cat(*[is_req[i] & (d[i].payload_len != 0) for i in range(2)])),
+            keep.second.eq(pair.second), keep.keep.eq(Cat(*[is_req[i] & (d[i].payload_len != 0) & ~d[i].inline for i in range(2)])),
             keep_q.w_data.eq(keep), keep_q.w_en.eq(take),
             self.keep.valid.eq(keep_q.r_rdy), self.keep.p.eq(keep_q.r_data), keep_q.r_en.eq(self.keep.ready),
         ]

@@ -6,7 +6,7 @@ from amaranth.lib.wiring import In, Out
 from spec import formats as F
 from .headers import EthHeader, Ipv4Header, UdpHeader, BthHeader, ipv4_checksum
 from .rx_beat import RxBeat, QUARTER, QUARTERS
-from .rx_packet import RxDrop, RxPacket, RxPacketPair
+from .rx_packet import RxDrop, RxPacket, RxPacketPair, INLINE_MAX
 
 __all__ = ["RxHeaderParser", "RxHeader", "KNOWN_OPCODES"]
 
@@ -17,6 +17,7 @@ HDR_BYTES = F.OFF_EXT + EXT_BYTES           # 74 header bytes looked at
 MIN_FRAME = F.OFF_BTH + F.BTH_LEN + F.ICRC_LEN   # 58: Ethernet+IPv4+UDP+BTH+ICRC
 ETH_MIN_FRAME = 60                          # shortest Ethernet frame without FCS (padded up to it)
 LEN_CAP = 1 << 17                           # frame byte counts saturate here (no IPv4 length matches)
+INLINE_LANE_BITS = 7                        # ... when they stay within one 128-byte line
 LEN_BITS = 18                               # a frame length: up to LEN_CAP + BEAT
 
 # opcode -> (RETH, ImmDt, AETH) present: the opcodes model/rc.py knows.
@@ -170,6 +171,15 @@ class _FrameCheck(wiring.Component):
             desc.payload_len.eq(Mux(desc.drop == RxDrop.NONE, payload_len[:16], 0)),
             desc.frame_len.eq(Mux(n > 0xFFFF, 0xFFFF, n[:16])),
             desc.smac.eq(_num(h.eth.smac)), desc.sip.eq(_num(h.ip.sip)),
+        ]
+        # A payload of 1..4 bytes behind a RETH (WRITE ONLY: 75..78-byte frames, up to
+        # 1.01 a cycle) is in the header window already; it travels with the descriptor.
+        va_lane = Signal(8)
+        m.d.comb += va_lane.eq(_num(ext[0:64])[:INLINE_LANE_BITS])
+        m.d.comb += [
+            desc.inline.eq((desc.drop == RxDrop.NONE) & has_reth & ~has_imm & (payload_len != 0)
+                           & (payload_len <= INLINE_MAX) & (va_lane + payload_len <= 1 << INLINE_LANE_BITS)),
+            desc.inline_data.eq(ext[8 * F.RETH_LEN:8 * (F.RETH_LEN + INLINE_MAX)]),
         ]
         return m
 

@@ -9,7 +9,9 @@ as plain integers (the big-endian wire fields converted once, in the parser).
 from amaranth.hdl import Mux, unsigned
 from amaranth.lib import data, enum
 
-__all__ = ["RxDrop", "RxPacket", "Pair", "pack_pair", "RxPacketPair", "RX_DROP_NAMES"]
+__all__ = ["INLINE_MAX", "RxDrop", "RxPacket", "Pair", "pack_pair", "RxPacketPair", "RX_DROP_NAMES"]
+
+INLINE_MAX = 4      # payload bytes a descriptor carries (``inline``): the header window's last 4
 
 
 class RxDrop(enum.Enum, shape=3):
@@ -76,6 +78,12 @@ def RxPacket():
         Ethernet source MAC (the requester the responder answers).
     sip : 32 bits
         IPv4 source address.
+    inline : 1 bit
+        A WRITE with a RETH and no ImmDt whose payload, 1..4 bytes, lies in the 74
+        header bytes the parser sees and within one 128-byte line of its address: the
+        payload travels here, not through the segment stream.
+    inline_data : 32 bits
+        With ``inline``: the frame's bytes 70..73 (payload byte 0 in bits 7..0).
     """
     return data.StructLayout({
         "drop":           RxDrop,
@@ -96,6 +104,8 @@ def RxPacket():
         "frame_len":      unsigned(16),
         "smac":           unsigned(48),
         "sip":            unsigned(32),
+        "inline":         unsigned(1),
+        "inline_data":    unsigned(8 * INLINE_MAX),
     })
 
 

@@ -5,6 +5,7 @@ from amaranth.lib.wiring import In, Out
 
 from .axi import AxiWriteSignature
 from .rx_beat import RxSegmentBeat, SEGMENT as SEG
+from .rx_packet import INLINE_MAX
 
 __all__ = ["RxWriteCommand", "RxPayloadWriter"]
 
@@ -21,6 +22,8 @@ RxWriteCommand = data.StructLayout({
     "addr":   unsigned(64),     # GPU address of the payload's first byte
     "offset": unsigned(8),      # payload's byte offset within the frame (54, 58, 70, 74)
     "length": unsigned(13),     # payload bytes, 0..4096
+    "inline": unsigned(1),      # the payload is in ``data`` (RxPacket.inline): not for this writer
+    "data":   unsigned(8 * INLINE_MAX),     # with inline: the payload bytes, first in bits 7..0
 })
 RxWriteCommand.__doc__ = """What to do with one received frame (see :class:`RxPayloadWriter`)."""
 

@@ -26,7 +26,8 @@ from .rx_dispatch import RxDispatch
 from .rx_packet import Pair, RX_DROP_NAMES
 from .rx_resegmenter import RxResegmenter
 from .rx_payload_writer import RxPayloadWriter, RxWriteCommand
-from .pair_splitter import PairSplitter
+from .rx_write_sorter import RxWriteOrder, RxWriteSorter
+from .rx_write_issuer import RxWriteIssuer
 from .tx_mux import TxMux
 from .doorbell_decoder import DoorbellDecoder, DoorbellEvent
 from .qp_table import QpTable, FetchJob
@@ -79,6 +80,7 @@ class IbgdaNic(wiring.Component):
     s_axi_db_*  AXI4 slave (write channels): UAR doorbells.
     m_axi_*     AXI4 master: payload reads, CQE writes and received payload writes to GPU memory.
     m_axi_wqe_* AXI4 master (read channels): WQE reads from the send queues in GPU memory.
+    m_axi_rx_*  AXI4 master (write channels): received payload writes, beside ``m_axi``'s.
     m_axis_tx_* AXI4-Stream master: frames to the MAC.
     s_axis_rx_* AXI4-Stream slave: frames from the MAC (32-byte frame starts, ``tuser`` 8 bits).
     """
@@ -99,6 +101,10 @@ class IbgdaNic(wiring.Component):
             # payload costs half a beat per one-WQEBB WQE, more than the wire time of a
             # 129-152-byte payload (docs/architecture.md, "DMA ports")
             "m_axi_wqe": AxiReadSignature(addr_width=P.DMA_ADDR_WIDTH, data_width=data_bits,
+                                          id_width=P.AXI_ID_WIDTH),
+            # received payload has a second write port: WRITEs of 1 payload byte arrive
+            # 1.01 per cycle at line rate, each its own burst (docs/architecture.md)
+            "m_axi_rx": AxiWriteSignature(addr_width=P.DMA_ADDR_WIDTH, data_width=data_bits,
                                           id_width=P.AXI_ID_WIDTH),
             # tuser[0]: a second frame starts at lane 64 (64-byte segments, docs/interfaces.md);
             # tuser[1]: it also ends in this beat (two ACK frames in one beat)
@@ -145,8 +151,13 @@ class IbgdaNic(wiring.Component):
         m.submodules.rx_dispatch = rxd = RxDispatch()
         m.submodules.rx_resegmenter = rxs = RxResegmenter()
         m.submodules.responder = rsp = Responder(num_qps=nq, num_mrs=P.NUM_MRS, pd_bits=P.PD_BITS)
-        # the responder's payload commands, one or two per cycle, to the writer one per cycle
-        m.submodules.rx_cmd_fifo = rx_cmds = PairSplitter(RxWriteCommand, 16)
+        # the responder's payload commands, one or two per cycle; the sorter sends those
+        # with payload in the segment stream to the writer (one per cycle) and every write
+        # in order to the issuer, which puts up to two per cycle on m_axi and m_axi_rx
+        m.submodules.rx_cmd_fifo = rx_cmds = _StreamFifo(Pair(RxWriteCommand), 16)
+        m.submodules.rx_write_sorter = rx_sort = RxWriteSorter()
+        m.submodules.rx_order_fifo = rx_orders = _StreamFifo(Pair(RxWriteOrder), 16)
+        m.submodules.rx_write_issuer = rx_issue = RxWriteIssuer()
         # a registered queue between the resegmenter and the payload writer: without it the
         # resegmenter's (and so the beat buffer's) ready would hang on the writer's
         m.submodules.rx_seg_fifo = rx_segs = _StreamFifo(RxSegmentBeat(), 4)
@@ -163,6 +174,7 @@ class IbgdaNic(wiring.Component):
         connect_flat(m, self, "s_axi_db", db.bus)
         connect_flat(m, self, "m_axi", pf.dma)
         connect_flat(m, self, "m_axi", wr_arb.bus)
+        connect_flat(m, self, "m_axi_rx", rx_issue.p1)
         connect_flat(m, self, "m_axi_wqe", wf.dma)
         connect_flat(m, self, "s_axis_rx", rxa.i)
 
@@ -225,7 +237,8 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, ackb.frames, txm.acks)
         wiring.connect(m, txm.o, icrc.i)
         wiring.connect(m, cw.dma, wr_arb.a)
-        wiring.connect(m, rpw.dma, wr_arb.b)
+        wiring.connect(m, rpw.dma, rx_issue.writer)
+        wiring.connect(m, rx_issue.p0, wr_arb.b)
         # Receive: MAC -> ICRC check -> headers -> dispatch: frame drops counted, ACKs to
         # the requester side, WRITE requests to the responder. The beats wait in a buffer;
         # the resegmenter passes on the WRITE frames' beats, which wait in the payload
@@ -240,7 +253,10 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, rx_segs.o, rpw.beats)
         wiring.connect(m, rxd.requests, rsp.packets)
         wiring.connect(m, rsp.commands, rx_cmds.i)
-        wiring.connect(m, rx_cmds.o, rpw.commands)
+        wiring.connect(m, rx_cmds.o, rx_sort.i)
+        wiring.connect(m, rx_sort.commands, rpw.commands)
+        wiring.connect(m, rx_sort.orders, rx_orders.i)
+        wiring.connect(m, rx_orders.o, rx_issue.orders)
         wiring.connect(m, rsp.responses, ack_fifo.i)
         wiring.connect(m, ack_fifo.o, ack_addr.i)
         wiring.connect(m, ack_addr.o, ackb.requests)

@@ -1,7 +1,7 @@
 """System testbench environment: the NIC with its GPU, memory and wire around it.
 
 ``NicEnv`` starts the clock, resets the DUT, attaches the models (GPU memory on
-``m_axi`` and ``m_axi_wqe``, the 400G wire on ``m_axis_tx``, the CPU on ``s_axil``, the GPU's
+``m_axi``, ``m_axi_wqe`` and ``m_axi_rx``, the 400G wire on ``m_axis_tx``, the CPU on ``s_axil``, the GPU's
 doorbells on ``s_axi_db``) and checks a run against the golden model: every frame
 (bytes, parsed by scapy with checksum and ICRC recomputed), every CQE, the
 counters, and the cycle of each doorbell-to-wire and doorbell-to-CQE event.
@@ -71,11 +71,12 @@ class NicEnv:
         dut, pre = self.dut, self.prefix
         for name in _input_ports():          # no X into the design before the models drive
             getattr(dut, pre + name).value = 0
-        for name in ("s_axil", "s_axi_db", "m_axi", "m_axi_wqe", "m_axis_tx", "s_axis_rx"):
+        for name in ("s_axil", "s_axi_db", "m_axi", "m_axi_wqe", "m_axi_rx", "m_axis_tx", "s_axis_rx"):
             logging.getLogger(f"cocotb.{dut._name}.{pre}{name}").setLevel(logging.WARNING)
         self.counter = counter
         self.mem = DmaMemory(dut, counter, read_latency=self.dma_latency, prefix=pre + "m_axi",
-                             read_bytes_per_cycle=self.dma_bytes_per_cycle, read_prefixes=(pre + "m_axi_wqe",))
+                             read_bytes_per_cycle=self.dma_bytes_per_cycle, read_prefixes=(pre + "m_axi_wqe",),
+                             write_prefixes=(pre + "m_axi_rx",))
         self.wire = Wire400G(dut, counter, prefix=pre + "m_axis_tx")
         self.rx = MacRx400G(dut, counter, prefix=pre + "s_axis_rx")
         self.ctl = NicControl(dut, prefix=pre + "s_axil", num_qps=self.num_qps)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import cocotb
 from cocotb.triggers import RisingEdge
-from cocotbext.axi import AxiBus, AxiReadBus
+from cocotbext.axi import AxiBus, AxiReadBus, AxiWriteBus
 
 from spec.params import DATA_BYTES, DMA_BYTES_PER_CYCLE, DMA_READ_LATENCY_CYCLES
 
@@ -93,6 +93,11 @@ class AxiAccess:
     start_cycle: int
     end_cycle: int | None = None
     data: bytes | None = None
+    port: str = ""
+
+    def overlaps(self, other):
+        """True when the two bursts share a byte."""
+        return self.addr < other.addr + other.length and other.addr < self.addr + self.length
 
     def covers(self, addr, n=1):
         """True when [addr, addr+n) lies inside this burst."""
@@ -133,18 +138,23 @@ class DmaMemory:
         prefix: AXI signal prefix of the full (read and write) port.
         read_prefixes: prefixes of further read-only ports on the same memory; each has
             its own R channel, latency and bandwidth, and AR order is kept per port.
+        write_prefixes: prefixes of further write-only ports on the same memory. Writes
+            of one port land in AW order; across ports the order is undefined, so a
+            burst whose bytes overlap a burst in flight (AW accepted, B not yet handed
+            over) on another port is a protocol error.
         strict: raise :class:`AxiProtocolError` on protocol errors (else only
             count them in ``protocol_errors`` and log).
 
     All reads are accepted at once (arready stays high) and answered in AR
-    order per port; writes are accepted at once, B follows one cycle after wlast.
+    order per port; writes are accepted at once, B follows one cycle after wlast
+    (on each write port).
     Narrow beats carry the whole 128-byte line containing the beat address,
     so every lane holds the byte at its own address.
     """
 
     def __init__(self, dut, counter=None, *, read_latency=DMA_READ_LATENCY_CYCLES,
                  read_bytes_per_cycle=DMA_BYTES_PER_CYCLE, prefix="m_axi", read_prefixes=(),
-                 strict=True):
+                 write_prefixes=(), strict=True):
         if int(read_latency) != read_latency or read_latency < 1:
             raise ValueError(f"read_latency must be an integer >= 1 cycle, not {read_latency}")
         if not 0 < read_bytes_per_cycle <= DATA_BYTES:
@@ -160,26 +170,16 @@ class DmaMemory:
 
         self.mem = SparseMemory()
         self.bus = AxiBus.from_prefix(dut, prefix)
-        aw, w, b = self.bus.write.aw, self.bus.write.w, self.bus.write.b
-        self._aw, self._w, self._b = aw, w, b
-        self._bresp = getattr(b, "bresp", None)
-        self._wstrb = getattr(w, "wstrb", None)
         self.bus_bytes = len(self.bus.read.r.rdata) // 8
         self.ports = [_ReadPort(self, prefix, self.bus.read)]
         self.ports += [_ReadPort(self, p, AxiReadBus.from_prefix(dut, p)) for p in read_prefixes]
+        self.write_ports = [_WritePort(self, prefix, self.bus.write)]
+        self.write_ports += [_WritePort(self, p, AxiWriteBus.from_prefix(dut, p)) for p in write_prefixes]
 
         self.reads = []                 # AxiAccess per AR, in AR order
         self.writes = []                # AxiAccess per AW, in AW order
         self.protocol_errors = 0
         self.crossings_4k = 0           # bursts crossing a 4 KiB boundary (AXI violation, not fatal)
-
-        self._awq = deque()             # accepted AWs waiting for W beats
-        self._wq = deque()              # W beats (data, strb, last, cycle) waiting for an AW
-        self._bq = deque()              # ids of B responses to send
-        self._b_on = False
-
-        for sig, v in ((aw.awready, 1), (w.wready, 1), (b.bvalid, 0)):
-            sig.value = v
         self._task = cocotb.start_soon(self._run())
 
     # ---- backing store ---------------------------------------------------------
@@ -234,17 +234,11 @@ class DmaMemory:
     def _reset(self):
         for p in self.ports:
             p.reset()
-        self._awq.clear()
-        self._wq.clear()
-        self._bq.clear()
-        if self._b_on:
-            self._b.bvalid.value = 0
-            self._b_on = False
+        for p in self.write_ports:
+            p.reset()
 
     async def _run(self):
         edge = RisingEdge(self.clk)
-        aw, w, b = self._aw, self._w, self._b
-        full = (1 << self.bus_bytes) - 1
         while True:
             await edge
             now = self.counter.now
@@ -252,53 +246,102 @@ class DmaMemory:
             if self.rst is not None and sig_high(self.rst):
                 self._reset()
                 continue
-
             for p in self.ports:
                 p.step(c, now)
+            for p in self.write_ports:
+                p.step(c)
+            for p in self.write_ports:      # after every AW of cycle c was checked against it
+                p.retire()
 
-            # write response handed over in cycle c
-            b_free = not self._b_on
-            if self._b_on and sig_high(b.bready):
-                self._bq.popleft()
-                b_free = True
-            if sig_high(aw.awvalid):
-                rec = self._new_access("write", sig_uint(aw.awid), sig_uint(aw.awaddr), sig_uint(aw.awlen),
-                                       sig_uint(aw.awsize), sig_uint(aw.awburst), c)
-                self.writes.append(rec)
-                self._awq.append(_Burst(rec))
-            if sig_high(w.wvalid):
-                strb = sig_uint(self._wstrb) if self._wstrb is not None else full
-                data = sig_uint(w.wdata) if strb else 0
-                self._wq.append((data, strb, sig_high(w.wlast), c))
-            while self._awq and self._wq:
-                self._apply_w_beat(*self._wq.popleft())
-            if b_free and self._bq:
-                b.bid.value = self._bq[0]
-                if self._bresp is not None:
-                    self._bresp.value = 0
-                b.bvalid.value = 1
-                self._b_on = True
-            elif b_free and self._b_on:
-                b.bvalid.value = 0
-                self._b_on = False
+
+class _WritePort:
+    """The AW, W and B channels of one AXI write port of :class:`DmaMemory`."""
+
+    def __init__(self, owner, prefix, bus):
+        self.owner, self.prefix = owner, prefix
+        self.aw, self.w, self.b = bus.aw, bus.w, bus.b
+        self.bresp = getattr(self.b, "bresp", None)
+        self.wstrb = getattr(self.w, "wstrb", None)
+        self.awq = deque()              # accepted AWs waiting for W beats
+        self.wq = deque()               # W beats (data, strb, last, cycle) waiting for an AW
+        self.bq = deque()               # ids of B responses to send
+        self.in_flight = deque()        # AxiAccess from AW until its B is handed over
+        self.b_taken = False            # the oldest one's B was handed over this cycle
+        self.b_on = False
+        for sig, v in ((self.aw.awready, 1), (self.w.wready, 1), (self.b.bvalid, 0)):
+            sig.value = v
+
+    def reset(self):
+        self.awq.clear()
+        self.wq.clear()
+        self.bq.clear()
+        self.in_flight.clear()
+        self.b_taken = False
+        if self.b_on:
+            self.b.bvalid.value = 0
+            self.b_on = False
+
+    def step(self, c):
+        """Sample cycle ``c``'s handshakes, land complete W beats, drive the next B."""
+        o, aw, w, b = self.owner, self.aw, self.w, self.b
+        full = (1 << o.bus_bytes) - 1
+        b_free = not self.b_on
+        if self.b_on and sig_high(b.bready):
+            self.bq.popleft()
+            self.b_taken = True
+            b_free = True
+        if sig_high(aw.awvalid):
+            rec = o._new_access("write", sig_uint(aw.awid), sig_uint(aw.awaddr), sig_uint(aw.awlen),
+                                sig_uint(aw.awsize), sig_uint(aw.awburst), c)
+            rec.port = self.prefix
+            for other in o.write_ports:
+                if other is not self and any(rec.overlaps(f) for f in other.in_flight):
+                    f = next(f for f in other.in_flight if rec.overlaps(f))
+                    o._error(f"write {rec.addr:#x}+{rec.length} on {self.prefix} while {f.addr:#x}+{f.length} "
+                             f"is in flight on {other.prefix}: their order is undefined (cycle {c})")
+            o.writes.append(rec)
+            self.awq.append(_Burst(rec))
+            self.in_flight.append(rec)
+        if sig_high(w.wvalid):
+            strb = sig_uint(self.wstrb) if self.wstrb is not None else full
+            data = sig_uint(w.wdata) if strb else 0
+            self.wq.append((data, strb, sig_high(w.wlast), c))
+        while self.awq and self.wq:
+            self._apply_w_beat(*self.wq.popleft())
+        if b_free and self.bq:
+            b.bid.value = self.bq[0]
+            if self.bresp is not None:
+                self.bresp.value = 0
+            b.bvalid.value = 1
+            self.b_on = True
+        elif b_free and self.b_on:
+            b.bvalid.value = 0
+            self.b_on = False
+
+    def retire(self):
+        """The burst whose B was handed over this cycle is no longer in flight."""
+        if self.b_taken:
+            self.in_flight.popleft()
+            self.b_taken = False
 
     def _apply_w_beat(self, data, strb, last, cycle):
-        bst = self._awq[0]
+        o = self.owner
+        bst = self.awq[0]
         rec = bst.rec
         if last != bst.last:
-            self._error(f"write id {rec.id} addr {rec.addr:#x}: wlast={int(last)} on beat {bst.beat} "
-                        f"of {rec.beats} (cycle {cycle})")
+            o._error(f"write id {rec.id} addr {rec.addr:#x} on {self.prefix}: wlast={int(last)} on beat "
+                     f"{bst.beat} of {rec.beats} (cycle {cycle})")
         if strb:
-            line = bst.beat_addr() & ~(self.bus_bytes - 1)
-            raw = data.to_bytes(self.bus_bytes, "little")
-            if strb == (1 << self.bus_bytes) - 1:
-                self.mem.write(line, raw)
+            line = bst.beat_addr() & ~(o.bus_bytes - 1)
+            raw = data.to_bytes(o.bus_bytes, "little")
+            if strb == (1 << o.bus_bytes) - 1:
+                o.mem.write(line, raw)
             else:
                 lane = 0
                 while strb:
                     if strb & 1:
                         run = (~strb & (strb + 1)).bit_length() - 1  # length of the run of ones
-                        self.mem.write(line + lane, raw[lane:lane + run])
+                        o.mem.write(line + lane, raw[lane:lane + run])
                         strb >>= run
                         lane += run
                     else:
@@ -306,12 +349,10 @@ class DmaMemory:
                         strb >>= skip
                         lane += skip
         if bst.last or last:
-            self._awq.popleft()
+            self.awq.popleft()
             rec.end_cycle = max(cycle, rec.start_cycle)
-            rec.data = self.mem.read(rec.addr, rec.length)
-            self._bq.append(rec.id)     # B goes out at the next edge: one cycle after wlast
-        else:
-            bst.beat += 1
+            rec.data = o.mem.read(rec.addr, rec.length)
+            self.bq.append(rec.id)      # B goes out at the next edge: one cycle after wlast
 
 
 class _ReadPort:
