@@ -118,7 +118,8 @@ class RxWriteIssuer(wiring.Component):
 
         room = [Signal(name=f"room{p}") for p in range(2)]
         for p in range(2):
-            m.d.comb += room[p].eq((~aw_valid[p] | ports[p].awready) & (count[p] < K))
+            # registered state only: no port's valid depends on a ready
+            m.d.comb += room[p].eq(~aw_valid[p] & (count[p] < K))
 
         # ---- the first pending write of the head transfer (a) and the one after it (b) ----
         done0 = Signal()             # p[0] of the head transfer has been issued
@@ -194,26 +195,34 @@ class RxWriteIssuer(wiring.Component):
             push_a, push_b = Signal(name=f"push_a{p}"), Signal(name=f"push_b{p}")
             m.d.comb += [push_a.eq(a_issue & (a_port == p)), push_b.eq(b_issue & ~merge & (other == p))]
             push = push_a | push_b
+            new_t = Signal(_Track, name=f"new{p}")
+            new_line = Signal(64 - LINE_SHIFT, name=f"new_line{p}")
+            new_len = Signal(8, name=f"new_len{p}")
+            m.d.comb += [
+                new_t.eq(Mux(push_a, a_t, b_t)),
+                new_line.eq(Mux(push_a, Mux(a.inline, a.line, wr_line), Mux(b.inline, b.line, wr_line))),
+                new_len.eq(Mux(push_a, Mux(a.inline, 0, wr.awlen), Mux(b.inline, 0, wr.awlen))),
+            ]
+            # A burst goes out in the cycle it is issued; the register holds it while the
+            # port does not take it (a port with room has an empty register).
             with m.If(push):
-                m.d.sync += [
-                    ring[p][push_ptr[p]].eq(Mux(push_a, a_t, b_t)),
-                    push_ptr[p].eq(push_ptr[p] + 1),
-                    aw_valid[p].eq(1),
-                    aw_line[p].eq(Mux(push_a, Mux(a.inline, a.line, wr_line), Mux(b.inline, b.line, wr_line))),
-                    aw_len[p].eq(Mux(push_a, Mux(a.inline, 0, wr.awlen), Mux(b.inline, 0, wr.awlen))),
-                ]
+                m.d.sync += [ring[p][push_ptr[p]].eq(new_t), push_ptr[p].eq(push_ptr[p] + 1)]
+            with m.If(push & ~port.awready):
+                m.d.sync += [aw_valid[p].eq(1), aw_line[p].eq(new_line), aw_len[p].eq(new_len)]
             with m.Elif(port.awready):
                 m.d.sync += aw_valid[p].eq(0)
             m.d.comb += [
-                port.awvalid.eq(aw_valid[p]), port.awid.eq(AWID),
-                port.awaddr.eq(Cat(C(0, LINE_SHIFT), aw_line[p])), port.awlen.eq(aw_len[p]),
+                port.awvalid.eq(aw_valid[p] | push), port.awid.eq(AWID),
+                port.awaddr.eq(Cat(C(0, LINE_SHIFT), Mux(aw_valid[p], aw_line[p], new_line))),
+                port.awlen.eq(Mux(aw_valid[p], aw_len[p], new_len)),
                 port.awsize.eq(LINE_SHIFT), port.awburst.eq(1), port.awcache.eq(0b0011),
                 port.bready.eq(1),
             ]
 
-            # W: the oldest burst whose W beats have not all gone
+            # W: the oldest burst whose W beats have not all gone (the one issued now when
+            # there is none, so a beat goes with its AW)
             w_head = Signal(_Track, name=f"w_head{p}")
-            m.d.comb += w_head.eq(ring[p][w_ptr[p]])
+            m.d.comb += w_head.eq(Mux(w_count[p] != 0, ring[p][w_ptr[p]], new_t))
             beat_data, beat_strb = Signal(8 * BEAT, name=f"inline_data{p}"), Signal(BEAT, name=f"inline_strb{p}")
             strb = []
             for k in range(2):
@@ -235,7 +244,7 @@ class RxWriteIssuer(wiring.Component):
                                    for j in range(BEAT)])),
             ]
             has_w = Signal(name=f"has_w{p}")
-            m.d.comb += has_w.eq(w_count[p] != 0)
+            m.d.comb += has_w.eq((w_count[p] != 0) | push)
             if p == 0:
                 from_writer = Signal()
                 m.d.comb += from_writer.eq(has_w & w_head.seg)

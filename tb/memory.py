@@ -353,6 +353,8 @@ class _WritePort:
             rec.end_cycle = max(cycle, rec.start_cycle)
             rec.data = o.mem.read(rec.addr, rec.length)
             self.bq.append(rec.id)      # B goes out at the next edge: one cycle after wlast
+        else:
+            bst.beat += 1
 
 
 class _ReadPort:

@@ -182,13 +182,15 @@ def _not_roce(n, k):
 @cocotb.test()
 async def rx_every_frame_size(dut):
     """Every frame size from 60 to 300 bytes (and longer ones), back to back at the 400G
-    line rate: floods of 1500 frames for each size up to 74 bytes (not-RoCE frames; 62-byte
-    ACKs and 74-byte WRITE ONLYs without payload, each the first half of one QP, then
-    alternating between two QPs, so that two QPs' ACKs or requests end in one beat),
-    which need more than one frame per cycle and would outrun a path taking one (its
-    buffers hold about 100 such frames; each such WRITE is answered by its own ACK), runs
-    of 16 WRITE ONLYs of each size from 75 bytes (1-226 payload bytes, alternating between
-    two QPs), then a random mix. MAC RX is never held back, and ACK frames, memory and
+    line rate: floods of 1500 frames for each size up to 75 bytes (not-RoCE frames; 62-byte
+    ACKs, 74-byte WRITE ONLYs without payload and 75-byte ones with 1 byte, each the first
+    half of one QP, then alternating between two QPs, so that two QPs' ACKs or requests
+    end in one beat), which need more than one frame per cycle and would outrun a path
+    taking one (its buffers hold about 100 such frames; each such WRITE is answered by
+    its own ACK, each 1-byte one is its own write: a quarter each to one byte, to
+    consecutive bytes, 256 bytes apart and at random, so the last value of a byte shows
+    the order), runs of 16 WRITE ONLYs of each size from 76 bytes (2-226 payload bytes,
+    alternating between two QPs), then a random mix. MAC RX is never held back, and ACK frames, memory and
     counters equal the model's. Icarus runs about 50 cycles a second on this design, so there the floods
     are 40 frames, the runs 1 and the mix 40 (the same checks on a shorter stream)."""
     rnd = random.Random(11)
@@ -197,12 +199,21 @@ async def rx_every_frame_size(dut):
     psn = {q: ctx.start_psn for q, (ctx, _) in peers.items()}
     va = [DST]
 
-    def write(q, p):
+    def write(q, p, at=None):
         ctx, _ = peers[q]
-        (f,) = build_write_frames(ctx, peer_port(q), va[0], KEY, bytes(rnd.randrange(256) for _ in range(p)), psn[q])
+        (f,) = build_write_frames(ctx, peer_port(q), va[0] if at is None else at, KEY,
+                                  bytes(rnd.randrange(256) for _ in range(p)), psn[q])
         psn[q] = (psn[q] + 1) & 0xFFFFFF
-        va[0] += p + rnd.randrange(1, 64)
+        if at is None:
+            va[0] += p + rnd.randrange(1, 64)
         return f
+
+    def one_byte_at(k):
+        # 1-byte WRITEs (75-byte frames, 1.01 a cycle): a quarter of the flood each to one
+        # byte, to consecutive bytes, 256 bytes apart, at random (above what va[0] reaches)
+        j = k % (flood // 4)
+        return [DST + 0xE0005, DST + 0xE1000 + j, DST + 0xE2003 + 256 * j,
+                DST + 0xFA000 + rnd.randrange(0x6000)][min(3, 4 * k // flood)]
 
     def ack(q):
         ctx, _ = peers[q]
@@ -214,12 +225,14 @@ async def rx_every_frame_size(dut):
             return ack(1 if k < flood // 2 or k % 2 else 3)
         if n == 74:
             return write(1 if k < flood // 2 or k % 2 else 3, 0)
+        if n == 75:
+            return write(1 if k < flood // 2 or k % 2 else 3, 1, one_byte_at(k))
         if n < 74:
             return _not_roce(n, k)
         return write(1 if k % 2 or n > 74 + 1024 else 3, n - 74)       # QP 3's MTU is 1024
 
     frames = [frame(n, k) for n in list(range(60, 301)) + [512, 1024, 1500, 1098]
-              for k in range(flood if n <= 74 else run)]
+              for k in range(flood if n <= 75 else run)]
     for k in range(mix):                     # a mix of every kind and size
         n = rnd.choice([rnd.randrange(60, 200), 62, rnd.randrange(74, 90)])
         frames.append(frame(n, k))

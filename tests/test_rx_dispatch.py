@@ -30,7 +30,7 @@ def _desc(rnd, qps):
                 "syndrome": syn, "msn": rnd.randrange(1 << 24)}
     return {"drop": 0, "opcode": rnd.choice([Op.WRITE_ONLY, Op.WRITE_FIRST, Op.WRITE_MIDDLE]),
             "dqpn": rnd.randrange(1 << 24), "psn": rnd.randrange(1 << 24),
-            "payload_len": rnd.choice([0, 0, 1, 8, 4096])}
+            "payload_len": rnd.choice([0, 0, 1, 8, 4096]), "inline": int(rnd.random() < 0.3)}
 
 
 def _reference(pairs):
@@ -47,7 +47,7 @@ def _reference(pairs):
                 keep.append(0)
             else:
                 req.append((d["opcode"], d["dqpn"], d["psn"], d["payload_len"]))
-                keep.append(int(d["payload_len"] != 0))
+                keep.append(int(d["payload_len"] != 0 and not d["inline"]))   # inline: not in the segments
         if req:
             reqs.append(tuple(req))
         if got:

@@ -208,7 +208,10 @@ def _expect(f, opcodes):
              psn=p.psn, has_reth=int(p.reth is not None), has_imm=int(p.imm is not None),
              has_aeth=int(p.aeth is not None), va=va, rkey=rkey, dma_len=dma_len, imm=p.imm or 0,
              syndrome=syndrome, msn=msn, payload_offset=54 + ext, payload_len=len(p.payload),
-             smac=int.from_bytes(f[6:12], "big"), sip=int.from_bytes(f[OFF_IP + 12:OFF_IP + 16], "big"))
+             smac=int.from_bytes(f[6:12], "big"), sip=int.from_bytes(f[OFF_IP + 12:OFF_IP + 16], "big"),
+             # 1..4 payload bytes behind a RETH, within one 128-byte line: carried inline
+             inline=int(p.reth is not None and p.imm is None and 1 <= len(p.payload) <= 4
+                        and va % 128 + len(p.payload) <= 128))
     return e, p.payload
 
 
@@ -218,7 +221,8 @@ def _got(c):
             "se": c.se, "padcnt": c.padcnt, "dqpn": c.dqpn, "ackreq": c.ackreq, "psn": c.psn,
             "has_reth": c.has_reth, "has_imm": c.has_imm, "has_aeth": c.has_aeth, "va": c.reth.va,
             "rkey": c.reth.rkey, "dma_len": c.reth.dma_len, "imm": c.imm, "syndrome": c.aeth.syndrome,
-            "msn": c.aeth.msn, "payload_offset": c.payload_offset, "smac": c.smac, "sip": c.sip}
+            "msn": c.aeth.msn, "payload_offset": c.payload_offset, "smac": c.smac, "sip": c.sip,
+            "inline": c.inline, "inline_data": c.inline_data}
 
 
 def _sized(rnd, n):
@@ -330,6 +334,9 @@ def _run(frames, oks, rnd, *, opcodes=None, gap=0.0, stall_o=0.0, stall_p=0.0):
     return beats, out, got, when, cycles[0], stalled[0]
 
 
+INLINED = [0]                # descriptors seen with inline payload (checked in _check)
+
+
 def _check(frames, beats, out, got, when, opcodes=None):
     """Beats passed unchanged; one pair per beat with frame ends, holding those frames'
     descriptors in order, each as parse_frame says. Returns the drop reasons seen."""
@@ -348,6 +355,9 @@ def _check(frames, beats, out, got, when, opcodes=None):
             if payload is not None:
                 off, n = have["payload_offset"], have["payload_len"]
                 assert f[off:off + n] == payload
+                if have["inline"]:
+                    assert have["inline_data"].to_bytes(4, "little")[:n] == payload, f"frame {k}: inline bytes"
+                    INLINED[0] += 1
         # the pair leaves only after its beat has left on o
         assert when[j][1] >= j + 1, f"pair {j} before its beat"
     return reasons
@@ -371,8 +381,10 @@ def test_rx_header_parser_random_stalls(seed):
     frames = _frames(rnd)
     oks = [_icrc_ok(f, rnd) for f in frames]
     beats, out, got, when, cycles, stalled = _run(frames, oks, rnd, gap=0.2, stall_o=0.2, stall_p=0.4)
+    before = INLINED[0]
     reasons = _check(frames, beats, out, got, when)
     assert reasons == set(RxDrop), f"drop reasons not reached: {set(RxDrop) - reasons}"
+    assert INLINED[0] > before, "no frame with an inline payload"
     starts = _starts(beats)
     assert {q for _, q in starts} == set(range(QUARTERS)), "frames must start at every quarter"
     assert sum(len(b["ended"]) == 2 for b in beats) > 20, "two frames must end in a beat"

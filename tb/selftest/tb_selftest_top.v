@@ -12,6 +12,12 @@ module tb_selftest_top (
     input [1:0] m_axi_arburst, input m_axi_arvalid, input m_axi_arready,
     input [3:0] m_axi_rid, input [1023:0] m_axi_rdata, input [1:0] m_axi_rresp, input m_axi_rlast,
     input m_axi_rvalid, input m_axi_rready,
+    // m_axi_rx: second DMA write port (write channels only)
+    input [3:0] m_axi_rx_awid, input [63:0] m_axi_rx_awaddr, input [7:0] m_axi_rx_awlen, input [2:0] m_axi_rx_awsize,
+    input [1:0] m_axi_rx_awburst, input m_axi_rx_awvalid, input m_axi_rx_awready,
+    input [1023:0] m_axi_rx_wdata, input [127:0] m_axi_rx_wstrb, input m_axi_rx_wlast, input m_axi_rx_wvalid,
+    input m_axi_rx_wready,
+    input [3:0] m_axi_rx_bid, input [1:0] m_axi_rx_bresp, input m_axi_rx_bvalid, input m_axi_rx_bready,
     // m_axis_tx: MAC TX stream (wire model drives tready)
     input [1023:0] m_axis_tx_tdata, input [127:0] m_axis_tx_tkeep, input m_axis_tx_tvalid,
     input m_axis_tx_tready, input m_axis_tx_tlast,
