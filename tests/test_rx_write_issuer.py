@@ -70,6 +70,18 @@ def _order(w):
     return {"inline": 0, "bursts": len(w[3])}
 
 
+async def _put_pair(ctx, stream, entries):
+    """Hand one Pair transfer of one or two entries (dicts of fields) to ``stream``."""
+    ctx.set(stream.p.as_value(), 0)
+    ctx.set(stream.p.second, len(entries) == 2)
+    for k, fields in enumerate(entries):
+        for name, v in fields.items():
+            ctx.set(getattr(stream.p.p[k], name), v)
+    ctx.set(stream.valid, 1)
+    await ctx.tick().until(stream.ready)
+    ctx.set(stream.valid, 0)
+
+
 def _run(plan, *, seed, ready=0.7, b_lat=(1, 4), pairs=0.5, stalls=0.3, limit=20000):
     """Feed ``plan`` to an issuer; returns (memory, cycles from the first order to the
     last B, B responses passed to the writer)."""
@@ -87,16 +99,9 @@ def _run(plan, *, seed, ready=0.7, b_lat=(1, 4), pairs=0.5, stalls=0.3, limit=20
                 await ctx.tick()
             two = i + 1 < len(plan) and rnd.random() < pairs
             o = [_order(plan[i])] + ([_order(plan[i + 1])] if two else [])
-            ctx.set(dut.orders.p.as_value(), 0)
-            ctx.set(dut.orders.p.second, two)
-            for k, fields in enumerate(o):
-                for name, v in fields.items():
-                    ctx.set(getattr(dut.orders.p.p[k], name), v)
-            ctx.set(dut.orders.valid, 1)
             if state["first"] is None:
                 state["first"] = state.get("now", 0)
-            await ctx.tick().until(dut.orders.ready)
-            ctx.set(dut.orders.valid, 0)
+            await _put_pair(ctx, dut.orders, o)
             i += len(o)
             state["transfers"] += 1
         state["fed"] = True
@@ -248,14 +253,7 @@ def test_sorter_splits_commands():
         while i < len(cmds):
             two = i + 1 < len(cmds) and rnd.random() < 0.5
             c = cmds[i:i + 1 + two]
-            ctx.set(dut.i.p.as_value(), 0)
-            ctx.set(dut.i.p.second, two)
-            for k, f in enumerate(c):
-                for name, v in f.items():
-                    ctx.set(getattr(dut.i.p.p[k], name), v)
-            ctx.set(dut.i.valid, 1)
-            await ctx.tick().until(dut.i.ready)
-            ctx.set(dut.i.valid, 0)
+            await _put_pair(ctx, dut.i, c)
             i += len(c)
 
     async def sink(ctx):
