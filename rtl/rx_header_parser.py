@@ -17,8 +17,8 @@ HDR_BYTES = F.OFF_EXT + EXT_BYTES           # 74 header bytes looked at
 MIN_FRAME = F.OFF_BTH + F.BTH_LEN + F.ICRC_LEN   # 58: Ethernet+IPv4+UDP+BTH+ICRC
 ETH_MIN_FRAME = 60                          # shortest Ethernet frame without FCS (padded up to it)
 LEN_CAP = 1 << 17                           # frame byte counts saturate here (no IPv4 length matches)
-INLINE_LANE_BITS = 7                        # ... when they stay within one 128-byte line
 LEN_BITS = 18                               # a frame length: up to LEN_CAP + BEAT
+INLINE_LANE_BITS = (BEAT - 1).bit_length()  # an inline payload stays within one 128-byte line
 
 # opcode -> (RETH, ImmDt, AETH) present: the opcodes model/rc.py knows.
 KNOWN_OPCODES = {

@@ -130,10 +130,15 @@ class RxWriteIssuer(wiring.Component):
         a_there, b_there = Signal(), Signal()
         m.d.comb += [a_there.eq(self.orders.valid), b_there.eq(self.orders.valid & ~done0 & head.second)]
 
-        wr_line = Signal(64 - LINE_SHIFT)
-        m.d.comb += wr_line.eq(wr.awaddr[LINE_SHIFT:])
-        a_f = footprint("a_f", Mux(a.inline, a.line, wr_line), Mux(a.inline, 0, wr.awlen[:PAGE_LINE_BITS]))
-        b_f = footprint("b_f", Mux(b.inline, b.line, wr_line), Mux(b.inline, 0, wr.awlen[:PAGE_LINE_BITS]))
+        def burst(name, o):
+            # the burst an order issues: its own line, or the payload writer's AW
+            line, length = Signal(64 - LINE_SHIFT, name=f"{name}_line"), Signal(8, name=f"{name}_len")
+            m.d.comb += [line.eq(Mux(o.inline, o.line, wr.awaddr[LINE_SHIFT:])),
+                         length.eq(Mux(o.inline, 0, wr.awlen))]
+            return line, length, footprint(f"{name}_f", line, length)
+
+        a_line, a_len, a_f = burst("a", a)
+        b_line, b_len, b_f = burst("b", b)
         a_hit, b_hit = hits("a", a_f), hits("b", b_f)
 
         can = [Signal(name=f"a_can{p}") for p in range(2)]
@@ -200,8 +205,8 @@ class RxWriteIssuer(wiring.Component):
             new_len = Signal(8, name=f"new_len{p}")
             m.d.comb += [
                 new_t.eq(Mux(push_a, a_t, b_t)),
-                new_line.eq(Mux(push_a, Mux(a.inline, a.line, wr_line), Mux(b.inline, b.line, wr_line))),
-                new_len.eq(Mux(push_a, Mux(a.inline, 0, wr.awlen), Mux(b.inline, 0, wr.awlen))),
+                new_line.eq(Mux(push_a, a_line, b_line)),
+                new_len.eq(Mux(push_a, a_len, b_len)),
             ]
             # A burst goes out in the cycle it is issued; the register holds it while the
             # port does not take it (a port with room has an empty register).

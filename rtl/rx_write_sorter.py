@@ -5,12 +5,10 @@ from amaranth.lib import wiring, data, stream
 from amaranth.lib.wiring import In, Out
 
 from .rx_packet import INLINE_MAX, Pair, pack_pair
-from .rx_payload_writer import RxWriteCommand
+from .rx_payload_writer import RxWriteCommand, BEAT_SHIFT as LINE_SHIFT, PAGE
 
 __all__ = ["RxWriteOrder", "RxWriteSorter"]
 
-LINE_SHIFT = 7                  # 128-byte lines (one 1024-bit beat)
-PAGE = 4096
 
 RxWriteOrder = data.StructLayout({
     "inline": unsigned(1),      # 1: the write below; 0: the payload writer's next burst(s)
