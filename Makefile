@@ -35,16 +35,16 @@ test: $(PY)
 	$(PY) -m pytest -n $(JOBS) --maxschedchunk=1 -p no:cacheprovider --durations=12 tests
 
 sim: $(PY)
-	$(PY) tests/run_sim.py $(if $(SIM),--sim $(SIM))
+	$(PY) -m scripts.run_sim $(if $(SIM),--sim $(SIM))
 
 waves: $(PY)
-	$(PY) tests/run_sim.py --waves $(if $(SIM),--sim $(SIM)) $(if $(TEST),--test $(TEST))
+	$(PY) -m scripts.run_sim --waves $(if $(SIM),--sim $(SIM)) $(if $(TEST),--test $(TEST))
 
 synth: $(PY)
-	$(PY) tests/run_synth.py $(if $(QPS),--qps $(QPS))
+	$(PY) -m scripts.run_synth $(if $(QPS),--qps $(QPS))
 
 bench: $(PY)
-	$(PY) tests/run_bench.py $(if $(SIM),--sim $(SIM))
+	$(PY) -m scripts.run_bench $(if $(SIM),--sim $(SIM))
 
 verilog: $(PY)
 	$(PY) -m rtl.build build/verilog

@@ -9,7 +9,7 @@ Contents:
 
 from dataclasses import dataclass
 
-from spec.formats import CQE64, CQE_SIZE, CqeOp, pack, unpack
+from spec.formats import CQE64, CQE_SIZE, pack, unpack
 
 __all__ = ["build_cqe", "parse_cqe", "CqContext", "CqModel", "CQE_FILL"]
 

@@ -372,7 +372,7 @@ class EngineCycleModel:
 class _StreamBuilder:
     """Packet builder + ICRC stage + MAC port + completion hand-off, cycle by cycle.
 
-    The builder is followed byte count by byte count, as rtl/packet_builder.py
+    The builder is followed byte count by byte count, as rtl/requester/packet_builder.py
     packs: one chunk per cycle (a chunk ends at a raw-beat or packet boundary), 4
     ICRC bytes at each packet's end, a last beat of at most 64 bytes held and
     merged with the next packet's first beat (which then starts at lane 64) when

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from spec.formats import CqeOp, QpState, Syndrome, WqeOp
 from spec.params import wire_bytes
-from model.cqe import CqContext, CqeRecord, CqModel
+from model.cqe import CqContext, CqModel
 from model.frames import PSN_MASK, Port, QpContext, build_write_frames, parse_wqe, split_message
 
 __all__ = ["FrameRecord", "WqeResult", "Totals", "EngineResult", "EngineModel"]

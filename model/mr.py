@@ -1,4 +1,4 @@
-"""Memory regions: the responder's memory-key check (golden model of rtl/mr_table.py).
+"""Memory regions: the responder's memory-key check (golden model of rtl/responder/mr_table.py).
 
 A region is found by its key's index (``key >> 8``, mlx5 style: the low byte is a
 variant tag that must match too). A request is allowed when the region is valid, the

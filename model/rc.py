@@ -103,7 +103,7 @@ _IMM_BASE = {Op.WRITE_LAST_IMM: Op.WRITE_LAST, Op.WRITE_ONLY_IMM: Op.WRITE_ONLY}
 _NAK_NAMES = {0: "psn_seq", 1: "invalid_request", 2: "remote_access", 3: "remote_op"}
 _NAK_SYNDROMES = {1: CqeSyndrome.REMOTE_INVAL_REQ_ERR, 2: CqeSyndrome.REMOTE_ACCESS_ERR,
                   3: CqeSyndrome.REMOTE_OP_ERR}
-MR_INDEX_SHIFT = 8                     # mlx5 keys: index << 8 | variant byte (rtl/mr_table.py)
+MR_INDEX_SHIFT = 8                     # mlx5 keys: index << 8 | variant byte (rtl/responder/mr_table.py)
 
 
 def _psn_ok(v, name="psn"):

@@ -2,7 +2,7 @@
 
 ``Latencies`` states, block by block, the cycles a WQE spends in the pipeline when
 nothing else is in the way; ``single_beat_latency`` adds them up with the GPU-memory
-round trips for a one-beat frame (tests/test_golden_model.py holds it to the cycle
+round trips for a one-beat frame (tests/model/test_golden_model.py holds it to the cycle
 model). ``isolated_write`` runs the cycle model (model/cycle_model.py) on one WQE.
 Tolerance: zero cycles; the regression holds the RTL to exact equality.
 """

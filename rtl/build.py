@@ -34,7 +34,7 @@ def array_verilog(name, count, **params):
     text = verilog.convert(IbgdaNic(**params), name=engine, emit_src=False)
     start = text.index(f"module {engine}(")
     header = text[start:text.index("endmodule", start)]
-    # Verilator (with --hierarchical, as tests/sim.py builds these tops) verilates and
+    # Verilator (with --hierarchical, as tb/runner.py builds these tops) verilates and
     # compiles a hier_block once, however often it is instantiated; without it the engine's
     # code would be generated once per instance (four times the C++ for the quad: a
     # 7-minute build instead of under 2). Other tools ignore the comment.

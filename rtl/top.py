@@ -5,59 +5,44 @@
       -> (last beat of a completing message) -> CqeWriter -> CQE in GPU memory
 """
 from amaranth.hdl import *
-from amaranth.lib import wiring, stream, fifo
-from amaranth.lib.wiring import In, Out
+from amaranth.lib import wiring
 
 from spec import formats as F
 from spec import params as P
-from .axi import (AxiLiteSignature, AxiWriteSignature, AxiReadSignature, AxiSignature, AxiStreamSignature,
+from rtl.common.axi import (AxiLiteSignature, AxiWriteSignature, AxiReadSignature, AxiSignature, AxiStreamSignature,
                   flat_members, connect_flat)
-from .ack_addresser import AckAddresser
-from .ack_builder import AckBuilder
-from .ack_mailbox import AckMailbox
-from .axi_write_arbiter import AxiWriteArbiter
-from .completion_tracker import CompletionTracker
-from .control_registers import ControlRegisters, COUNTERS
-from .icrc_checker import IcrcChecker, MacRxAdapter
-from .responder import AckRecord, Responder, RX_VERDICT_NAMES
-from .rx_beat import RxBeat, RxSegmentBeat
-from .rx_header_parser import RxHeaderParser
-from .rx_dispatch import RxDispatch
-from .rx_packet import Pair, RX_DROP_NAMES
-from .rx_resegmenter import RxResegmenter
-from .rx_payload_writer import RxPayloadWriter, RxWriteCommand
-from .rx_write_sorter import RxWriteOrder, RxWriteSorter
-from .rx_write_issuer import RxWriteIssuer
-from .tx_mux import TxMux
-from .doorbell_decoder import DoorbellDecoder, DoorbellEvent
-from .qp_table import QpTable, FetchJob
-from .wqe_fetch import WqeFetch
-from .wqe_parser import WqeParser
-from .payload_fetch import PayloadFetch
-from .packet_builder import PacketBuilder
-from .icrc_inserter import IcrcInserter
-from .cqe_writer import CqeWriter
-from .message import Message, Completion
-from .tx_beat import SEGMENT as SEG
+from rtl.responder.ack_addresser import AckAddresser
+from rtl.responder.ack_builder import AckBuilder
+from rtl.requester.ack_mailbox import AckMailbox
+from rtl.common.axi_write_arbiter import AxiWriteArbiter
+from rtl.requester.completion_tracker import CompletionTracker
+from rtl.host.control_registers import ControlRegisters, COUNTERS
+from rtl.port.icrc_checker import IcrcChecker
+from rtl.port.rx_adapter import MacRxAdapter
+from rtl.common.records import AckRecord, Completion, DoorbellEvent
+from rtl.common.stream import Pair, StreamFifo
+from rtl.responder.responder import Responder, RX_VERDICT_NAMES
+from rtl.common.rx_beat import RxBeat, RxSegmentBeat
+from rtl.port.header_parser import RxHeaderParser
+from rtl.port.dispatch import RxDispatch
+from rtl.common.rx_packet import RX_DROP_NAMES
+from rtl.responder.resegmenter import RxResegmenter
+from rtl.responder.payload_writer import RxPayloadWriter, RxWriteCommand
+from rtl.responder.write_sorter import RxWriteOrder, RxWriteSorter
+from rtl.responder.write_issuer import RxWriteIssuer
+from rtl.port.tx_mux import TxMux
+from rtl.host.doorbell_decoder import DoorbellDecoder
+from rtl.requester.qp_table import QpTable, FetchJob
+from rtl.requester.wqe_fetch import WqeFetch
+from rtl.requester.wqe_parser import WqeParser
+from rtl.requester.payload_fetch import PayloadFetch
+from rtl.requester.packet_builder import PacketBuilder
+from rtl.port.icrc_inserter import IcrcInserter
+from rtl.requester.cqe_writer import CqeWriter
+from rtl.requester.message import Message
+from rtl.common.tx_beat import SEGMENT as SEG
 
 __all__ = ["IbgdaNic"]
-
-
-class _StreamFifo(wiring.Component):
-    """A ``lib.fifo.SyncFIFOBuffered`` with stream ports and a structured payload."""
-    def __init__(self, shape, depth):
-        self._shape, self._depth = shape, depth
-        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
-
-    def elaborate(self, platform):
-        m = Module()
-        width = Shape.cast(self._shape).width
-        m.submodules.fifo = f = fifo.SyncFIFOBuffered(width=width, depth=self._depth)
-        m.d.comb += [
-            f.w_data.eq(self.i.p), f.w_en.eq(self.i.valid), self.i.ready.eq(f.w_rdy),
-            self.o.p.eq(f.r_data), self.o.valid.eq(f.r_rdy), f.r_en.eq(self.o.ready),
-        ]
-        return m
 
 
 class IbgdaNic(wiring.Component):
@@ -110,7 +95,7 @@ class IbgdaNic(wiring.Component):
             # tuser[1]: it also ends in this beat (two ACK frames in one beat)
             "m_axis_tx": AxiStreamSignature(data_width=data_bits, user_width=2),
             # tuser[q] / tuser[4 + q]: a frame starts at lane 32q / ends in quarter q
-            # (32-byte frame starts: every frame size at line rate, rtl/rx_beat.py)
+            # (32-byte frame starts: every frame size at line rate, rtl/common/rx_beat.py)
             "s_axis_rx": AxiStreamSignature(data_width=data_bits, user_width=8).flip(),
         }
         members = {}
@@ -123,22 +108,22 @@ class IbgdaNic(wiring.Component):
         nq, nc = self.num_qps, self.num_cqs
         m.submodules.csr = csr = ControlRegisters(num_qps=nq, num_cqs=nc, pd_bits=P.PD_BITS)
         m.submodules.doorbell = db = DoorbellDecoder(num_qps=nq)
-        m.submodules.db_fifo = db_fifo = _StreamFifo(DoorbellEvent(nq), 16)
+        m.submodules.db_fifo = db_fifo = StreamFifo(DoorbellEvent(nq), 16)
         m.submodules.qp_table = qpt = QpTable(num_qps=nq, num_cqs=nc, quantum=self.quantum,
                                               max_weight=P.MAX_WEIGHT)
         mb = qpt.max_burst
-        m.submodules.job_fifo = job_fifo = _StreamFifo(FetchJob(nq, nc, mb), 4)
+        m.submodules.job_fifo = job_fifo = StreamFifo(FetchJob(nq, nc, mb), 4)
         m.submodules.wqe_fetch = wf = WqeFetch(num_qps=nq, num_cqs=nc, max_burst=mb, max_run=P.WQE_MAX_RUN,
                                                buffer_depth=self.wqe_buffer)
-        m.submodules.burst_fifo = burst_fifo = _StreamFifo(FetchJob(nq, nc, mb), P.BURST_QUEUE_DEPTH)
-        m.submodules.bf_fifo = bf_fifo = _StreamFifo(8 * 64, 4)          # BlueFlame WQEBBs
+        m.submodules.burst_fifo = burst_fifo = StreamFifo(FetchJob(nq, nc, mb), P.BURST_QUEUE_DEPTH)
+        m.submodules.bf_fifo = bf_fifo = StreamFifo(8 * 64, 4)          # BlueFlame WQEBBs
         m.submodules.wqe_parser = wp = WqeParser(num_qps=nq, num_cqs=nc, max_burst=mb)
-        m.submodules.inline_fifo = inline_fifo = _StreamFifo(8 * P.DATA_BYTES, P.INLINE_QUEUE_BEATS)
+        m.submodules.inline_fifo = inline_fifo = StreamFifo(8 * P.DATA_BYTES, P.INLINE_QUEUE_BEATS)
         m.submodules.payload_fetch = pf = PayloadFetch(num_qps=nq, num_cqs=nc, buffer_beats=self.payload_buffer)
-        m.submodules.msg_fifo = msg_fifo = _StreamFifo(Message(nq, nc), P.MESSAGE_QUEUE_DEPTH)
+        m.submodules.msg_fifo = msg_fifo = StreamFifo(Message(nq, nc), P.MESSAGE_QUEUE_DEPTH)
         m.submodules.builder = pb = PacketBuilder(num_qps=nq, num_cqs=nc)
         m.submodules.icrc = icrc = IcrcInserter(num_qps=nq, num_cqs=nc)
-        m.submodules.cpl_fifo = cpl_fifo = _StreamFifo(Completion(nq, nc), 16)
+        m.submodules.cpl_fifo = cpl_fifo = StreamFifo(Completion(nq, nc), 16)
         m.submodules.cqe_writer = cw = CqeWriter(num_qps=nq, num_cqs=nc)
         m.submodules.tx_mux = txm = TxMux(num_qps=nq, num_cqs=nc)
         m.submodules.cpl_tracker = trk = CompletionTracker(num_qps=nq, num_cqs=nc, depth=P.RC_COMPLETIONS_PER_QP)
@@ -147,24 +132,24 @@ class IbgdaNic(wiring.Component):
         m.submodules.mac_rx = rxa = MacRxAdapter()
         m.submodules.icrc_check = ick = IcrcChecker()
         m.submodules.rx_parser = rxp = RxHeaderParser()
-        m.submodules.rx_beat_fifo = rx_beats = _StreamFifo(RxBeat(), P.RX_BEAT_BUFFER)
+        m.submodules.rx_beat_fifo = rx_beats = StreamFifo(RxBeat(), P.RX_BEAT_BUFFER)
         m.submodules.rx_dispatch = rxd = RxDispatch()
         m.submodules.rx_resegmenter = rxs = RxResegmenter()
         m.submodules.responder = rsp = Responder(num_qps=nq, num_mrs=P.NUM_MRS, pd_bits=P.PD_BITS)
         # the responder's payload commands, one or two per cycle; the sorter sends those
         # with payload in the segment stream to the writer (one per cycle) and every write
         # in order to the issuer, which puts up to two per cycle on m_axi and m_axi_rx
-        m.submodules.rx_cmd_fifo = rx_cmds = _StreamFifo(Pair(RxWriteCommand), 16)
+        m.submodules.rx_cmd_fifo = rx_cmds = StreamFifo(Pair(RxWriteCommand), 16)
         m.submodules.rx_write_sorter = rx_sort = RxWriteSorter()
-        m.submodules.rx_order_fifo = rx_orders = _StreamFifo(Pair(RxWriteOrder), 16)
+        m.submodules.rx_order_fifo = rx_orders = StreamFifo(Pair(RxWriteOrder), 16)
         m.submodules.rx_write_issuer = rx_issue = RxWriteIssuer()
         # a registered queue between the resegmenter and the payload writer: without it the
         # resegmenter's (and so the beat buffer's) ready would hang on the writer's
-        m.submodules.rx_seg_fifo = rx_segs = _StreamFifo(RxSegmentBeat(), 4)
+        m.submodules.rx_seg_fifo = rx_segs = StreamFifo(RxSegmentBeat(), 4)
         m.submodules.rx_writer = rpw = RxPayloadWriter()
         # the responder's ACK/NAKs, one or two per cycle (two go out in one beat); they wait
         # here while MAC TX sends a data frame
-        m.submodules.ack_fifo = ack_fifo = _StreamFifo(Pair(AckRecord), 16)
+        m.submodules.ack_fifo = ack_fifo = StreamFifo(Pair(AckRecord), 16)
         m.submodules.ack_addresser = ack_addr = AckAddresser(num_qps=nq)
         m.submodules.ack_builder = ackb = AckBuilder(num_qps=nq, num_cqs=nc)
         m.submodules.dma_write = wr_arb = AxiWriteArbiter(ids=(0, 2))

@@ -50,6 +50,10 @@ class Op:
     READ_REQUEST = 0x0C
     ACK = 0x11
 
+PSN_BITS = 24                      # BTH PSN and AETH MSN width
+PSN_MASK = (1 << PSN_BITS) - 1
+PSN_HALF = 1 << (PSN_BITS - 1)     # a PSN less than this behind another is older (IBTA 9.7.2)
+
 # ---- mlx5 send queue ------------------------------------------------------------
 WQEBB = 64
 DS_UNIT = 16

@@ -7,7 +7,7 @@ import logging
 
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 
-from rtl.control_registers import RX_COUNTERS, REQ_COUNTERS, counter_address
+from rtl.host.control_registers import RX_COUNTERS, REQ_COUNTERS, counter_address
 from spec.formats import Access, QpState, mtu_bytes
 from spec.params import NUM_CQS, NUM_MRS, NUM_QPS, PD_BITS
 

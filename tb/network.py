@@ -1,6 +1,6 @@
 """Network model for reliable-connection tests: links with fault injection, a switch.
 
-Pure Python, no cocotb, so it runs in plain unit tests (tests/test_network_model.py)
+Pure Python, no cocotb, so it runs in plain unit tests (tests/model/test_network_model.py)
 and, inside a cocotb test, between each NIC's TX wire model (tb/wire.py) and its MAC RX.
 
 Time:

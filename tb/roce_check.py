@@ -16,7 +16,7 @@ from scapy.contrib.roce import BTH
 from scapy.fields import IntField, XIntField, XLongField
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
-from scapy.packet import Packet, Raw, bind_layers
+from scapy.packet import Packet, bind_layers
 
 from spec.formats import (
     BTH as BTH_TABLE, CQE64, CQE_SIZE, ETH, ETH_LEN, ETHERTYPE_IPV4, ICRC_LEN, IP_PROTO_UDP,

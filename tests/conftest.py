@@ -1,13 +1,7 @@
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:       # `spec` and the tests' helpers import from the checkout
-    sys.path.insert(0, str(ROOT))
 
 
 # The three Verilator builds (single NIC: about 4 minutes; pair and quad, whose engine
-# tests/sim.py compiles once as a hier_block: about 2 each) first, so that no worker
+# tb/runner.py compiles once as a hier_block: about 2 each) first, so that no worker
 # waits on another's build: the Makefile runs pytest-xdist with --maxschedchunk=1, which
 # deals each of the two workers two tests and then hands out one test at a time from
 # one queue in this order. Worker A gets the single-NIC build and the Icarus switch run,

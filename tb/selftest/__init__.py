@@ -1,1 +1,1 @@
-"""Self-test of the tb models on a port-only Verilog top (run by tests/test_tb_models.py)."""
+"""Self-test of the tb models on a port-only Verilog top (run by tests/system/test_tb_models.py)."""

@@ -370,7 +370,7 @@ async def test_wire_pacing_pcap(dut):
     for p, fr in zip(pkts, wire.frames):
         assert bytes(p) == fr.data
         assert int(round(p.time * 10**9)) == round(fr.start_ns)
-    # expected timestamps for the tshark check in tests/test_tb_models.py
+    # expected timestamps for the tshark check in tests/system/test_tb_models.py
     (Path.cwd() / "wire.expected").write_text("".join(f"{round(f.start_ns)} {len(f.data)}\n" for f in wire.frames))
 
 

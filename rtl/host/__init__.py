@@ -1,0 +1,1 @@
+"""What the host (CPU and GPU) writes: control registers and UAR doorbells."""

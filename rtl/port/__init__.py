@@ -1,0 +1,1 @@
+"""The Ethernet port: MAC RX to descriptors and beats, frames to MAC TX."""

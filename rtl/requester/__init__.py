@@ -1,0 +1,1 @@
+"""The requester: from doorbell to packets, ACKs to completions and CQEs."""

@@ -1,0 +1,363 @@
+"""Requester side of RC: completions wait for their ACK; NAKs and timeouts trigger go-back-N."""
+from amaranth.hdl import *
+from amaranth.lib import wiring, data, stream
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from spec.formats import Aeth, Syndrome, PSN_BITS, PSN_HALF
+from rtl.common.contexts import qp_bits
+from rtl.common.records import AckRecord, Completion, PacketNote
+
+__all__ = ["CompletionTracker", "Retransmit"]
+
+
+
+def Retransmit(num_qps):
+    """Go back: fetch the QP's WQEs again from ``index`` (whose first PSN is ``psn``) and
+    send again from PSN ``skip_to`` (the WQE parser's ``retransmit`` port). ``fail``: do
+    not send; fail the WQE holding ``skip_to`` with ``syndrome`` and flush the ones after."""
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "index": unsigned(16), "psn": unsigned(PSN_BITS),
+                              "skip_to": unsigned(PSN_BITS), "fail": unsigned(1), "syndrome": unsigned(8)})
+
+
+class CompletionTracker(wiring.Component):
+    """Holds each RC QP's completions until an ACK covers them, and drives go-back-N.
+
+    Completions: a completion of the transmit path (a signaled WQE whose last packet has
+    left, a NOP, a WQE that failed locally) carries the PSN of its message's last packet
+    and the index of the WQE after it. A UC QP's completion passes at once. An RC QP's
+    completion waits in the QP's queue (a ring per QP in one RAM) until the QP's
+    acknowledged PSN reaches it (serial arithmetic mod 2^24), and leaves in order. A
+    completion of a WQE already queued or released (a retransmitted WQE) is dropped.
+
+    Go-back-N: the QP's restart point is the WQE after its last released completion
+    (index and first PSN). A PSN-sequence NAK for PSN e acknowledges every PSN before e
+    and sends a ``retransmit`` from the restart point, skipping to e. An ACK timer per
+    QP runs while packets wait for their ACK, whether their WQEs are signaled or not:
+    ``sent`` notes each RC packet's PSN (in a RAM of the last PSN per QP, written at
+    any rate), and the timer is armed while that PSN or a waiting completion is not
+    acknowledged. A scanner visits one QP per idle cycle: it arms the timer of a QP with
+    unacknowledged packets (so a timer starts within one scan round of the send, never
+    before it), disarms one with none, and when an armed timer has run out sends a
+    retransmit skipping to the first unacknowledged PSN. After a go-back (until the
+    next ACK progress) it also waits until a timeout has passed since the QP's last
+    packet left, so a retransmission restarts the timer when it leaves, not when it was
+    decided (the WQEs and payload are read again from GPU memory first). A completion queued while no
+    timer runs arms it too. ACK progress restarts the timer (and disarms it when the
+    last PSN sent is acknowledged) and clears the retry count; a timeout adds one.
+
+    Failure: a timeout past the QP's retry count (TRANSPORT_RETRY_EXC_ERR), or a NAK
+    invalid request / remote access / remote operational error (REMOTE_INVAL_REQ_ERR /
+    REMOTE_ACCESS_ERR / REMOTE_OP_ERR; another NAK code: BAD_RESP_ERR) fails the QP. The
+    completions covered (a NAK acknowledges every PSN before its own) are released, the
+    rest of the queue is emptied, and a ``retransmit`` with ``fail`` has the WQE parser
+    walk the WQEs again: the WQE holding the failing PSN leaves with the error syndrome,
+    every later one, also those posted afterwards, with WR_FLUSH_ERR. From then on the
+    QP's error completions pass in order and its other completions (WQEs that were in
+    the transmit path) are dropped: their WQEs are flushed by the walk. ACKs, NAKs and
+    the timer no longer move a failed QP. A QP create clears the failure.
+
+    One sequencer serves, in this order: QP creates, then received ACK/NAKs and new
+    completions (taking turns when both wait), then the timer scan. An operation reads the QP's state in one cycle and
+    decides in the next; releasing completions takes one cycle each.
+
+    Parameters
+    ----------
+    num_qps, num_cqs : int
+        Table sizes.
+    depth : int
+        Waiting completions per QP (a power of two).
+
+    Members
+    -------
+    sent : In(stream.Signature(Completion))
+        Completions from the transmit path, in send order.
+    acks : In(stream.Signature(AckRecord))
+        ACK/NAK frames received for this NIC's QPs.
+    packets : In(PacketNote)
+        The PSN of each RC request packet sent (also retransmitted ones), any cycle.
+    commit : In(stream.Signature(...))
+        ``qpn``, ``start_psn``, ``timeout`` (cycles), ``retry_cnt``: a QP create.
+    completions : Out(stream.Signature(Completion))
+        To the CQE writer.
+    retransmit : Out(stream.Signature(Retransmit))
+        To the WQE parser.
+    naks, retransmits, timeouts, retry_exceeded : Out(1)
+        One strobe per event (counters).
+    """
+    def __init__(self, *, num_qps, num_cqs, depth=16):
+        if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
+            raise ValueError(f"num_qps must be a power of two >= 2, not {num_qps!r}")
+        if not isinstance(depth, int) or depth < 2 or depth & (depth - 1):
+            raise ValueError(f"depth must be a power of two >= 2, not {depth!r}")
+        self.num_qps, self.num_cqs, self.depth = num_qps, num_cqs, depth
+        cpl = Completion(num_qps, num_cqs)
+        super().__init__({
+            "sent": In(stream.Signature(cpl)),
+            "acks": In(stream.Signature(AckRecord)),
+            "packets": In(PacketNote(num_qps)),
+            "commit": In(stream.Signature(data.StructLayout({
+                "qpn": unsigned(qp_bits(num_qps)), "start_psn": unsigned(PSN_BITS),
+                "timeout": unsigned(32), "retry_cnt": unsigned(3)}))),
+            "completions": Out(stream.Signature(cpl)),
+            "retransmit": Out(stream.Signature(Retransmit(num_qps))),
+            "naks": Out(1), "retransmits": Out(1), "timeouts": Out(1), "retry_exceeded": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        qb, db = qp_bits(self.num_qps), (self.depth - 1).bit_length()
+        cpl_layout = Completion(self.num_qps, self.num_cqs)
+        state_layout = data.StructLayout({
+            "head": unsigned(db + 1), "tail": unsigned(db + 1),
+            "acked": unsigned(PSN_BITS),                     # last acknowledged PSN
+            "rs_index": unsigned(16), "rs_psn": unsigned(PSN_BITS),   # restart point
+            "last_index": unsigned(16), "has_last": unsigned(1),      # last WQE queued or released
+            "deadline": unsigned(32), "armed": unsigned(1), "retries": unsigned(3), "failed": unsigned(1),
+            "rtx_sent": unsigned(1),                         # a go-back since the last ACK progress
+            "rtx_pending": unsigned(1), "rtx_skip": unsigned(PSN_BITS),   # a retransmit not yet taken
+            "rtx_fail": unsigned(1), "rtx_syn": unsigned(8),
+            "timeout": unsigned(32), "retry_cnt": unsigned(3),
+        })
+        m.submodules.state = st_ram = Memory(shape=state_layout, depth=self.num_qps, init=[])
+        m.submodules.queue = q_ram = Memory(shape=cpl_layout, depth=self.num_qps * self.depth, init=[])
+        st_wr, st_rd = st_ram.write_port(), st_ram.read_port(transparent_for=())
+        q_wr, q_rd = q_ram.write_port(), q_ram.read_port(transparent_for=())
+        m.d.comb += [st_rd.en.eq(1), q_rd.en.eq(1)]
+        now = Signal(32)                                   # cycles, for the ACK timers
+        m.d.sync += now.eq(now + 1)
+        # The last PSN sent per QP: written by the transmit path (any cycle) and cleared by
+        # a QP create (never in the same cycle for one QP: a create waits until the QP is
+        # idle); read beside the state, for the ACK and the scan.
+        sent_layout = data.StructLayout({"valid": unsigned(1), "psn": unsigned(PSN_BITS), "time": unsigned(32)})
+        m.submodules.sent_psn = sent_ram = Memory(shape=sent_layout, depth=self.num_qps, init=[])
+        sp_wr, sp_clr, sp_rd = sent_ram.write_port(), sent_ram.write_port(), sent_ram.read_port(transparent_for=())
+        m.d.comb += [sp_rd.en.eq(1), sp_rd.addr.eq(st_rd.addr),
+                     sp_wr.en.eq(self.packets.valid), sp_wr.addr.eq(self.packets.qpn),
+                     sp_wr.data.valid.eq(1), sp_wr.data.psn.eq(self.packets.psn), sp_wr.data.time.eq(now)]
+        last_sent = Signal(sent_layout)
+        m.d.comb += last_sent.eq(sp_rd.data)
+
+
+        def covered(psn, acked):
+            # psn <= acked in serial arithmetic
+            return (acked - psn)[:PSN_BITS] < PSN_HALF
+
+        qpn = Signal(qb)
+        st = Signal(state_layout)       # the QP's state as read from RAM
+        st_reg = Signal(state_layout)   # the QP's state while releasing / retransmitting
+        ack = Signal(AckRecord)
+        cpl = Signal(cpl_layout)
+        scan = Signal(qb)               # the timer scanner's next QP
+        sent_first = Signal()           # ACKs and completions take turns when both wait
+        nak_rtx = Signal()              # after the release: a PSN-sequence NAK sends again
+        nak_fail = Signal()             # after the release: a fatal NAK fails the QP
+        rtx_from = Signal(PSN_BITS)
+        rtx_fail = Signal()             # the retransmit to send is a failure walk ...
+        rtx_syn = Signal(8)             # ... with this syndrome
+        rtx = self.retransmit
+        with m.If(rtx.valid & rtx.ready):
+            m.d.sync += rtx.valid.eq(0)
+        rtx_free = Signal()
+        m.d.comb += rtx_free.eq(~rtx.valid | rtx.ready)
+
+        # Two output registers: UC completions pass through their own, whatever the
+        # sequencer does (so a UC QP's CQE timing is the transmit path's alone); RC ones
+        # leave through the sequencer's. The UC one goes first when both are full.
+        out = stream.Signature(cpl_layout).create(path=("rc_out",))   # the sequencer's
+        uc_out = stream.Signature(cpl_layout).create(path=("uc_out",))
+        cmp = self.completions
+        m.d.comb += [
+            cmp.valid.eq(uc_out.valid | out.valid),
+            cmp.p.eq(Mux(uc_out.valid, uc_out.p.as_value(), out.p.as_value())),
+            uc_out.ready.eq(cmp.ready), out.ready.eq(cmp.ready & ~uc_out.valid),
+        ]
+        for s_ in (out, uc_out):
+            with m.If(s_.valid & s_.ready):
+                m.d.sync += s_.valid.eq(0)
+        out_free = Signal()
+        uc_free = Signal()
+        m.d.comb += [out_free.eq(~out.valid | out.ready), uc_free.eq(~uc_out.valid | uc_out.ready)]
+        sent_rc_ready = Signal()          # the sequencer takes the RC completion at the head
+        m.d.comb += self.sent.ready.eq(Mux(self.sent.p.uc, uc_free, sent_rc_ready))
+        with m.If(self.sent.valid & self.sent.p.uc & uc_free):
+            m.d.sync += [uc_out.valid.eq(1), uc_out.p.eq(self.sent.p)]
+
+        def write_state(value):
+            m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(qpn), st_wr.data.eq(value)]
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.commit.ready.eq(1)         # not dependent on valid: commits join others
+                with m.If(self.commit.valid):
+                    c = self.commit.p
+                    m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(c.qpn), st_wr.data.eq(0),
+                                 st_wr.data.acked.eq(c.start_psn - 1), st_wr.data.rs_psn.eq(c.start_psn),
+                                 st_wr.data.timeout.eq(c.timeout), st_wr.data.retry_cnt.eq(c.retry_cnt),
+                                 sp_clr.en.eq(1), sp_clr.addr.eq(c.qpn), sp_clr.data.eq(0)]
+                with m.Elif(self.acks.valid & ~(sent_first & self.sent.valid & ~self.sent.p.uc)):
+                    m.d.comb += [self.acks.ready.eq(1), st_rd.addr.eq(self.acks.p.qpn[:qb])]
+                    m.d.sync += [ack.eq(self.acks.p), qpn.eq(self.acks.p.qpn[:qb]), sent_first.eq(1)]
+                    m.next = "ACK"
+                with m.Elif(self.sent.valid & ~self.sent.p.uc):
+                    # (a full queue sends it back here: the ACKs that free it go next)
+                    m.d.comb += st_rd.addr.eq(self.sent.p.qpn)
+                    m.d.sync += [cpl.eq(self.sent.p), qpn.eq(self.sent.p.qpn), sent_first.eq(0)]
+                    m.next = "ENQUEUE"
+                with m.Else():
+                    m.d.comb += st_rd.addr.eq(scan)
+                    m.d.sync += [qpn.eq(scan), scan.eq(scan + 1)]
+                    m.next = "SCAN"
+
+            with m.State("ENQUEUE"):
+                m.d.comb += st.eq(st_rd.data)
+                empty = st.head == st.tail
+                full = (st.tail - st.head)[:db + 1] == self.depth
+                seen = st.has_last & ((cpl.index - st.last_index)[15] | (cpl.index == st.last_index))
+                nxt = Signal(state_layout)
+                m.d.comb += [nxt.eq(st), nxt.last_index.eq(cpl.index), nxt.has_last.eq(1)]
+                with m.If(st.failed):
+                    # the failure walk's error CQEs go out in order; a completion of a WQE
+                    # that was in the transmit path is dropped (the walk flushes its WQE)
+                    with m.If(~cpl.error):
+                        m.d.comb += sent_rc_ready.eq(1)
+                        m.next = "IDLE"
+                    with m.Elif(out_free):
+                        m.d.comb += sent_rc_ready.eq(1)
+                        m.d.sync += [out.valid.eq(1), out.p.eq(cpl)]
+                        m.next = "IDLE"
+                with m.Elif(seen):
+                    # a retransmitted WQE's second completion
+                    m.d.comb += sent_rc_ready.eq(1)
+                    m.next = "IDLE"
+                with m.Elif(empty & covered(cpl.psn, st.acked)):
+                    # already acknowledged (a NOP behind acknowledged work): out at once
+                    with m.If(out_free):
+                        m.d.comb += [sent_rc_ready.eq(1), nxt.rs_index.eq(cpl.next_index),
+                                     nxt.rs_psn.eq(cpl.psn + 1)]
+                        write_state(nxt)
+                        m.d.sync += [out.valid.eq(1), out.p.eq(cpl)]
+                        m.next = "IDLE"
+                with m.Elif(~full):
+                    m.d.comb += [sent_rc_ready.eq(1),
+                                 q_wr.en.eq(1), q_wr.addr.eq(Cat(st.tail[:db], qpn)), q_wr.data.eq(cpl),
+                                 nxt.tail.eq(st.tail + 1)]
+                    with m.If(~st.armed):
+                        m.d.comb += [nxt.deadline.eq(now + st.timeout), nxt.armed.eq(1)]   # the timer starts
+                    write_state(nxt)
+                    m.next = "IDLE"
+                with m.Else():
+                    m.next = "IDLE"          # full: try again after the ACKs waiting
+
+            with m.State("ACK"):
+                m.d.comb += st.eq(st_rd.data)
+                kind = ack.syndrome[5:7]
+                is_ack = kind == Aeth.KIND_ACK
+                is_seq_nak = ack.syndrome == Aeth.NAK_PSN_SEQ
+                is_nak = kind == Aeth.KIND_NAK
+                is_fatal = is_nak & ~is_seq_nak
+                m.d.comb += self.naks.eq(is_nak)
+                # an ACK acknowledges its PSN; a NAK every PSN before its PSN
+                upto = Signal(PSN_BITS)
+                m.d.comb += upto.eq(Mux(is_nak, ack.psn - 1, ack.psn))
+                newer = Signal()
+                m.d.comb += newer.eq((is_ack | is_nak) & ~covered(upto, st.acked) & ~st.failed)
+                nxt = Signal(state_layout)
+                m.d.comb += nxt.eq(st)
+                with m.If(newer):
+                    # progress: the timer starts afresh, or stops when every PSN sent is
+                    # acknowledged (a packet sent just now re-arms it at the scan)
+                    m.d.comb += [nxt.acked.eq(upto), nxt.retries.eq(0), nxt.deadline.eq(now + st.timeout),
+                                 nxt.armed.eq(last_sent.valid & ~covered(last_sent.psn, upto)), nxt.rtx_sent.eq(0)]
+                write_state(nxt)
+                fatal_syn = Signal(8)
+                with m.Switch(ack.syndrome):
+                    with m.Case(Aeth.NAK_INVALID_REQ):
+                        m.d.comb += fatal_syn.eq(Syndrome.REMOTE_INVAL_REQ_ERR)
+                    with m.Case(Aeth.NAK_REMOTE_ACCESS):
+                        m.d.comb += fatal_syn.eq(Syndrome.REMOTE_ACCESS_ERR)
+                    with m.Case(Aeth.NAK_REMOTE_OP):
+                        m.d.comb += fatal_syn.eq(Syndrome.REMOTE_OP_ERR)
+                    with m.Default():
+                        m.d.comb += fatal_syn.eq(Syndrome.BAD_RESP_ERR)
+                m.d.sync += [st_reg.eq(nxt), nak_rtx.eq(is_seq_nak & ~st.failed), nak_fail.eq(is_fatal & ~st.failed),
+                             rtx_from.eq(ack.psn), rtx_fail.eq(is_fatal), rtx_syn.eq(fatal_syn)]
+                m.d.comb += q_rd.addr.eq(Cat(st.head[:db], qpn))
+                m.next = "DRAIN"
+
+            with m.State("DRAIN"):
+                # st_reg is the QP's state; q_rd.data the head entry
+                head = q_rd.data
+                new_head = Signal(db + 1)
+                m.d.comb += new_head.eq(st_reg.head + 1)
+                with m.If((st_reg.head == st_reg.tail) | ~covered(head.psn, st_reg.acked)):
+                    m.next = "IDLE"
+                    with m.If(nak_rtx):
+                        m.next = "RETX"
+                    with m.If(nak_fail):
+                        # the rest of the queue is flushed by the failure walk
+                        m.d.sync += [st_reg.failed.eq(1), st_reg.head.eq(st_reg.tail)]
+                        m.next = "RETX"
+                with m.Elif(out_free):
+                    upd = Signal(state_layout)
+                    m.d.comb += [upd.eq(st_reg), upd.head.eq(new_head), upd.rs_index.eq(head.next_index),
+                                 upd.rs_psn.eq(head.psn + 1)]
+                    m.d.sync += [out.valid.eq(1), out.p.eq(head), st_reg.eq(upd)]
+                    write_state(upd)
+                    m.d.comb += q_rd.addr.eq(Cat(new_head[:db], qpn))
+                with m.Else():
+                    m.d.comb += q_rd.addr.eq(Cat(st_reg.head[:db], qpn))
+
+            with m.State("SCAN"):
+                m.d.comb += st.eq(st_rd.data)
+                waiting = Signal()              # completions or packets wait for an ACK
+                late = Signal()                 # ... and the armed timer ran out (mod 2^32)
+                m.d.comb += [
+                    waiting.eq(~st.failed & ((st.head != st.tail)
+                                             | (last_sent.valid & ~covered(last_sent.psn, st.acked)))),
+                    # (after a go-back, also a timeout after the QP's last packet sent: a
+                    # retransmission restarts the timer when it leaves, which is well after
+                    # the decision when the WQEs and payload are read again from GPU memory)
+                    late.eq(waiting & st.armed & ~(now - st.deadline)[31]
+                            & ~(st.rtx_sent & last_sent.valid & (now - (last_sent.time + st.timeout)[:32])[31])),
+                ]
+                with m.If(st.rtx_pending):
+                    # a retransmission the parser could not take when it was decided
+                    m.d.sync += [st_reg.eq(st), rtx_from.eq(st.rtx_skip), rtx_fail.eq(st.rtx_fail),
+                                 rtx_syn.eq(st.rtx_syn)]
+                    m.next = "RETX"
+                with m.Elif(late):
+                    nxt = Signal(state_layout)
+                    m.d.comb += [nxt.eq(st), nxt.retries.eq(st.retries + 1), nxt.deadline.eq(now + st.timeout)]
+                    m.d.comb += self.timeouts.eq(1)
+                    m.d.sync += [st_reg.eq(nxt), rtx_from.eq(st.acked + 1),
+                                 rtx_fail.eq(st.retries >= st.retry_cnt), rtx_syn.eq(Syndrome.TRANSPORT_RETRY_EXC_ERR)]
+                    with m.If(st.retries >= st.retry_cnt):
+                        # out of retries: fail the WQE of the first unacknowledged PSN
+                        m.d.comb += self.retry_exceeded.eq(1)
+                        m.d.sync += [st_reg.failed.eq(1), st_reg.head.eq(st.tail)]
+                    m.next = "RETX"
+                with m.Else():
+                    with m.If(waiting != st.armed):
+                        # arm the timer of a QP with packets waiting, disarm an idle one
+                        nxt = Signal(state_layout)
+                        m.d.comb += [nxt.eq(st), nxt.armed.eq(waiting), nxt.deadline.eq(now + st.timeout)]
+                        write_state(nxt)
+                    m.next = "IDLE"
+
+            with m.State("RETX"):
+                # Never wait here: the parser may be held up by the transmit path, which
+                # waits on the completions this sequencer takes. A retransmission the
+                # parser cannot take now is left pending in the QP's state for the scan.
+                upd = Signal(state_layout)
+                m.d.comb += [upd.eq(st_reg), upd.rtx_pending.eq(~rtx_free), upd.rtx_skip.eq(rtx_from),
+                             upd.rtx_fail.eq(rtx_fail), upd.rtx_syn.eq(rtx_syn),
+                             upd.rtx_sent.eq(st_reg.rtx_sent | (rtx_free & ~rtx_fail))]
+                write_state(upd)
+                with m.If(rtx_free):
+                    m.d.comb += self.retransmits.eq(~rtx_fail)
+                    m.d.sync += [rtx.valid.eq(1), rtx.p.qpn.eq(qpn), rtx.p.index.eq(st_reg.rs_index),
+                                 rtx.p.psn.eq(st_reg.rs_psn), rtx.p.skip_to.eq(rtx_from),
+                                 rtx.p.fail.eq(rtx_fail), rtx.p.syndrome.eq(rtx_syn)]
+                m.next = "IDLE"
+        return m

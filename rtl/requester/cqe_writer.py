@@ -1,0 +1,112 @@
+"""CQE writer: mlx5 CQE64 writeback into ring or collapsed CQs in GPU memory."""
+from amaranth.hdl import *
+from amaranth.lib import wiring, data, stream
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from spec import formats as F
+from rtl.common.axi import AxiWriteSignature
+from rtl.common.contexts import CqConfig, CqEntry, cq_bits
+from rtl.common.headers import header_layout, be
+from rtl.common.records import Completion
+
+__all__ = ["CqeWriter"]
+
+Cqe64 = header_layout(F.CQE64)
+assert Cqe64.size == 8 * F.CQE_SIZE
+
+
+class CqeWriter(wiring.Component):
+    """Writes one CQE64 per completion.
+
+    CQE number k of a CQ (its producer count) goes to slot ``k & (depth - 1)`` of a
+    ring CQ or to slot 0 of a collapsed CQ (NVSHMEM's choice), with the owner bit
+    ``(k >> log_depth) & 1`` so it flips on every wrap. The CQ contexts and
+    producer counts live in a RAM; the CPU's commit takes priority.
+
+    Members
+    -------
+    completions : In(stream.Signature(Completion))
+    commit : In(stream.Signature({cqn, cfg}))
+    dma : Out(AxiWriteSignature)      AWID 0, one 64-byte write per CQE.
+    written, errors : Out(1)          strobes for the counters.
+    """
+    def __init__(self, *, num_qps, num_cqs, data_width=1024, id_width=4):
+        if num_cqs < 2:
+            raise ValueError(f"num_cqs must be at least 2, not {num_cqs}")
+        self.num_cqs, self.data_width = num_cqs, data_width
+        commit = data.StructLayout({"cqn": unsigned(cq_bits(num_cqs)), "cfg": CqConfig})
+        super().__init__({
+            "completions": In(stream.Signature(Completion(num_qps, num_cqs))),
+            "commit": In(stream.Signature(commit)),
+            "dma": Out(AxiWriteSignature(addr_width=64, data_width=data_width, id_width=id_width)),
+            "written": Out(1), "errors": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        dma = self.dma
+        m.submodules.ram = ram = Memory(shape=CqEntry, depth=self.num_cqs, init=[])
+        rd, wr = ram.read_port(), ram.write_port()
+        m.d.comb += rd.en.eq(0)          # read ports default to always enabled; hold the data instead
+        cpl = Signal.like(self.completions.p)
+        entry = Signal(CqEntry)
+        m.d.comb += entry.eq(rd.data)
+
+        cfg = entry.cfg
+        slot = Signal(16)
+        m.d.comb += slot.eq(Mux(cfg.collapsed, 0, entry.count & ((1 << cfg.log_depth) - 1)))
+        owner = Signal()
+        m.d.comb += owner.eq((entry.count >> cfg.log_depth)[0])
+        addr = Signal(64)
+        m.d.comb += addr.eq(cfg.base + (slot << 6))
+
+        cqe = Signal(Cqe64)
+        opcode = Mux(cpl.error, F.CqeOp.REQ_ERR, F.CqeOp.REQ)
+        m.d.comb += [
+            cqe.byte_cnt.eq(be(Mux(cpl.error, 0, cpl.byte_cnt), 4)),
+            cqe.syndrome.eq(Mux(cpl.error, cpl.syndrome, 0)),
+            cqe.sop_drop_qpn.eq(be(cpl.qpn, 4)),
+            cqe.wqe_counter.eq(be(cpl.index, 2)),
+            cqe.op_own.eq(Cat(owner, C(0, 3), opcode.as_unsigned()[:4])),
+        ]
+        per_beat = self.data_width // (8 * F.CQE_SIZE)
+        lane = addr[6:6 + max(1, (per_beat - 1).bit_length())] if per_beat > 1 else C(0, 1)
+        m.d.comb += [
+            dma.awid.eq(0), dma.awaddr.eq(addr), dma.awlen.eq(0), dma.awsize.eq(6), dma.awburst.eq(1),
+            dma.awcache.eq(0b0011),
+            dma.wdata.eq(cqe.as_value().replicate(per_beat)),
+            dma.wstrb.eq(Const((1 << F.CQE_SIZE) - 1, self.data_width // 8) << (lane * F.CQE_SIZE)),
+            dma.wlast.eq(1), dma.bready.eq(1),
+        ]
+        aw_done, w_done = Signal(), Signal()
+        new = Signal(CqEntry)
+        m.d.comb += [wr.data.eq(new), new.eq(entry)]
+        wr_addr = Signal.like(wr.addr)
+        m.d.comb += wr.addr.eq(wr_addr)
+        commit_p = Signal.like(self.commit.p)
+
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.commit.valid):
+                    m.d.comb += self.commit.ready.eq(1)
+                    m.d.sync += commit_p.eq(self.commit.p)
+                    m.next = "COMMIT"
+                with m.Elif(self.completions.valid):
+                    m.d.comb += [self.completions.ready.eq(1), rd.addr.eq(self.completions.p.cqn), rd.en.eq(1)]
+                    m.d.sync += [cpl.eq(self.completions.p), wr_addr.eq(self.completions.p.cqn),
+                                 aw_done.eq(0), w_done.eq(0)]
+                    m.next = "WRITE"
+            with m.State("COMMIT"):
+                m.d.comb += [wr.addr.eq(commit_p.cqn), new.cfg.eq(commit_p.cfg), new.count.eq(0), wr.en.eq(1)]
+                m.next = "IDLE"
+            with m.State("WRITE"):
+                m.d.comb += [dma.awvalid.eq(~aw_done), dma.wvalid.eq(~w_done)]
+                aw_now = aw_done | dma.awready
+                w_now = w_done | dma.wready
+                m.d.sync += [aw_done.eq(aw_now), w_done.eq(w_now)]
+                with m.If(aw_now & w_now):
+                    m.d.comb += [new.count.eq(entry.count + 1), wr.en.eq(1),
+                                 self.written.eq(1), self.errors.eq(cpl.error)]
+                    m.next = "IDLE"
+        return m

@@ -1,0 +1,34 @@
+"""The message descriptor that flows from the WQE parser to the packet builder."""
+from amaranth.hdl import unsigned
+from amaranth.lib import data, enum
+
+from rtl.common.contexts import QpConfig, qp_bits
+
+__all__ = ["MessageKind", "Message"]
+
+
+class MessageKind(enum.Enum, shape=2):
+    WRITE = 0      # RDMA WRITE: packets, then a CQE if signaled
+    NOP = 1        # no packets, a CQE if signaled
+    ERROR = 2      # malformed or unsupported WQE: no packets, an error CQE, QP to error
+
+
+def Message(num_qps, num_cqs):
+    return data.StructLayout({
+        "qpn":      unsigned(qp_bits(num_qps)),
+        "cfg":      QpConfig(num_cqs),
+        "kind":     MessageKind,
+        "signaled": unsigned(1),
+        "index":    unsigned(16),     # WQE index = CQE wqe_counter
+        "raddr":    unsigned(64),
+        "rkey":     unsigned(32),
+        "length":   unsigned(32),
+        "inline":   unsigned(1),      # payload from the WQE itself (inline segment)
+        "addr":     unsigned(64),     # payload address in GPU memory (data segment)
+        "psn":      unsigned(24),     # PSN of the first packet
+        "resume":   unsigned(1),      # a retransmission from inside the WQE: no FIRST packet
+        "next_index": unsigned(16),   # WQE index after this WQE (the requester's restart point)
+        "syndrome": unsigned(8),      # ERROR: the CQE syndrome (spec.formats.Syndrome)
+    })
+
+

@@ -1,0 +1,285 @@
+"""Packet builder: messages -> RoCEv2 RDMA WRITE frames (ICRC left as zeros)."""
+from amaranth.hdl import *
+from amaranth.lib import wiring, stream
+from amaranth.lib.wiring import In, Out
+
+from spec import formats as F
+from rtl.common.headers import RoceWriteHeader, be, drive_roce_headers
+from rtl.common.records import Completion, PacketNote
+from rtl.requester.message import Message, MessageKind
+from rtl.common.tx_beat import TxBeat, SEGMENT as SEG
+
+__all__ = ["PacketBuilder"]
+
+BEAT = 128
+
+
+class PacketBuilder(wiring.Component):
+    """Splits each WRITE at the path MTU and builds its frames.
+
+    Packets: ONLY (length <= MTU) or FIRST, MIDDLE..., LAST, one PSN each, the RETH
+    on FIRST/ONLY, AckReq on LAST/ONLY. The payload comes from the payload fetch
+    (raw beats, the data starting at ``addr % 128``) or from the WQE (inline beats,
+    starting at byte 36). An aligner cuts the raw beats into chunks at packet
+    boundaries and a packer shifts each chunk behind the header, so every frame
+    leaves as full 128-byte beats and a partial last beat; 4 zero bytes are
+    reserved at the end for the ICRC, which the next block fills in.
+
+    NOP and ERROR messages produce a marker beat (``frame = 0``) that carries their
+    completion through the same ordered path, so CQEs never overtake packets.
+
+    Members
+    -------
+    messages : In(stream.Signature(Message))
+    payload, inline : In(stream.Signature(1024))
+    port_mac, port_ip : In
+    frames : Out(stream.Signature(TxBeat))
+    sent : Out(PacketNote)
+        Strobe when an RC QP's packet has been packed (its last bytes out or held), with
+        its PSN: for the completion tracker's ACK timer.
+    """
+    def __init__(self, *, num_qps, num_cqs):
+        self.num_qps, self.num_cqs = num_qps, num_cqs
+        super().__init__({
+            "messages": In(stream.Signature(Message(num_qps, num_cqs))),
+            "payload": In(stream.Signature(8 * BEAT)),
+            "inline": In(stream.Signature(8 * BEAT)),
+            "port_mac": In(48), "port_ip": In(32),
+            "frames": Out(stream.Signature(TxBeat(num_qps, num_cqs))),
+            "sent": Out(PacketNote(num_qps)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        msg = Signal.like(self.messages.p)
+        out = self.frames
+
+        mtu = Signal(13)
+        m.d.comb += mtu.eq(128 << msg.cfg.mtu)
+        msg_left = Signal(32)        # payload bytes of the message not yet packed
+        pkt_left = Signal(13)        # payload bytes of the current packet not yet packed
+        pkt_len = Signal(13)
+        pkt_first = Signal()         # first packet of the message
+        pkt_start = Signal()         # no byte of the current packet packed yet
+        psn = Signal(24)
+        pos = Signal(range(BEAT))    # read position in the current raw beat
+
+        # ---- header of the current packet --------------------------------------------
+        is_last_pkt = Signal()       # registered at each packet's start
+        rest = Signal(32)            # message bytes after the current packet
+        opcode = Signal(8)
+        with m.If(pkt_first & is_last_pkt):
+            m.d.comb += opcode.eq(F.Op.WRITE_ONLY)
+        with m.Elif(pkt_first):
+            m.d.comb += opcode.eq(F.Op.WRITE_FIRST)
+        with m.Elif(is_last_pkt):
+            m.d.comb += opcode.eq(F.Op.WRITE_LAST)
+        with m.Else():
+            m.d.comb += opcode.eq(F.Op.WRITE_MIDDLE)
+        hlen = Signal(8)
+        m.d.comb += hlen.eq(Mux(pkt_first, F.HDR_LEN_RETH, F.HDR_LEN_NO_RETH))
+        flen = Signal(16)
+        m.d.comb += flen.eq(hlen + pkt_len + F.ICRC_LEN)
+
+        hdr = Signal(RoceWriteHeader)
+        drive_roce_headers(m, hdr, dmac=msg.cfg.dmac, smac=self.port_mac, sip=self.port_ip, dip=msg.cfg.dip,
+                           flen=flen, src_qpn=msg.qpn, opcode=opcode, dqpn=msg.cfg.remote_qpn,
+                           ackreq=Mux(is_last_pkt, 0x80, 0), psn=psn)
+        m.d.comb += [
+            hdr.reth.va.eq(be(msg.raddr, 8)), hdr.reth.rkey.eq(be(msg.rkey, 4)),
+            hdr.reth.dma_len.eq(be(msg.length, 4)),
+        ]
+        hdr_bytes = Signal(8 * BEAT)
+        m.d.comb += hdr_bytes.eq(Mux(pkt_first, hdr.as_value(), hdr.as_value()[:8 * F.HDR_LEN_NO_RETH]))
+
+        # ---- aligner: next chunk of the current packet ---------------------------------
+        raw_valid = Signal()
+        raw_data = Signal(8 * BEAT)
+        raw_ready = Signal()
+        with m.If(msg.inline):
+            m.d.comb += [raw_valid.eq(self.inline.valid), raw_data.eq(self.inline.p),
+                         self.inline.ready.eq(raw_ready)]
+        with m.Else():
+            m.d.comb += [raw_valid.eq(self.payload.valid), raw_data.eq(self.payload.p),
+                         self.payload.ready.eq(raw_ready)]
+        avail = Signal(range(BEAT + 1))
+        m.d.comb += avail.eq(BEAT - pos)
+        n = Signal(range(BEAT + 1))
+        m.d.comb += n.eq(Mux(pkt_left < avail, pkt_left, avail))
+        chunk = Signal(8 * BEAT)
+        ones = Const((1 << (8 * BEAT)) - 1, 8 * BEAT)
+        m.d.comb += chunk.eq((raw_data >> (pos * 8)) & (ones >> ((BEAT - n) * 8).as_unsigned()))
+        chunk_last = Signal()        # chunk ends the packet
+        m.d.comb += chunk_last.eq(n == pkt_left)
+
+        # ---- held tail -------------------------------------------------------------------
+        # A packet whose last beat has at most 64 bytes leaves that beat in ``hold``; the
+        # next packet's header is packed behind it at lane 64 when its first chunk is
+        # there in the next cycle and fills the beat, else the tail goes out alone.
+        held = Signal()
+        hold = Signal(8 * SEG)
+        hold_n = Signal(range(SEG + 1))
+        hold_flen = Signal(16)
+        hold_cpl_valid = Signal()
+        hold_cpl = Signal(Completion(self.num_qps, self.num_cqs))
+
+        # ---- packer ---------------------------------------------------------------------------
+        has = Signal()               # the current chunk's data is here (or none is needed)
+        need_raw = pkt_left != 0
+        m.d.comb += has.eq(~need_raw | raw_valid)
+        merge = Signal()             # this cycle packs the packet's first chunk behind the held tail
+        m.d.comb += merge.eq(held & pkt_start & has & (flen > SEG + F.ICRC_LEN)
+                             & (SEG + hlen + n + Mux(chunk_last, F.ICRC_LEN, 0) >= BEAT))
+        # A packet started at lane 64 carries up to 64 + 70 header bytes ahead of its
+        # payload, so the residual may exceed a beat (at most 138 bytes, steady).
+        residual = Signal(16 * BEAT)
+        rcount = Signal(range(2 * BEAT))
+        base = Signal(16 * BEAT)
+        base_count = Signal(range(2 * BEAT))
+        with m.If(~pkt_start):
+            m.d.comb += [base.eq(residual), base_count.eq(rcount)]
+        with m.Elif(merge):
+            m.d.comb += [base.eq(hold | (hdr_bytes << (8 * SEG))), base_count.eq(SEG + hlen)]
+        with m.Else():
+            m.d.comb += [base.eq(hdr_bytes), base_count.eq(hlen)]
+        combined = Signal(24 * BEAT)
+        m.d.comb += combined.eq(base | (chunk << (base_count * 8)))
+        total = Signal(range(3 * BEAT + F.ICRC_LEN + 1))
+        m.d.comb += total.eq(base_count + n + Mux(chunk_last, F.ICRC_LEN, 0))
+
+        # Flush: bytes of a finished packet still to send.
+        flush = Signal(16 * BEAT)
+        flush_left = Signal(range(2 * BEAT + F.ICRC_LEN + 1))
+
+        cur_cpl = Signal(Completion(self.num_qps, self.num_cqs))
+        m.d.comb += [
+            cur_cpl.qpn.eq(msg.qpn), cur_cpl.cqn.eq(msg.cfg.cqn), cur_cpl.index.eq(msg.index),
+            cur_cpl.byte_cnt.eq(msg.length), cur_cpl.error.eq(msg.kind == MessageKind.ERROR),
+            cur_cpl.psn.eq(Mux(msg.kind == MessageKind.WRITE, psn, psn - 1)), cur_cpl.uc.eq(msg.cfg.uc),
+            cur_cpl.next_index.eq(msg.next_index), cur_cpl.syndrome.eq(msg.syndrome),
+            out.p.cpl.eq(cur_cpl), out.p.flen.eq(flen),
+        ]
+        msg_cpl = Signal()
+        m.d.comb += msg_cpl.eq(msg.signaled | (msg.kind == MessageKind.ERROR))
+
+        def hold_tail(data, count):
+            m.d.sync += [held.eq(1), hold.eq(data[:8 * SEG]), hold_n.eq(count), hold_flen.eq(flen),
+                         hold_cpl_valid.eq(msg_cpl & is_last_pkt), hold_cpl.eq(cur_cpl)]
+
+        def emit_held():
+            # the held tail alone, as its frame's last beat
+            m.d.comb += [out.valid.eq(1), out.p.frame.eq(1), out.p.data.eq(hold), out.p.last.eq(1),
+                         out.p.nbytes.eq(hold_n), out.p.flen.eq(hold_flen),
+                         out.p.cpl_valid.eq(hold_cpl_valid), out.p.cpl.eq(hold_cpl)]
+            with m.If(out.ready):
+                m.d.sync += held.eq(0)
+
+        def take_message():
+            # Load the next descriptor; called in MESSAGE and in the cycle a message's
+            # last beat leaves, so back-to-back one-beat frames leave one per cycle.
+            m.d.comb += self.messages.ready.eq(1)
+            m.next = "MESSAGE"
+            with m.If(self.messages.valid):
+                p = self.messages.p
+                first_len = Mux(p.length <= (128 << p.cfg.mtu), p.length, 128 << p.cfg.mtu)
+                m.d.sync += [
+                    msg.eq(p), msg_left.eq(p.length), pkt_len.eq(first_len), pkt_left.eq(first_len),
+                    rest.eq(p.length - first_len), is_last_pkt.eq(p.length == first_len),
+                    pkt_first.eq(~p.resume), pkt_start.eq(1), psn.eq(p.psn),
+                    pos.eq(Mux(p.inline, 36, p.addr[:7])),
+                ]
+                with m.If(p.kind == MessageKind.WRITE):
+                    m.next = "PACKET"
+                with m.Elif(p.signaled | (p.kind == MessageKind.ERROR)):
+                    m.next = "MARKER"
+
+        def next_packet():
+            # after the last chunk of a packet has been packed
+            m.d.comb += [self.sent.valid.eq(~msg.cfg.uc), self.sent.qpn.eq(msg.qpn), self.sent.psn.eq(psn)]
+            with m.If(is_last_pkt):
+                take_message()
+            with m.Else():
+                nxt = Mux(rest <= mtu, rest, mtu)
+                m.d.sync += [pkt_first.eq(0), psn.eq(psn + 1), pkt_start.eq(1),
+                             pkt_len.eq(nxt), pkt_left.eq(nxt), rest.eq(rest - nxt),
+                             is_last_pkt.eq(rest - nxt == 0)]
+                m.next = "PACKET"
+
+        with m.FSM():
+            with m.State("MESSAGE"):
+                with m.If(held):
+                    emit_held()
+                take_message()
+            with m.State("MARKER"):
+                # completions stay in order: a held tail goes first
+                with m.If(held):
+                    emit_held()
+                with m.Else():
+                    m.d.comb += [out.valid.eq(1), out.p.frame.eq(0), out.p.last.eq(1), out.p.cpl_valid.eq(1)]
+                    with m.If(out.ready):
+                        take_message()
+            with m.State("PACKET"):
+                with m.If(held & pkt_start & ~merge):
+                    emit_held()
+                with m.Else():
+                    emit = Signal()
+                    m.d.comb += emit.eq(total >= BEAT)
+                    hold_now = Signal()
+                    m.d.comb += hold_now.eq(chunk_last & (total <= SEG))
+                    fires = Signal()
+                    m.d.comb += fires.eq(emit | (chunk_last & ~hold_now))
+                    m.d.comb += [out.p.frame.eq(1), out.p.data.eq(combined[:8 * BEAT])]
+                    with m.If(has):
+                        m.d.comb += out.valid.eq(fires)
+                        with m.If(merge):
+                            # the held tail ends its frame in lanes 0..63, this packet starts at 64
+                            m.d.comb += [out.p.last.eq(1), out.p.nbytes.eq(hold_n), out.p.flen.eq(hold_flen),
+                                         out.p.sop_hi.eq(1), out.p.flen_hi.eq(flen),
+                                         # by definition; 0 here, as only packets over 68 bytes merge
+                                         out.p.end_hi.eq(flen <= SEG),
+                                         out.p.cpl_valid.eq(hold_cpl_valid), out.p.cpl.eq(hold_cpl)]
+                        with m.Elif(chunk_last & (total <= BEAT)):
+                            m.d.comb += [out.p.last.eq(1), out.p.nbytes.eq(total),
+                                         out.p.cpl_valid.eq(msg_cpl & is_last_pkt)]
+                        with m.Else():
+                            m.d.comb += out.p.nbytes.eq(BEAT)
+                    with m.If(has & (~fires | out.ready)):
+                        # take the chunk
+                        with m.If(need_raw & ((pos + n == BEAT) | (n == msg_left))):
+                            m.d.comb += raw_ready.eq(1)
+                        m.d.sync += [pos.eq(pos + n), msg_left.eq(msg_left - n), pkt_left.eq(pkt_left - n),
+                                     pkt_start.eq(0)]
+                        with m.If(merge):
+                            m.d.sync += held.eq(0)
+                        with m.If(emit):
+                            m.d.sync += [residual.eq(combined[8 * BEAT:]), rcount.eq(total - BEAT)]
+                        with m.Else():
+                            m.d.sync += [residual.eq(combined[:16 * BEAT]), rcount.eq(total)]
+                        with m.If(chunk_last):
+                            with m.If(total > BEAT + SEG):
+                                m.d.sync += [flush.eq(combined[8 * BEAT:]), flush_left.eq(total - BEAT)]
+                                m.next = "FLUSH"
+                            with m.Elif(total > BEAT):
+                                # the beat goes out, the last <= 64 bytes are held at once
+                                hold_tail(combined[8 * BEAT:], total - BEAT)
+                                next_packet()
+                            with m.Else():
+                                with m.If(hold_now):
+                                    hold_tail(combined, total)
+                                next_packet()
+            with m.State("FLUSH"):
+                final = flush_left <= BEAT
+                hold_now = final & (flush_left <= SEG)
+                m.d.comb += [out.valid.eq(~hold_now), out.p.frame.eq(1), out.p.data.eq(flush[:8 * BEAT])]
+                with m.If(final):
+                    m.d.comb += [out.p.last.eq(1), out.p.nbytes.eq(flush_left),
+                                 out.p.cpl_valid.eq(msg_cpl & is_last_pkt)]
+                with m.Else():
+                    m.d.comb += out.p.nbytes.eq(BEAT)
+                with m.If(hold_now | out.ready):
+                    m.d.sync += [flush.eq(flush >> (8 * BEAT)), flush_left.eq(flush_left - BEAT)]
+                    with m.If(hold_now):
+                        hold_tail(flush, flush_left)
+                    with m.If(final):
+                        next_packet()
+        return m

@@ -1,0 +1,107 @@
+"""Payload fetch: AXI4 burst reads of the data-pointer payloads, ahead of the builder."""
+from amaranth.hdl import *
+from amaranth.lib import wiring, stream, fifo
+from amaranth.lib.wiring import In, Out
+
+from rtl.common.axi import AxiReadSignature
+from rtl.requester.message import Message, MessageKind
+
+__all__ = ["PayloadFetch"]
+
+
+class PayloadFetch(wiring.Component):
+    """Issues the reads of each message's payload and passes the message on.
+
+    A message is passed to the builder when taken, then its payload is read as
+    128-byte-aligned beats covering ``[addr, addr + length)``, in INCR bursts of
+    at most ``max_burst_beats`` that never cross a 4 KiB boundary (AXI rule). A
+    burst is issued only when the payload buffer has room for all its beats, so
+    the read data channel never stalls; the buffer depth is the most data in flight.
+
+    Parameters
+    ----------
+    num_qps, num_cqs : int
+    buffer_beats : int
+        Payload buffer depth in data beats.
+    max_burst_beats : int
+        Longest AXI burst (power of two, at most 4096 / beat bytes).
+
+    Members
+    -------
+    messages_in : In(stream.Signature(Message))
+    messages_out : Out(stream.Signature(Message))
+    payload : Out(stream.Signature(1024))
+        Raw aligned beats, in message order.
+    dma : Out(AxiReadSignature)    ARID 1.
+    """
+    def __init__(self, *, num_qps, num_cqs, buffer_beats=64, max_burst_beats=32,
+                 data_width=1024, id_width=4):
+        beat = data_width // 8
+        if max_burst_beats < 1 or max_burst_beats & (max_burst_beats - 1) or max_burst_beats * beat > 4096:
+            raise ValueError(f"max_burst_beats must be a power of two with bursts <= 4 KiB, "
+                             f"not {max_burst_beats}")
+        if buffer_beats < max_burst_beats:
+            raise ValueError(f"buffer_beats ({buffer_beats}) must hold one burst ({max_burst_beats})")
+        self.buffer_beats, self.max_burst_beats, self.data_width = buffer_beats, max_burst_beats, data_width
+        msg = Message(num_qps, num_cqs)
+        super().__init__({
+            "messages_in": In(stream.Signature(msg)),
+            "messages_out": Out(stream.Signature(msg)),
+            "payload": Out(stream.Signature(data_width)),
+            "dma": Out(AxiReadSignature(addr_width=64, data_width=data_width, id_width=id_width)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        dma = self.dma
+        beat_shift = (self.data_width // 8 - 1).bit_length()          # 7
+        m.submodules.buf = buf = fifo.SyncFIFOBuffered(width=self.data_width, depth=self.buffer_beats)
+
+        credits = Signal(range(self.buffer_beats + 1))    # beats reserved in the buffer
+        issued = Signal(range(self.max_burst_beats + 1))
+        m.d.sync += credits.eq(credits + issued - (buf.r_rdy & buf.r_en))
+
+        addr = Signal(64)            # next beat address (aligned)
+        beats = Signal(32)           # beats still to request
+        to_4k = Signal(range(4096 // (1 << beat_shift) + 1))
+        m.d.comb += to_4k.eq((4096 - addr[:12]) >> beat_shift)
+        by_len = Signal(range(self.max_burst_beats + 1))
+        m.d.comb += by_len.eq(Mux(beats < self.max_burst_beats, beats, self.max_burst_beats))
+        burst = Signal(range(self.max_burst_beats + 1))
+        m.d.comb += burst.eq(Mux(to_4k < by_len, to_4k, by_len))
+
+        msg = self.messages_in.p
+        needs_dma = (msg.kind == MessageKind.WRITE) & ~msg.inline & (msg.length != 0)
+        first_beat = msg.addr & ~((1 << beat_shift) - 1)
+        last_byte = msg.addr + msg.length - 1
+        nbeats = ((last_byte >> beat_shift) - (msg.addr >> beat_shift) + 1)[:32]
+
+        m.d.comb += [
+            dma.arid.eq(1), dma.araddr.eq(addr), dma.arlen.eq(burst - 1), dma.arsize.eq(beat_shift),
+            dma.arburst.eq(1), dma.arcache.eq(0b0011),
+            self.messages_out.p.eq(msg),
+        ]
+        # One burst per cycle; the next message is taken in the cycle of the last burst.
+        busy = Signal()
+        fire = Signal()
+        m.d.comb += [dma.arvalid.eq(busy & (credits + burst <= self.buffer_beats)),
+                     fire.eq(dma.arvalid & dma.arready)]
+        free = Signal()
+        m.d.comb += [
+            free.eq(~busy | (fire & (beats == burst))),
+            self.messages_out.valid.eq(self.messages_in.valid & free),
+            self.messages_in.ready.eq(self.messages_out.ready & free),
+        ]
+        with m.If(fire):
+            m.d.comb += issued.eq(burst)
+            m.d.sync += [addr.eq(addr + (burst << beat_shift)), beats.eq(beats - burst)]
+            with m.If(beats == burst):
+                m.d.sync += busy.eq(0)
+        with m.If(self.messages_in.valid & self.messages_in.ready & needs_dma):
+            m.d.sync += [addr.eq(first_beat), beats.eq(nbeats), busy.eq(1)]
+
+        m.d.comb += [
+            dma.rready.eq(1), buf.w_en.eq(dma.rvalid), buf.w_data.eq(dma.rdata),
+            self.payload.valid.eq(buf.r_rdy), self.payload.p.eq(buf.r_data), buf.r_en.eq(self.payload.ready),
+        ]
+        return m

@@ -1,0 +1,216 @@
+"""QP context table and the weighted round-robin scheduler of QPs with work."""
+from amaranth.hdl import *
+from amaranth.lib import wiring, data, stream, fifo
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from spec import formats as F
+from spec.formats import QpState
+from rtl.common.contexts import QpConfig, QpEntry, qp_bits
+from rtl.common.records import DoorbellEvent
+
+__all__ = ["QpTable", "FetchJob", "QpUpdate", "QpCommit"]
+
+
+def FetchJob(num_qps, num_cqs, max_burst):
+    """A burst of one QP for the WQE fetch: ``count`` WQEBBs from ``ci``.
+
+    The burst owns the WQEs that start in its first ``own`` WQEBBs. When the QP has
+    more posted than its quantum, up to ``MAX_WQEBBS - 1`` more are read so that the
+    last owned WQE is whole; the next burst starts at ``ci + own`` and the parser
+    skips what it already took.
+    """
+    width = (max_burst + F.MAX_WQEBBS - 1).bit_length()
+    return data.StructLayout({
+        "qpn": unsigned(qp_bits(num_qps)), "cfg": QpConfig(num_cqs),
+        "ci": unsigned(16), "count": unsigned(width), "own": unsigned(width),
+        "bf": unsigned(1),               # BlueFlame: the WQEBB comes with the doorbell, no read
+    })
+
+
+def QpUpdate(num_qps):
+    """From the WQE parser, only when a burst went wrong: a WQE ran past the WQEBBs
+    posted when the burst was scheduled (fetch again from ``ci`` once more is posted:
+    ``end`` is where the burst ended) or a WQE was malformed (``error``: QP to ERR)."""
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "ci": unsigned(16), "end": unsigned(16),
+                              "error": unsigned(1)})
+
+
+def QpCommit(num_qps, num_cqs):
+    """A context write from the control path; ``reset`` also clears the indices (create)."""
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "cfg": QpConfig(num_cqs),
+                              "reset": unsigned(1)})
+
+
+class QpTable(wiring.Component):
+    """Per-QP context in one RAM, updated by one read-modify-write sequencer.
+
+    The CPU commits contexts; doorbells raise the producer index ``pi``; bursts go
+    out to the WQE fetch as ``jobs`` and advance the fetch index ``fi``. A QP with
+    work sits once in a FIFO of QP numbers: each turn it gets one burst of up to
+    ``weight x quantum`` WQEBBs and, if it has more, goes to the back of the FIFO.
+    That is weighted round robin at WQEBB granularity, with state in RAM only, so it
+    scales with the RAM. Bursts of one QP may be in flight back to back: the fetch
+    and the parser keep them in order.
+
+    A burst ends at a doorbell's limit (a WQE boundary) or, when the quantum cuts the
+    QP's work, reads up to three WQEBBs beyond it so that its last WQE is whole (see
+    :func:`FetchJob`). Only a WQE that runs past the doorbell's limit is cut: the
+    parser reports it on ``updates``, ``fi`` goes back to it, and it is fetched again
+    when more is posted (the parser discards the bursts in flight behind it).
+
+    Every operation takes two cycles (RAM read, then write); priority is commit,
+    update, doorbell, schedule.
+
+    Parameters
+    ----------
+    num_qps, num_cqs : int
+    quantum : int
+        WQEBBs per turn for weight 1.
+    max_weight : int
+
+    Members
+    -------
+    commit : In(stream.Signature(QpCommit))
+    doorbells : In(stream.Signature(DoorbellEvent))
+    updates : In(stream.Signature(QpUpdate))
+    jobs : Out(stream.Signature(FetchJob))
+        Its consumer must keep ``ready`` high once high until it takes a job (a FIFO).
+    bf_wqebbs : Out(stream.Signature(512))
+        The WQEBB of each BlueFlame job, in job order, for the parser.
+    db_dropped : Out(1)
+        Strobe: a doorbell for a QP that is not in RTS was ignored.
+
+    A BlueFlame doorbell whose WQE is the QP's only work (nothing pending, the WQE is
+    the next WQEBB) becomes a job at once, without the round-robin queue, and its
+    WQEBB goes to the parser: no read. Otherwise it counts as a plain doorbell (the
+    WQE is in GPU memory too) and waits its turn.
+    """
+    def __init__(self, *, num_qps, num_cqs, quantum=32, max_weight=15):
+        if num_qps < 2:
+            raise ValueError(f"num_qps must be at least 2, not {num_qps}")
+        if not 1 <= quantum <= 256:
+            raise ValueError(f"quantum must be 1..256 WQEBBs, not {quantum}")
+        if not 1 <= max_weight <= 15:
+            raise ValueError(f"max_weight must be 1..15 (a 4-bit field), not {max_weight}")
+        self.num_qps, self.num_cqs, self.quantum, self.max_weight = num_qps, num_cqs, quantum, max_weight
+        self.max_burst = quantum * max_weight
+        super().__init__({
+            "commit": In(stream.Signature(QpCommit(num_qps, num_cqs))),
+            "doorbells": In(stream.Signature(DoorbellEvent(num_qps))),
+            "updates": In(stream.Signature(QpUpdate(num_qps))),
+            "jobs": Out(stream.Signature(FetchJob(num_qps, num_cqs, self.max_burst))),
+            "bf_wqebbs": Out(stream.Signature(8 * F.WQEBB)),
+            "db_dropped": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        layout = QpEntry(self.num_cqs)
+        m.submodules.ram = ram = Memory(shape=layout, depth=self.num_qps, init=[])
+        rd = ram.read_port()
+        m.d.comb += rd.en.eq(0)          # read ports default to always enabled; hold the data instead
+        wr = ram.write_port()
+        m.submodules.active = active = fifo.SyncFIFOBuffered(width=qp_bits(self.num_qps),
+                                                             depth=self.num_qps)
+
+        op = Signal(range(4))               # 0 commit, 1 update, 2 doorbell, 3 schedule
+        qpn = Signal(qp_bits(self.num_qps))
+        commit_p = Signal.like(self.commit.p)
+        update_p = Signal.like(self.updates.p)
+        limit = Signal(16)
+        bf = Signal()
+        bf_data = Signal(8 * F.WQEBB)
+
+        entry = Signal(layout)
+        m.d.comb += [entry.eq(rd.data), wr.addr.eq(qpn)]
+        new = Signal(layout)
+        m.d.comb += wr.data.eq(new)
+
+        pending = Signal(16)
+        rts = Signal()
+        weight = Signal(4)
+        quantum = Signal(range(self.max_burst + 1))
+        if self.max_weight < 15:
+            m.d.comb += weight.eq(Mux(entry.cfg.weight > self.max_weight, self.max_weight, entry.cfg.weight))
+        else:
+            m.d.comb += weight.eq(entry.cfg.weight)
+        m.d.comb += quantum.eq(Mux(weight == 0, 1, weight) * self.quantum)
+
+        def job(count, own, bf=0):
+            # a burst of this QP from its fetch index
+            m.d.comb += [self.jobs.valid.eq(1), self.jobs.p.qpn.eq(qpn), self.jobs.p.cfg.eq(entry.cfg),
+                         self.jobs.p.ci.eq(entry.dyn.fi), self.jobs.p.count.eq(count), self.jobs.p.own.eq(own),
+                         self.jobs.p.bf.eq(bf)]
+
+        def enqueue():
+            m.d.comb += [active.w_en.eq(1), active.w_data.eq(qpn), new.dyn.queued.eq(1)]
+
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.commit.valid):
+                    m.d.comb += [self.commit.ready.eq(1), rd.addr.eq(self.commit.p.qpn), rd.en.eq(1)]
+                    m.d.sync += [op.eq(0), qpn.eq(self.commit.p.qpn), commit_p.eq(self.commit.p)]
+                    m.next = "EXEC"
+                with m.Elif(self.updates.valid):
+                    m.d.comb += [self.updates.ready.eq(1), rd.addr.eq(self.updates.p.qpn), rd.en.eq(1)]
+                    m.d.sync += [op.eq(1), qpn.eq(self.updates.p.qpn), update_p.eq(self.updates.p)]
+                    m.next = "EXEC"
+                with m.Elif(self.doorbells.valid):
+                    m.d.comb += [self.doorbells.ready.eq(1), rd.addr.eq(self.doorbells.p.qpn), rd.en.eq(1)]
+                    m.d.sync += [op.eq(2), qpn.eq(self.doorbells.p.qpn), limit.eq(self.doorbells.p.limit),
+                                 bf.eq(self.doorbells.p.bf), bf_data.eq(self.doorbells.p.wqebb)]
+                    m.next = "EXEC"
+                with m.Elif(active.r_rdy & self.jobs.ready):
+                    # Schedule only when the job can leave at once: the sequencer must never
+                    # wait on the fetch side, which waits on our updates (deadlock otherwise).
+                    m.d.comb += [active.r_en.eq(1), rd.addr.eq(active.r_data), rd.en.eq(1)]
+                    m.d.sync += [op.eq(3), qpn.eq(active.r_data)]
+                    m.next = "EXEC"
+            with m.State("EXEC"):
+                m.d.comb += [new.eq(entry), rts.eq(entry.cfg.state == QpState.RTS)]
+                m.d.comb += pending.eq(entry.dyn.pi - entry.dyn.fi)
+                m.next = "IDLE"
+                with m.Switch(op):
+                    with m.Case(0):
+                        m.d.comb += [new.cfg.eq(commit_p.cfg), wr.en.eq(1)]
+                        with m.If(commit_p.reset):
+                            m.d.comb += [new.dyn.pi.eq(0), new.dyn.fi.eq(0), new.dyn.queued.eq(0)]
+                    with m.Case(1):
+                        m.d.comb += wr.en.eq(1)
+                        with m.If(update_p.error):
+                            m.d.comb += new.cfg.state.eq(QpState.ERR)
+                        with m.Else():
+                            m.d.comb += new.dyn.fi.eq(update_p.ci)
+                            # Fetch the cut WQE again only once more has been posted.
+                            with m.If(rts & ~entry.dyn.queued & (entry.dyn.pi != update_p.ci)
+                                      & (entry.dyn.pi != update_p.end)):
+                                enqueue()
+                    with m.Case(2):
+                        with m.If(rts & bf & ~entry.dyn.queued & (entry.dyn.pi == entry.dyn.fi)
+                                  & (limit == entry.dyn.fi + 1) & self.jobs.ready & self.bf_wqebbs.ready):
+                            job(1, 1, bf=1)
+                            m.d.comb += [new.dyn.pi.eq(limit), new.dyn.fi.eq(limit), wr.en.eq(1),
+                                         self.bf_wqebbs.valid.eq(1), self.bf_wqebbs.p.eq(bf_data)]
+                        with m.Elif(rts):
+                            m.d.comb += [new.dyn.pi.eq(limit), wr.en.eq(1)]
+                            with m.If(~entry.dyn.queued & (limit != entry.dyn.fi)):
+                                enqueue()
+                        with m.Else():
+                            m.d.comb += self.db_dropped.eq(1)
+                    with m.Case(3):
+                        m.d.comb += wr.en.eq(1)
+                        with m.If(rts & (pending != 0)):
+                            clamped = pending > quantum
+                            own = Mux(clamped, quantum, pending)
+                            extra = pending - quantum
+                            over = Mux(clamped, Mux(extra < F.MAX_WQEBBS - 1, extra, F.MAX_WQEBBS - 1), 0)
+                            job(own + over, own)
+                            m.d.comb += new.dyn.fi.eq(entry.dyn.fi + own)
+                            with m.If(clamped):
+                                enqueue()               # more to do: back of the queue
+                            with m.Else():
+                                m.d.comb += new.dyn.queued.eq(0)
+                        with m.Else():
+                            m.d.comb += new.dyn.queued.eq(0)
+        return m

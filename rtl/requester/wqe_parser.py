@@ -1,0 +1,361 @@
+"""WQE parser: WQEBBs -> message descriptors, inline payload beats and QP updates."""
+from amaranth.hdl import *
+from amaranth.lib import wiring, data, stream
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from spec import formats as F
+from rtl.common.contexts import qp_bits
+from rtl.requester.qp_table import FetchJob, QpUpdate
+from rtl.requester.message import Message, MessageKind
+
+__all__ = ["WqeParser"]
+
+
+def _be_field(buf, table, name):
+    """A big-endian field of a segment at byte 0 of ``buf`` (a byte-ordered Value)."""
+    off, width = F.get_field(table, name)
+    return Cat(*(buf.word_select(off + width - 1 - i, 8) for i in range(width)))
+
+
+class WqeParser(wiring.Component):
+    """Assembles mlx5 WQEs from their WQEBBs and turns them into messages.
+
+    For each burst of a QP it reads the WQEs in order: ctrl segment first (its ds
+    gives the WQE's length in WQEBBs), then the remote-address segment and either
+    one data-pointer segment or one inline segment. A WQE leaves as a message (and
+    its inline beat) in the cycle its last WQEBB arrives: one single-WQEBB WQE per
+    cycle, plus one cycle per burst to store the QP's state.
+
+    The parser owns each QP's consumer index, next PSN (one per packet:
+    ``ceil(length / MTU)``, at least one) and error flag, in a RAM read when a burst
+    starts and written when it ends. A burst that does not start at the consumer
+    index (behind a cut WQE) or of a QP in error is discarded.
+
+    Retransmission (go-back-N): a ``retransmit`` command (from the completion tracker)
+    sets the QP's consumer index and next PSN back to the requester's restart point
+    and asks the QP table to fetch again from there; bursts already in flight are then
+    stale and discarded. The WQEs are walked again: a WQE whose packets all precede
+    ``skip_to`` (the first PSN to send again) is skipped, the WQE holding it leaves as
+    a message resumed at that packet (``resume``: MIDDLE/LAST opcodes, addresses and
+    length advanced by whole MTUs), and the ones after leave as usual.
+
+    Failure (RC error): a ``retransmit`` with ``fail`` set walks the WQEs the same way,
+    but the WQE holding ``skip_to`` leaves as an ERROR message with the command's
+    ``syndrome`` and every WQE after it, also those posted later, as an ERROR message
+    with WR_FLUSH_ERR: each gets an error CQE and no packet (verbs flushes every
+    outstanding work request of a QP in error).
+
+    A WQE cut by the burst end is left for the next turn: its WQEBBs are dropped,
+    ``updates`` tells the QP table to fetch again from it. An unsupported opcode or
+    malformed WQE becomes an ERROR message (the builder turns it into an error CQE),
+    and ``updates`` moves the QP to the error state.
+
+    Members
+    -------
+    commit : In(stream.Signature(...))
+        ``qpn``, ``psn``: a QP is created; its consumer index is 0, its next PSN ``psn``.
+    bursts : In(stream.Signature(FetchJob))
+    wqebbs : In(stream.Signature(512))
+    bf_wqebbs : In(stream.Signature(512))
+        The WQEBB of each BlueFlame burst (``bf``), read instead of ``wqebbs``.
+    messages : Out(stream.Signature(Message))
+    inline : Out(stream.Signature(1024))
+        WQE bytes 0..127 (and 128..255 when the inline data reaches them) of each
+        inline WRITE, in message order: the payload starts at byte 36.
+    updates : Out(stream.Signature(QpUpdate))
+    retransmit : In(stream.Signature(...))
+        ``qpn``, ``index``, ``psn`` (the restart point: a WQE index and its first PSN)
+        and ``skip_to`` (the first PSN to send again); ``fail``: fail the WQE holding
+        ``skip_to`` with ``syndrome`` and flush the rest. Taken between bursts.
+    """
+    INLINE_OFFSET = 36          # ctrl (16) + raddr (16) + inline byte count (4)
+
+    def __init__(self, *, num_qps, num_cqs, max_burst):
+        self.num_qps, self.num_cqs = num_qps, num_cqs
+        super().__init__({
+            "commit": In(stream.Signature(data.StructLayout({"qpn": unsigned(qp_bits(num_qps)),
+                                                            "psn": unsigned(24)}))),
+            "bursts": In(stream.Signature(FetchJob(num_qps, num_cqs, max_burst))),
+            "wqebbs": In(stream.Signature(8 * F.WQEBB)),
+            "bf_wqebbs": In(stream.Signature(8 * F.WQEBB)),
+            "messages": Out(stream.Signature(Message(num_qps, num_cqs))),
+            "inline": Out(stream.Signature(1024)),
+            "updates": Out(stream.Signature(QpUpdate(num_qps))),
+            "retransmit": In(stream.Signature(data.StructLayout({
+                "qpn": unsigned(qp_bits(num_qps)), "index": unsigned(16), "psn": unsigned(24),
+                "skip_to": unsigned(24), "fail": unsigned(1), "syndrome": unsigned(8)}))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        ctx_layout = data.StructLayout({"index": unsigned(16), "psn": unsigned(24), "err": unsigned(1),
+                                        "skip_to": unsigned(24), "resume": unsigned(1),
+                                        "fail": unsigned(1), "fsyn": unsigned(8)})
+        m.submodules.ctx = ctx_ram = Memory(shape=ctx_layout, depth=self.num_qps, init=[])
+        wr = ctx_ram.write_port()
+        rd = ctx_ram.read_port(transparent_for=(wr,))   # a burst may follow its QP's previous one
+        m.d.comb += rd.en.eq(0)
+        ctx = Signal(ctx_layout)
+        m.d.comb += ctx.eq(rd.data)
+
+        job = Signal.like(self.bursts.p)
+        # WQEBB source of the current burst: the fetch, or the doorbell (BlueFlame).
+        src = stream.Signature(8 * F.WQEBB).flip().create(path=("src",))
+        with m.If(job.bf):
+            m.d.comb += [src.valid.eq(self.bf_wqebbs.valid), src.payload.eq(self.bf_wqebbs.payload),
+                         self.bf_wqebbs.ready.eq(src.ready)]
+        with m.Else():
+            m.d.comb += [src.valid.eq(self.wqebbs.valid), src.payload.eq(self.wqebbs.payload),
+                         self.wqebbs.ready.eq(src.ready)]
+        left = Signal.like(self.bursts.p.count)      # WQEBBs of the burst not yet taken
+        index = Signal(16)                           # WQEBB index of the current WQE
+        psn = Signal(24)
+        fresh = Signal()                             # psn not loaded yet: it is ctx.psn
+        cur_psn = Signal(24)
+        m.d.comb += cur_psn.eq(Mux(fresh, ctx.psn, psn))
+        # RC failure: every WQE leaves as an ERROR message (the first with fsyn, then flushes)
+        failing, fsyn = Signal(), Signal(8)
+        cur_fail, cur_syn = Signal(), Signal(8)
+        m.d.comb += [cur_fail.eq(Mux(fresh, ctx.fail, failing)), cur_syn.eq(Mux(fresh, ctx.fsyn, fsyn))]
+        error = Signal()                             # this burst hit a malformed WQE
+        cut = Signal()                               # this burst ended inside a WQE
+        stale = Signal()                             # this burst is discarded as a whole
+        wqe = Signal(8 * F.WQEBB * F.MAX_WQEBBS)     # WQEBBs gathered so far
+        got = Signal(range(F.MAX_WQEBBS + 1))
+        need = Signal(range(F.MAX_WQEBBS + 1))
+        drop = Signal.like(left)
+
+        # The WQE as it stands this cycle: gathered WQEBBs plus the one arriving.
+        bb = 8 * F.WQEBB
+        view = Signal.like(wqe)
+        m.d.comb += view.eq(wqe)
+        for i in range(F.MAX_WQEBBS):
+            with m.If(got == i):
+                m.d.comb += view.word_select(i, bb).eq(src.p)
+
+        # Ctrl segment of a first WQEBB, straight from the stream (to size the WQE).
+        first = src.p
+        ds_first = first.word_select(7, 8)[:6]
+        nbb_first = Signal(4)
+        m.d.comb += nbb_first.eq(Mux(ds_first == 0, 1, (ds_first + 3) >> 2))
+        too_long = Signal()
+        m.d.comb += too_long.eq((got == 0) & (nbb_first > F.MAX_WQEBBS))
+        nbb = Signal(4)
+        m.d.comb += nbb.eq(Mux(got == 0, Mux(too_long, 1, nbb_first), need))
+
+        # Fields of the WQE.
+        ctrl, raddr_seg, data_seg = view[0:128], view[128:256], view[256:384]
+        opcode = _be_field(ctrl, F.CTRL_SEG, "opmod_idx_opcode")[:8]
+        ds = _be_field(ctrl, F.CTRL_SEG, "qpn_ds")[:6]
+        fm_ce_se = _be_field(ctrl, F.CTRL_SEG, "fm_ce_se")
+        raddr = _be_field(raddr_seg, F.RADDR_SEG, "raddr")
+        rkey = _be_field(raddr_seg, F.RADDR_SEG, "rkey")
+        byte_count = _be_field(data_seg, F.DATA_SEG, "byte_count")
+        seg_addr = _be_field(data_seg, F.DATA_SEG, "addr")
+        is_inline = byte_count[31]
+        inline_len = byte_count[:31]
+        length = Signal(32)
+        kind = Signal(MessageKind)
+        m.d.comb += length.eq(Mux(ds == 2, 0, Mux(is_inline, inline_len, byte_count)))
+        with m.If(too_long):
+            m.d.comb += kind.eq(MessageKind.ERROR)
+        with m.Elif(opcode == F.WqeOp.NOP):
+            m.d.comb += kind.eq(MessageKind.NOP)
+        with m.Elif((opcode == F.WqeOp.RDMA_WRITE)
+                    & ((ds == 2)
+                       | ((ds >= 3) & is_inline & ((inline_len + 4 + 15) >> 4 == ds - 2))
+                       | ((ds == 3) & ~is_inline))):
+            m.d.comb += kind.eq(MessageKind.WRITE)
+        with m.Else():
+            m.d.comb += kind.eq(MessageKind.ERROR)
+
+        mtu_shift = Signal(4)
+        m.d.comb += mtu_shift.eq(job.cfg.mtu + 7)
+        npkts = Signal(24)
+        m.d.comb += npkts.eq(Mux(length == 0, 1, ((length - 1) >> mtu_shift) + 1))
+        # Go-back-N: skip WQEs wholly before skip_to, resume the one holding it.
+        resuming = Signal()                          # the QP is still walking up to skip_to
+        resuming_now = Signal()
+        m.d.comb += resuming_now.eq(Mux(fresh, ctx.resume, resuming))
+        dist = Signal(24)
+        m.d.comb += dist.eq(ctx.skip_to - cur_psn)
+        npk = Signal(24)
+        m.d.comb += npk.eq(Mux(kind == MessageKind.WRITE, npkts, 0))
+        ahead = Signal()
+        m.d.comb += ahead.eq(resuming_now & (dist != 0) & ~dist[23])
+        skip_wqe = Signal()
+        resume_wqe = Signal()
+        m.d.comb += [skip_wqe.eq(ahead & (dist >= npk)), resume_wqe.eq(ahead & (dist < npk))]
+        advance = Signal(36)
+        m.d.comb += advance.eq(dist << mtu_shift)
+        send_inline = Signal()
+        m.d.comb += send_inline.eq((kind == MessageKind.WRITE) & (ds != 2) & is_inline & (inline_len != 0)
+                                   & ~cur_fail)
+        next_syn = Signal(8)              # the syndrome of the WQE after this one
+        m.d.comb += next_syn.eq(Mux(cur_fail & ~skip_wqe, F.Syndrome.WR_FLUSH_ERR, cur_syn))
+        two_beats = Signal()
+        m.d.comb += two_beats.eq(self.INLINE_OFFSET + inline_len > 128)
+
+        m.d.comb += [
+            self.messages.p.qpn.eq(job.qpn), self.messages.p.cfg.eq(job.cfg),
+            self.messages.p.kind.eq(Mux(cur_fail, MessageKind.ERROR, kind)),
+            self.messages.p.syndrome.eq(Mux(cur_fail, cur_syn, F.Syndrome.LOCAL_QP_OP_ERR)),
+            self.messages.p.signaled.eq((fm_ce_se & F.FM_CE_SE_CQ_UPDATE) != 0),
+            self.messages.p.index.eq(index), self.messages.p.raddr.eq(Mux(resume_wqe, raddr + advance, raddr)),
+            self.messages.p.rkey.eq(rkey),
+            self.messages.p.length.eq(Mux(kind == MessageKind.WRITE, Mux(resume_wqe, length - advance, length), 0)),
+            self.messages.p.inline.eq(is_inline & (ds != 2)),
+            self.messages.p.addr.eq(Mux(resume_wqe, seg_addr + advance, seg_addr)),
+            self.messages.p.psn.eq(Mux(resume_wqe, ctx.skip_to, cur_psn)),
+            self.messages.p.resume.eq(resume_wqe), self.messages.p.next_index.eq(index + nbb),
+            self.updates.p.qpn.eq(job.qpn), self.updates.p.ci.eq(index),
+            self.updates.p.end.eq(job.ci + job.count),
+            self.updates.p.error.eq(error),
+        ]
+
+        # Context writes: QP creation (any time but END), and the burst's end.
+        commit_ok = Signal()
+        m.d.comb += self.commit.ready.eq(commit_ok)
+        with m.If(self.commit.valid & commit_ok):
+            m.d.comb += [wr.en.eq(1), wr.addr.eq(self.commit.p.qpn), wr.data.index.eq(0),
+                         wr.data.psn.eq(self.commit.p.psn), wr.data.err.eq(0), wr.data.resume.eq(0),
+                         wr.data.fail.eq(0)]
+
+        end_now = Signal()                           # RUN ends the burst this cycle (RAM write)
+
+        def store_ctx(index_, psn_, err_, resume_=None, syn_=None):
+            # the burst's end: the QP's consumer index, next PSN, error flag, go-back-N and
+            # failure state
+            m.d.comb += [wr.en.eq(1), wr.addr.eq(job.qpn), wr.data.index.eq(index_),
+                         wr.data.psn.eq(psn_), wr.data.err.eq(err_), wr.data.skip_to.eq(ctx.skip_to),
+                         wr.data.resume.eq(resuming_now if resume_ is None else resume_),
+                         wr.data.fail.eq(cur_fail), wr.data.fsyn.eq(cur_syn if syn_ is None else syn_)]
+
+        def start_burst():
+            # a waiting retransmission goes first (from IDLE), so busy bursts cannot starve it
+            with m.If(~self.retransmit.valid):
+                m.d.comb += [self.bursts.ready.eq(1), rd.addr.eq(self.bursts.p.qpn), rd.en.eq(1)]
+                with m.If(self.bursts.valid):
+                    m.d.sync += [job.eq(self.bursts.p), left.eq(self.bursts.p.count), index.eq(self.bursts.p.ci),
+                                 fresh.eq(1), error.eq(0), cut.eq(0), stale.eq(0), got.eq(0)]
+                    m.next = "RUN"
+
+        # Where the QP's consumer index stands in this burst: WQEBBs the previous burst
+        # already took (it read past its end to finish a WQE), or beyond the burst (stale).
+        skip = Signal(16)
+        m.d.comb += skip.eq(ctx.index - job.ci)
+        rel = Signal(16)
+        m.d.comb += rel.eq(index - job.ci)
+        after_drop = Signal()                        # 0: END, 1: RUN (a skip at the burst's start)
+
+        def drop_then(n, then_run=False):
+            with m.If(n == 0):
+                m.next = "RUN" if then_run else "END"
+            with m.Else():
+                m.d.sync += [drop.eq(n), after_drop.eq(then_run)]
+                m.next = "DROP"
+
+        with m.FSM():
+            with m.State("IDLE"):
+                rtx = self.retransmit
+                m.d.comb += commit_ok.eq(~rtx.valid)
+                with m.If(rtx.valid):
+                    # Go back: the QP table fetches again from the restart point.
+                    m.d.comb += [self.updates.valid.eq(1), self.updates.p.qpn.eq(rtx.p.qpn),
+                                 self.updates.p.ci.eq(rtx.p.index), self.updates.p.end.eq(rtx.p.index),
+                                 self.updates.p.error.eq(0)]
+                    with m.If(self.updates.ready):
+                        m.d.comb += [rtx.ready.eq(1), wr.en.eq(1), wr.addr.eq(rtx.p.qpn),
+                                     wr.data.index.eq(rtx.p.index), wr.data.psn.eq(rtx.p.psn),
+                                     wr.data.err.eq(0), wr.data.skip_to.eq(rtx.p.skip_to), wr.data.resume.eq(1),
+                                     wr.data.fail.eq(rtx.p.fail), wr.data.fsyn.eq(rtx.p.syndrome)]
+                with m.Else():
+                    start_burst()
+            with m.State("RUN"):
+                m.d.comb += commit_ok.eq(~end_now)
+                with m.If(fresh & (ctx.err | (skip > job.count))):
+                    # Behind a cut WQE (its refetch follows) or of a QP in error.
+                    m.d.sync += [stale.eq(1), drop.eq(left), after_drop.eq(0)]
+                    m.next = "DROP"
+                with m.Elif(fresh & (skip != 0) & (index != ctx.index)):
+                    m.d.sync += [index.eq(ctx.index), left.eq(left - skip)]
+                    drop_then(skip, then_run=True)
+                with m.Elif(left == 0):
+                    m.next = "END"
+                with m.Elif((got == 0) & (rel >= job.own)):
+                    # Read past the burst's own WQEs: the next burst starts here.
+                    drop_then(left)
+                with m.Elif(src.valid):
+                    with m.If((got == 0) & ~too_long & (nbb_first > left)):
+                        # The WQE runs past what was posted: fetched again from here.
+                        m.d.sync += cut.eq(1)
+                        drop_then(left)
+                    with m.Elif(got + 1 < nbb):
+                        # gather
+                        m.d.comb += src.ready.eq(1)
+                        m.d.sync += [wqe.eq(view), got.eq(got + 1), left.eq(left - 1)]
+                        with m.If(got == 0):
+                            m.d.sync += need.eq(nbb_first)
+                    with m.Else():
+                        # The WQE is whole: hand it on with its inline beat (or skip it:
+                        # it was acknowledged before the retransmission's first PSN).
+                        emit = ~skip_wqe
+                        inline_ok = ~send_inline | self.inline.ready
+                        m.d.comb += [
+                            self.messages.valid.eq(emit & inline_ok),
+                            self.inline.valid.eq(emit & send_inline & self.messages.ready),
+                            self.inline.p.eq(view[:1024]),
+                        ]
+                        with m.If(~emit | (self.messages.ready & inline_ok)):
+                            m.d.comb += src.ready.eq(1)
+                            m.d.sync += [index.eq(index + nbb), left.eq(left - 1), got.eq(0), fresh.eq(0),
+                                         psn.eq(cur_psn + npk), wqe.eq(view), resuming.eq(skip_wqe),
+                                         failing.eq(cur_fail), fsyn.eq(next_syn)]
+                            with m.If(emit & (kind == MessageKind.ERROR) & ~cur_fail):
+                                m.d.sync += error.eq(1)
+                                drop_then(left - 1)
+                            with m.Elif(emit & send_inline & two_beats):
+                                m.next = "INLINE1"
+                            with m.Elif(left == 1):
+                                # The burst's last WQE: store the QP's state and take the
+                                # next burst in this same cycle (no END cycle).
+                                m.d.comb += end_now.eq(1)
+                                store_ctx(index + nbb, cur_psn + npk, 0, skip_wqe, next_syn)
+                                m.next = "IDLE"
+                                start_burst()
+            with m.State("INLINE1"):
+                m.d.comb += [commit_ok.eq(1), self.inline.valid.eq(1), self.inline.p.eq(wqe[1024:])]
+                with m.If(self.inline.ready):
+                    with m.If(left == 0):
+                        m.next = "END"
+                    with m.Else():
+                        m.next = "RUN"
+            with m.State("DROP"):
+                # Discard WQEBBs: the burst's rest (after an error, a cut WQE, past its own
+                # WQEs, or all of a stale burst), or the head its predecessor already took.
+                quiet = ~after_drop & ~cut & ~error       # nothing to report: end the burst here
+                m.d.comb += commit_ok.eq(~(quiet & (drop == 1) & src.valid))
+                with m.If(src.valid):
+                    m.d.comb += src.ready.eq(1)
+                    m.d.sync += drop.eq(drop - 1)
+                    with m.If(drop == 1):
+                        with m.If(after_drop):
+                            m.next = "RUN"
+                        with m.Elif(quiet):
+                            with m.If(~stale):
+                                store_ctx(index, cur_psn, 0)
+                            m.next = "IDLE"
+                            start_burst()
+                        with m.Else():
+                            m.next = "END"
+            with m.State("END"):
+                # Store the QP's state; report a cut or an error; take the next burst.
+                report = ~stale & (cut | error)
+                m.d.comb += self.updates.valid.eq(report)
+                with m.If(~report | self.updates.ready):
+                    with m.If(~stale):
+                        store_ctx(index, cur_psn, error)
+                    m.next = "IDLE"
+                    start_burst()
+        return m

@@ -1,0 +1,1 @@
+"""The responder: received requests checked, payload written, ACK/NAKs built."""

@@ -1,0 +1,373 @@
+"""RC responder: per-QP PSN check, memory-key check and ACK/NAK decisions for received
+RDMA WRITE requests (``RxDispatch`` takes frame-level drops and received ACK/NAKs)."""
+from amaranth.hdl import *
+from amaranth.lib import wiring, data, enum, stream
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from spec import formats as F
+from spec.formats import Aeth, MrCheck, Op, QpState, PSN_BITS
+from rtl.common.contexts import qp_bits
+from rtl.common.records import AckRecord
+from rtl.responder.mr_table import MemoryRegionTable, MrEntry
+from rtl.common.rx_packet import RxPacket
+from rtl.common.stream import Pair, pack_pair
+from rtl.responder.payload_writer import RxWriteCommand
+
+__all__ = ["Responder", "ResponderConfig", "ResponderEntry", "RxVerdict", "RX_VERDICT_NAMES"]
+
+
+
+class RxVerdict(enum.Enum, shape=4):
+    """What became of one received frame (one counter each).
+
+    The names of all the receive counters; the ``Responder`` itself only gives
+    ACCEPTED and the QP-level verdicts (QP_NOT_READY and after): ``RxDispatch`` counts
+    ACKs received and the frame-level drops (BAD_LENGTH..BAD_OPCODE)."""
+    ACCEPTED = 0            # a WRITE packet executed
+    ACK_RECEIVED = 1        # an ACK/NAK for this NIC's requester side
+    BAD_LENGTH = 2
+    NOT_ROCE = 3
+    BAD_IP_CHECKSUM = 4
+    BAD_ICRC = 5
+    BAD_PKEY = 6
+    BAD_OPCODE = 7
+    QP_NOT_READY = 8
+    PSN_DUPLICATE = 9
+    PSN_OUT_OF_ORDER = 10
+    ACCESS_ERROR = 11
+    INVALID_REQUEST = 12
+
+
+# model.rc names (``DROP_REASONS`` and its counters) of each verdict.
+RX_VERDICT_NAMES = {
+    RxVerdict.ACCEPTED: "accepted", RxVerdict.ACK_RECEIVED: "ack_received",
+    RxVerdict.BAD_LENGTH: "bad_length", RxVerdict.NOT_ROCE: "not_roce",
+    RxVerdict.BAD_IP_CHECKSUM: "bad_ip_checksum", RxVerdict.BAD_ICRC: "bad_icrc",
+    RxVerdict.BAD_PKEY: "bad_pkey", RxVerdict.BAD_OPCODE: "bad_opcode",
+    RxVerdict.QP_NOT_READY: "qp_not_ready", RxVerdict.PSN_DUPLICATE: "psn_duplicate",
+    RxVerdict.PSN_OUT_OF_ORDER: "psn_out_of_order", RxVerdict.ACCESS_ERROR: "access_error",
+    RxVerdict.INVALID_REQUEST: "invalid_request",
+}
+
+def ResponderConfig(pd_bits):
+    """What the CPU writes for a QP's receive side (with the QP's create)."""
+    return data.StructLayout({
+        "state":      unsigned(3),      # ibv_qp_state: RTR and RTS accept packets
+        "pd":         unsigned(pd_bits),
+        "ack_every":  unsigned(8),      # ACK coalescing: one ACK per this many packets (0 counts as 1)
+        "mtu":        unsigned(3),      # ibv_mtu code 1..5
+    })       # (the requester's address, where ACKs go, is the ``AckAddresser``'s)
+
+
+ResponderDynamic = data.StructLayout({
+    "epsn":     unsigned(PSN_BITS),     # expected PSN
+    "msn":      unsigned(24),           # messages completed
+    "unacked":  unsigned(8),            # accepted packets not yet covered by an ACK
+    "nak_sent": unsigned(1),            # a PSN-sequence NAK went out for the current gap
+    "in_msg":   unsigned(1),            # between a FIRST and its LAST
+    "msg_va":   unsigned(64),           # the message's RETH address and length,
+    "msg_len":  unsigned(32),           # and the bytes received so far
+    "msg_off":  unsigned(32),
+})
+
+
+def ResponderEntry(pd_bits):
+    return data.StructLayout({"cfg": ResponderConfig(pd_bits), "dyn": ResponderDynamic})
+
+
+class Responder(wiring.Component):
+    """The receive side of the RC transport for RDMA WRITE requests, two packets per cycle.
+
+    It sees only the WRITE requests that passed the frame-level checks: ``RxDispatch``
+    counts the frames dropped at frame level and passes received ACK/NAKs to the
+    requester side. Every request with payload gets exactly one payload command (write
+    or discard), so the payload writer stays in step with the frames it sees (those
+    with payload); a request may also produce an ACK/NAK to send. The rules are those of
+    ``model/rc.py`` (``RcResponder.receive``, for the frames that pass its frame-level
+    checks):
+
+    - a QP accepts packets in RTR or RTS;
+    - PSN: the expected PSN is executed; a duplicate (less than 2^23 behind) is not
+      executed again and is answered with an ACK of the last accepted PSN; a gap gets
+      one PSN-sequence NAK (the expected PSN), later packets are dropped silently until
+      the expected PSN arrives;
+    - opcode sequence: FIRST/ONLY outside a message, MIDDLE/LAST inside one, else an
+      invalid-request NAK;
+    - FIRST/ONLY: the RETH range is checked against the memory-key table (key, PD,
+      REMOTE_WRITE, bounds); a violation sends a remote-access-error NAK with the
+      packet's PSN, writes nothing and moves the QP to the error state;
+    - lengths: FIRST/MIDDLE carry exactly one MTU, LAST/ONLY at most one, and the
+      message exactly the RETH length: so no packet writes outside the checked range;
+    - ACKs are coalesced: one per ``ack_every`` accepted packets, and always on AckReq
+      and on a message's last packet, with the PSN of that packet and the MSN.
+
+    Two per cycle: the dispatch hands over the one or two requests that ended in one
+    beat as a pair (WRITEs of 0 and 1 payload bytes arrive 1.02 and 1.01 per cycle at
+    line rate). Pipeline: both lanes' QP contexts are read from RAM (two read ports) when
+    a pair is taken (stage B); the key checks run in two memory-key tables, one per lane
+    (stage C); the decisions and the context writes (two write ports) are in stage C.
+    Lane 1 decides on lane 0's new context when both are of one QP (a chained decision:
+    the second depends on the first's PSN and message state), and then only lane 1's
+    context is written. A pair whose QPs were decided in the pair just before takes
+    their new contexts from bypass registers, so back-to-back pairs go at one per cycle.
+
+    Parameters
+    ----------
+    num_qps : int
+        QPs in the context RAM (a power of two >= 2).
+    num_mrs : int
+        Regions in the memory-key table.
+    pd_bits : int
+        Width of protection-domain numbers.
+
+    Members
+    -------
+    packets : In(stream.Signature(Pair(RxPacket())))
+        Descriptors of the received WRITE requests, one or two per transfer, in order:
+        only ``drop`` = NONE and opcode WRITE FIRST/MIDDLE/LAST/LAST_IMM/ONLY/ONLY_IMM
+        (``RxDispatch.requests``); other frames are not checked for here and must not be
+        sent.
+    commit : In(stream.Signature(...))
+        ``qpn`` and ``cfg`` (``ResponderConfig``), ``epsn``: create a QP's receive side
+        (its dynamic state is reset). Taken only while no packet is in flight.
+    mr_commit : In(stream.Signature(...))
+        Register or deregister a memory region (``MemoryRegionTable.commit``).
+    commands : Out(stream.Signature(Pair(RxWriteCommand)))
+        One per packet with payload (``payload_len`` > 0), in packet order: write its
+        payload at an address, or discard it.
+    responses : Out(stream.Signature(Pair(AckRecord)))
+        ACKs and NAKs to send, one or two per transfer in packet order; ``qpn`` is the
+        local QP (``AckAddresser`` adds where it goes).
+    verdict_valid : Out(2), verdict : Out(ArrayLayout(RxVerdict, 2))
+        Per lane, one strobe per packet with what became of it (for the counters):
+        ACCEPTED or a QP-level verdict (QP_NOT_READY, PSN_DUPLICATE, PSN_OUT_OF_ORDER,
+        ACCESS_ERROR, INVALID_REQUEST). Lane 0 is the earlier packet.
+    """
+    def __init__(self, *, num_qps, num_mrs=1024, pd_bits=24):
+        if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
+            raise ValueError(f"num_qps must be a power of two >= 2, not {num_qps!r}")
+        if not isinstance(pd_bits, int) or not 1 <= pd_bits <= 32:
+            raise ValueError(f"pd_bits must be 1..32, not {pd_bits!r}")
+        self.num_qps, self.num_mrs, self.pd_bits = num_qps, num_mrs, pd_bits
+        # one key check per lane: the table's RAM twice, written together
+        self._mrts = [MemoryRegionTable(num_mrs=num_mrs, pd_bits=pd_bits, tag_bits=1) for _ in range(2)]
+        super().__init__({
+            "packets": In(stream.Signature(Pair(RxPacket()))),
+            "commit": In(stream.Signature(data.StructLayout({
+                "qpn": unsigned(qp_bits(num_qps)), "cfg": ResponderConfig(pd_bits), "epsn": unsigned(PSN_BITS)}))),
+            "mr_commit": In(stream.Signature(data.StructLayout({
+                "index": unsigned((num_mrs - 1).bit_length()), "region": MrEntry(pd_bits)}))),
+            "commands": Out(stream.Signature(Pair(RxWriteCommand))),
+            "responses": Out(stream.Signature(Pair(AckRecord))),
+            "verdict_valid": Out(2),
+            "verdict": Out(data.ArrayLayout(RxVerdict, 2)),
+        })
+
+    def _decide(self, m, k, p, ctx, status):
+        """Lane ``k``'s decision on packet ``p`` with QP context ``ctx`` and key-check
+        ``status``: the new context and what to do (a dict of Signals)."""
+        entry_layout = ResponderEntry(self.pd_bits)
+        cfg, dyn = ctx.cfg, ctx.dyn
+
+        def sig(name, shape=1):
+            return Signal(shape, name=f"{name}{k}")
+        new = sig("new", entry_layout)
+        m.d.comb += new.eq(ctx)
+        verdict, write, respond = sig("verdict", RxVerdict), sig("write"), sig("respond")
+        resp_psn, resp_syn, fatal_syn, fatal = sig("resp_psn", PSN_BITS), sig("resp_syn", 8), sig("fatal_syn", 8), sig("fatal")
+        is_first, is_last = sig("is_first"), sig("is_last")
+        m.d.comb += [
+            is_first.eq((p.opcode == Op.WRITE_FIRST) | (p.opcode == Op.WRITE_ONLY) | (p.opcode == Op.WRITE_ONLY_IMM)),
+            is_last.eq((p.opcode == Op.WRITE_LAST) | (p.opcode == Op.WRITE_LAST_IMM)
+                       | (p.opcode == Op.WRITE_ONLY) | (p.opcode == Op.WRITE_ONLY_IMM)),
+        ]
+        ready_state = sig("ready_state")
+        m.d.comb += ready_state.eq((cfg.state == QpState.RTR) | (cfg.state == QpState.RTS))
+        # PSN distance, mod 2^24: 0 expected, >= 2^23 behind (duplicate), else a gap.
+        dist = sig("dist", PSN_BITS)
+        m.d.comb += dist.eq(p.psn - dyn.epsn)
+        mtu = sig("mtu", 13)
+        m.d.comb += mtu.eq(Const(128, 13) << cfg.mtu)          # ibv_mtu code n: 128 << n bytes
+        va, total, off = sig("va", 64), sig("total", 32), sig("off", 32)
+        with m.If(is_first):
+            m.d.comb += [va.eq(p.reth.va), total.eq(p.reth.dma_len), off.eq(0)]
+        with m.Else():
+            m.d.comb += [va.eq(dyn.msg_va), total.eq(dyn.msg_len), off.eq(dyn.msg_off)]
+        n = p.payload_len
+        end = sig("end", 33)
+        m.d.comb += end.eq(off + n)
+        len_ok = sig("len_ok")
+        with m.If(is_last):
+            m.d.comb += len_ok.eq((n <= mtu) & (end == total))
+        with m.Else():
+            m.d.comb += len_ok.eq((n == mtu) & (end < total))
+        unacked = sig("unacked", 9)
+        m.d.comb += unacked.eq(dyn.unacked + 1)
+        every = sig("every", 8)
+        m.d.comb += every.eq(Mux(cfg.ack_every == 0, 1, cfg.ack_every))
+
+        with m.If(~ready_state | (p.dqpn >= self.num_qps)):
+            m.d.comb += verdict.eq(RxVerdict.QP_NOT_READY)
+        with m.Elif(dist[PSN_BITS - 1]):
+            m.d.comb += [verdict.eq(RxVerdict.PSN_DUPLICATE), new.dyn.unacked.eq(0),
+                         respond.eq(1), resp_psn.eq(dyn.epsn - 1), resp_syn.eq(Aeth.ACK)]
+        with m.Elif(dist != 0):
+            m.d.comb += verdict.eq(RxVerdict.PSN_OUT_OF_ORDER)
+            with m.If(~dyn.nak_sent):
+                m.d.comb += [new.dyn.nak_sent.eq(1), new.dyn.unacked.eq(0),
+                             respond.eq(1), resp_psn.eq(dyn.epsn), resp_syn.eq(Aeth.NAK_PSN_SEQ)]
+        with m.Elif(is_first == dyn.in_msg):
+            m.d.comb += [verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1), fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
+        with m.Elif(is_first & (status != MrCheck.OK)):
+            m.d.comb += [verdict.eq(RxVerdict.ACCESS_ERROR), fatal.eq(1), fatal_syn.eq(Aeth.NAK_REMOTE_ACCESS)]
+        with m.Elif(~len_ok):
+            m.d.comb += [verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1), fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
+        with m.Else():
+            m.d.comb += [
+                verdict.eq(RxVerdict.ACCEPTED), write.eq(n != 0),
+                new.dyn.nak_sent.eq(0), new.dyn.epsn.eq(dyn.epsn + 1), new.dyn.in_msg.eq(~is_last),
+                new.dyn.msg_va.eq(va), new.dyn.msg_len.eq(total), new.dyn.msg_off.eq(end),
+                new.dyn.unacked.eq(unacked),
+            ]
+            with m.If(is_last):
+                m.d.comb += new.dyn.msn.eq(dyn.msn + 1)
+            with m.If(p.ackreq | is_last | (unacked >= every)):
+                m.d.comb += [new.dyn.unacked.eq(0), respond.eq(1), resp_psn.eq(p.psn), resp_syn.eq(Aeth.ACK)]
+        with m.If(fatal):
+            # Class C error: NAK with the offending PSN, nothing executed, QP to error.
+            m.d.comb += [new.cfg.state.eq(QpState.ERR), new.dyn.in_msg.eq(0),
+                         respond.eq(1), resp_psn.eq(p.psn), resp_syn.eq(fatal_syn)]
+        addr = sig("addr", 64)
+        m.d.comb += addr.eq(va + off)
+        return {"new": new, "verdict": verdict, "write": write, "respond": respond,
+                "psn": resp_psn, "syndrome": resp_syn, "addr": addr}
+
+    def elaborate(self, platform):
+        m = Module()
+        qb = qp_bits(self.num_qps)
+        entry_layout = ResponderEntry(self.pd_bits)
+        mrts = self._mrts
+        for k, mrt in enumerate(mrts):
+            m.submodules[f"mrt{k}"] = mrt
+            m.d.comb += [mrt.commit.valid.eq(self.mr_commit.valid), mrt.commit.p.eq(self.mr_commit.p)]
+        m.d.comb += self.mr_commit.ready.eq(mrts[0].commit.ready & mrts[1].commit.ready)
+        m.submodules.ctx = ram = Memory(shape=entry_layout, depth=self.num_qps, init=[])
+        wr = [ram.write_port() for _ in range(2)]
+        rd = [ram.read_port(transparent_for=wr) for _ in range(2)]
+
+        # Stage B: the pair whose contexts the RAM has read.
+        b_pair = Signal(Pair(RxPacket()))
+        b_full = Signal()
+        # Stage C: in step with the key checks held in the memory-key tables.
+        c_pair = Signal(Pair(RxPacket()))
+        c_ctx = Signal(data.ArrayLayout(entry_layout, 2))
+        # The contexts written by the last pair's decisions (bypass for the next pair);
+        # lane 1's is the newer.
+        last_qpn = Signal(data.ArrayLayout(unsigned(qb), 2))
+        last_ctx = Signal(data.ArrayLayout(entry_layout, 2))
+        last_valid = Signal(2)
+
+        c_go = Signal()                 # stage C decides and leaves this cycle
+        b_go = Signal()                 # stage B moves into the key checks
+        take = Signal()
+        m.d.comb += [
+            b_go.eq(b_full & mrts[0].requests.ready),
+            self.packets.ready.eq(~b_full | b_go),
+            take.eq(self.packets.valid & self.packets.ready),
+        ]
+        for k in range(2):
+            m.d.comb += [rd[k].addr.eq(self.packets.p.p[k].dqpn[:qb]), rd[k].en.eq(self.packets.ready)]
+        with m.If(take):
+            m.d.sync += [b_pair.eq(self.packets.p), b_full.eq(1)]
+        with m.Elif(b_go):
+            m.d.sync += b_full.eq(0)
+
+        # The key checks, in lockstep (same valid and ready, so the same occupancy): only
+        # FIRST/ONLY (the WRITEs with a RETH); MIDDLE/LAST, and an absent lane 1, ask for
+        # length 0, which the table answers OK.
+        for k, mrt in enumerate(mrts):
+            bp = b_pair.p[k]
+            present = 1 if k == 0 else b_pair.second
+            m.d.comb += [
+                mrt.requests.valid.eq(b_full),
+                mrt.requests.p.key.eq(bp.reth.rkey),
+                mrt.requests.p.addr.eq(bp.reth.va),
+                mrt.requests.p.length.eq(Mux(bp.has_reth & present, bp.reth.dma_len, 0)),
+                mrt.requests.p.access.eq(F.Access.REMOTE_WRITE),
+                mrt.requests.p.pd.eq(rd[k].data.cfg.pd),
+            ]
+        with m.If(b_go):
+            m.d.sync += [c_pair.eq(b_pair), c_ctx[0].eq(rd[0].data), c_ctx[1].eq(rd[1].data)]
+
+        # ---- stage C: decide -------------------------------------------------------------
+        p = [c_pair.p[0], c_pair.p[1]]
+        present = [C(1, 1), c_pair.second]
+        qp = [p[k].dqpn[:qb] for k in range(2)]
+        in_table = [p[k].dqpn < self.num_qps for k in range(2)]
+        same = Signal()
+        m.d.comb += same.eq(c_pair.second & (p[0].dqpn == p[1].dqpn))
+        ctx = [Signal(entry_layout, name=f"ctx{k}") for k in range(2)]
+        bypassed = []
+        for k in range(2):
+            b = Signal(entry_layout, name=f"bypassed{k}")
+            m.d.comb += b.eq(Mux(last_valid[1] & (last_qpn[1] == qp[k]), last_ctx[1],
+                                 Mux(last_valid[0] & (last_qpn[0] == qp[k]), last_ctx[0], c_ctx[k])))
+            bypassed.append(b)
+        m.d.comb += ctx[0].eq(bypassed[0])
+        d0 = self._decide(m, 0, p[0], ctx[0], mrts[0].results.p.status)
+        m.d.comb += ctx[1].eq(Mux(same, d0["new"], bypassed[1]))       # chained on lane 0
+        d1 = self._decide(m, 1, p[1], ctx[1], mrts[1].results.p.status)
+        dec = [d0, d1]
+
+        # Outputs: registered, so no valid depends on a ready; the pair decides when every
+        # output has room. Payload commands and responses are packed to the front.
+        cmd, resp = self.commands, self.responses
+        out_ready = Signal()
+        m.d.comb += [
+            out_ready.eq((~cmd.valid | cmd.ready) & (~resp.valid | resp.ready)),
+            mrts[0].results.ready.eq(out_ready), mrts[1].results.ready.eq(out_ready),
+            c_go.eq(mrts[0].results.valid & out_ready),
+        ]
+        for k in range(2):
+            m.d.comb += [self.verdict_valid[k].eq(c_go & present[k]), self.verdict[k].eq(dec[k]["verdict"])]
+        for s_ in (cmd, resp):
+            with m.If(s_.valid & s_.ready):
+                m.d.sync += s_.valid.eq(0)
+        has_cmd = [present[k] & (p[k].payload_len != 0) for k in range(2)]
+        has_resp = [present[k] & dec[k]["respond"] for k in range(2)]
+        cmds, resps = [], []
+        for k in range(2):
+            c_ = Signal(RxWriteCommand, name=f"cmd{k}")
+            m.d.comb += [c_.write.eq(dec[k]["write"]), c_.addr.eq(dec[k]["addr"]),
+                         c_.offset.eq(p[k].payload_offset), c_.length.eq(p[k].payload_len),
+                         c_.inline.eq(p[k].inline), c_.data.eq(p[k].inline_data)]
+            r_ = Signal(AckRecord, name=f"resp{k}")
+            m.d.comb += [r_.qpn.eq(p[k].dqpn), r_.psn.eq(dec[k]["psn"]), r_.syndrome.eq(dec[k]["syndrome"]),
+                         r_.msn.eq(dec[k]["new"].dyn.msn)]
+            cmds.append(c_)
+            resps.append(r_)
+        with m.If(c_go):
+            m.d.sync += [cmd.valid.eq(has_cmd[0] | has_cmd[1]), *pack_pair(cmd.p, has_cmd, cmds),
+                         resp.valid.eq(has_resp[0] | has_resp[1]), *pack_pair(resp.p, has_resp, resps)]
+
+        # Context writes: the decisions (lane 0's only when lane 1 is of another QP), or a
+        # QP create from the control path.
+        pipe_empty = Signal()
+        m.d.comb += [pipe_empty.eq(~b_full & ~mrts[0].results.valid & ~self.packets.valid),
+                     self.commit.ready.eq(pipe_empty)]
+        writes = [c_go & in_table[0] & ~same, c_go & present[1] & in_table[1]]
+        for k in range(2):
+            m.d.comb += [wr[k].addr.eq(qp[k]), wr[k].data.eq(dec[k]["new"])]
+            with m.If(writes[k]):
+                m.d.comb += wr[k].en.eq(1)
+        with m.If(c_go):
+            m.d.sync += [last_valid.eq(Cat(*writes)), last_qpn[0].eq(qp[0]), last_qpn[1].eq(qp[1]),
+                         last_ctx[0].eq(dec[0]["new"]), last_ctx[1].eq(dec[1]["new"])]
+        with m.Elif(self.commit.valid & self.commit.ready):
+            fresh = Signal(entry_layout)
+            # every bit assigned: bits a process never drives come out undriven (X in Icarus)
+            m.d.comb += [fresh.eq(0), fresh.cfg.eq(self.commit.p.cfg), fresh.dyn.epsn.eq(self.commit.p.epsn)]
+            m.d.comb += [wr[0].en.eq(1), wr[0].addr.eq(self.commit.p.qpn), wr[0].data.eq(fresh)]
+            m.d.sync += last_valid.eq(0)
+        return m

@@ -1,0 +1,169 @@
+"""`make bench` (QUICK=1 for a small subset): sweeps of the engine on the simulated 400G wire.
+
+Sweeps: payload size 8 B..64 KiB (8 QPs); QPs 1..1024 (8-byte inline); doorbell batch
+1, 4, 32; GPU-memory latency 0.25, 1, 2 us. Prints a table, writes
+build/bench/results.json (one record per point), a pcap per point and two plots.
+"""
+import argparse
+import json
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+from rtl.build import PAIR_TOP_NAME 
+from spec import params as P       
+from scripts.run_sim import default_sim
+from tb.runner import SIMULATORS, run
+
+# 64..190 B: frames of 138..264 bytes, the sizes a one-frame-per-beat bus cannot carry at wire rate
+SIZES = [8, 64, 100, 150, 190, 256, 1024, 4096, 16384, 65536]
+QPS = [1, 2, 4, 8, 16, 32, 64, 256, 1024]
+
+
+def points(quick):
+    def pt(size, qps=8, batch=32, latency_ns=1000):
+        # Long enough for the steady state: several times the 512 WQEs a round trip holds.
+        msgs = max(4, min(64, (256 * 1024) // max(size, 1) // qps, 2048 // qps)) if quick else \
+            max(8, min(512, (2 * 1024 * 1024) // size // qps, 8192 // qps))
+        return {"size": size, "qps": qps, "batch": batch, "latency_ns": latency_ns, "msgs": msgs}
+    if quick:
+        out = [pt(s) for s in (8, 150, 16384)] + [pt(8, q) for q in (1, 16)] + [pt(8, batch=4)] \
+            + [pt(4096, latency_ns=250)]
+        out += [{"kind": "latency", "latency_ns": 1000},
+                {"kind": "share", "weights": [1, 2, 4], "window": 20_000, "latency_ns": 1000}]
+    else:
+        out = [pt(s) for s in SIZES] + [pt(8, q) for q in QPS if q != 8] \
+            + [pt(8, batch=b) for b in (1, 4)] + [pt(4096, latency_ns=l) for l in (250, 2000)] \
+            + [pt(8, latency_ns=l) for l in (250, 2000)]
+        out += [{"kind": "latency", "latency_ns": l} for l in (250, 1000)]
+        out += [{"kind": "share", "weights": [1, 1, 1, 1], "window": 100_000, "latency_ns": 1000},
+                {"kind": "share", "weights": [1, 2, 4], "window": 50_000, "latency_ns": 1000}]
+    return out + rx_points(quick)
+
+
+def rx_points(quick):
+    """Receive floods (kind "rx"): every frame size class that needs more than one frame
+    per cycle, and the WRITE sizes around the one-request-per-cycle boundary."""
+    n = 2000 if quick else 6000
+    if quick:
+        return [{"kind": "rx", "flood": "garbage", "size": 65, "frames": n},
+                {"kind": "rx", "flood": "ack", "size": 62, "frames": n, "qps": 1},
+                {"kind": "rx", "flood": "write", "size": 74, "frames": n, "qps": 2}]
+    return ([{"kind": "rx", "flood": "garbage", "size": s, "frames": n} for s in (60, 64, 65, 73, 97)]
+            + [{"kind": "rx", "flood": "ack", "size": 62, "frames": n, "qps": q} for q in (1, 2, 16)]
+            + [{"kind": "rx", "flood": "write", "size": s, "frames": n, "qps": q}
+               for s in (74, 75, 76, 82) for q in (1, 2)])
+
+
+def pair_points(quick):
+    """Two-node points (tb/suites/bench_pair.py): RC with the responder in the loop, lossless and lossy."""
+    if quick:
+        return [{"size": 4096, "qps": 4, "msgs": 32, "loss": l} for l in (0, 0.01)]
+    return [{"size": 4096, "qps": 4, "msgs": 128, "loss": l} for l in (0, 0.001, 0.01)] \
+        + [{"size": 1024, "qps": 4, "msgs": 256, "loss": 0}, {"size": 8, "qps": 4, "msgs": 1024, "loss": 0}]
+
+
+def _plot(path, title, xlabel, ylabel, x, series, *, base=10, hline=None):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, y, style in series:
+        ax.semilogx(x, y, style, base=base, label=label)
+    if hline:
+        ax.axhline(hline[0], color="k", ls="--", label=hline[1])
+    top = max([max(y) for _, y, _ in series] + ([hline[0]] if hline else []))
+    ax.set_ylim(0, 1.12 * top)             # from zero: a dip of a few percent looks like one
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plots(recs, out):
+    size = sorted((r for r in recs if r["qps"] == 8 and r["doorbell_batch"] == 32 and r["dma_latency_ns"] == 1000),
+                  key=lambda r: r["payload_bytes"])
+    if size:
+        _plot(out / "goodput_vs_size.png", "Goodput vs payload size (8 QPs, 1 us GPU memory)",
+              "RDMA WRITE payload (bytes)", "goodput (Gb/s)", [r["payload_bytes"] for r in size],
+              [("ibgda-nic", [r["goodput_gbps"] for r in size], "o-"),
+               ("400G wire limit", [r["wire_limit_goodput_gbps"] for r in size], "k--")])
+    qps = sorted((r for r in recs if r["payload_bytes"] == 8 and r["doorbell_batch"] == 32
+                  and r["dma_latency_ns"] == 1000), key=lambda r: r["qps"])
+    if qps:
+        _plot(out / "msgrate_vs_qps.png", "Message rate vs QPs", "QPs", "messages/s (millions)",
+              [r["qps"] for r in qps], [("ibgda-nic, 8 B inline", [r["messages_per_s"] / 1e6 for r in qps], "o-")],
+              base=2, hline=(471.7, "400G wire limit (471.7 M/s)"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sim", default=os.environ.get("SIM") or None, choices=SIMULATORS)
+    ap.add_argument("--quick", action="store_true", default=bool(os.environ.get("QUICK")))
+    args = ap.parse_args()
+    sim = args.sim or default_sim()
+    out = ROOT / "build" / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    for f in list(out.glob("*.json")) + list(out.glob("*.pcap")) + list(out.glob("*.png")):
+        f.unlink()
+    pts = points(args.quick)
+    print(f"running {len(pts)} points on {sim}{' (QUICK)' if args.quick else ''} ...", flush=True)
+    run(sim, "tb.suites.bench", None, extra_env={"IBGDA_BENCH_OUT": str(out), "BENCH_POINTS": json.dumps(pts)},
+        test_dir=out / "run")
+    ppts = pair_points(args.quick)
+    print(f"running {len(ppts)} two-node points on {sim} ...", flush=True)
+    run(sim, "tb.suites.bench_pair", None, extra_env={"IBGDA_BENCH_OUT": str(out), "BENCH_PAIR_POINTS": json.dumps(ppts)},
+        test_dir=out / "run_pair", top=PAIR_TOP_NAME)
+    pairs = [json.loads(f.read_text()) for f in sorted(out.glob("pair_*.json"))]
+    recs = [json.loads(f.read_text()) for f in sorted(out.glob("write_*.json"))]
+    recs.sort(key=lambda r: (r["dma_latency_ns"], r["doorbell_batch"], r["qps"], r["payload_bytes"]))
+    shares = [json.loads(f.read_text()) for f in sorted(out.glob("share_*.json"))]
+    lats = [json.loads(f.read_text()) for f in sorted(out.glob("latency_*.json"))]
+    rxs = [json.loads(f.read_text()) for f in sorted(out.glob("rx_*.json"))]
+    (out / "results.json").write_text(json.dumps(recs + lats + shares + rxs + pairs, indent=2))
+    print(f"\n{'payload':>8} {'QPs':>4} {'batch':>5} {'DMA ns':>6} {'msgs':>6} {'M msg/s':>8} {'Gb/s':>7} "
+          f"{'limit':>7} {'ratio':>6} {'model Gb/s':>10}")
+    for r in recs:
+        print(f"{r['payload_bytes']:>8} {r['qps']:>4} {r['doorbell_batch']:>5} {r['dma_latency_ns']:>6} "
+              f"{r['messages']:>6} {r['messages_per_s'] / 1e6:>8.1f} {r['goodput_gbps']:>7.1f} "
+              f"{r['wire_limit_goodput_gbps']:>7.1f} {r['ratio_to_wire_limit']:>6.3f} "
+              f"{r['golden_model_goodput_gbps']:>10.1f}")
+    for r in lats:
+        print(f"\nlatency, idle engine, GPU-memory round trip {r['dma_round_trip_cycles']} cycles "
+              f"({r['dma_latency_ns']} ns): doorbell -> first byte on the wire")
+        for case, c in r["cases"].items():
+            model = f" (cycle model {c['cycle_model']})"
+            print(f"  {case:<22} {c['db_to_first_byte_cycles']:>5} cycles{model}")
+    for r in shares:
+        got = ", ".join(f"{s_:.4f}" for s_ in r["shares"])
+        ideal = ", ".join(f"{s_:.4f}" for s_ in r["ideal_shares"])
+        print(f"\nscheduler shares, weights {r['weights']}, {r['window_frames']} frames: {got} "
+              f"(ideal {ideal}; largest error {100 * r['max_share_error']:.2f}%)")
+    if rxs:
+        print("\nreceive floods at the 400G line rate (MAC RX; rate 1.000 = never held back):")
+        print(f"{'kind':>8} {'bytes':>6} {'QPs':>4} {'frames':>7} {'M frames/s':>10} {'rate':>6} {'stalls':>7}")
+        for r in sorted(rxs, key=lambda r: (r["flood"], r["frame_bytes"], r["qps"])):
+            fps = r["frames"] / (r["cycles"] * P.CLOCK_PERIOD_NS) * 1e3
+            print(f"{r['flood']:>8} {r['frame_bytes']:>6} {r['qps']:>4} {r['frames']:>7} {fps:>10.1f} "
+                  f"{r['ratio_to_line_rate']:>6.3f} {r['mac_rx_stall_cycles']:>7}")
+    if pairs:
+        print("\ntwo nodes, RC, responder in the loop (cable 100 cycles each way, loss on both directions):")
+        print(f"{'payload':>8} {'QPs':>4} {'msgs':>6} {'loss':>6} {'Gb/s':>7} {'M msg/s':>8} {'steady':>7} "
+              f"{'vs lossless':>11} {'frames':>7} {'dropped':>8} {'NAKs':>5} {'retx':>5} {'timeouts':>8}")
+        base = {r["payload_bytes"]: r["goodput_gbps"] for r in pairs if r["loss"] == 0}
+        for r in sorted(pairs, key=lambda r: (-r["payload_bytes"], r["loss"])):
+            ratio = r["goodput_gbps"] / base[r["payload_bytes"]] if r["payload_bytes"] in base else float("nan")
+            print(f"{r['payload_bytes']:>8} {r['qps']:>4} {r['messages']:>6} {r['loss']:>6g} {r['goodput_gbps']:>7.1f} "
+                  f"{r['messages_per_s'] / 1e6:>8.1f} {(r.get('steady_frames_per_s') or 0) / 1e6:>7.1f} "
+                  f"{ratio:>11.3f} {r['frames_sent']:>7} "
+                  f"{sum(r['dropped'].values()):>8} {r['naks']:>5} {r['retransmits']:>5} {r['timeouts']:>8}")
+    plots(recs, out)
+    print(f"\nresults: {out / 'results.json'}; plots and one pcap per point beside it")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The NIC as RC responder, with the golden model as its peer requester: the peer's
+traffic (faults mixed in), the environment with its QPs and memory regions, and the
+frame-by-frame, byte-by-byte and counter check against ``RcResponder``. Shared by the
+receive suites (tb/suites/rc.py) and the receive benchmark (tb/suites/bench.py)."""
+from cocotb.triggers import ClockCycles
+
+from model.frames import Port, QpContext, build_write_frames
+from model.mr import MemoryRegion
+from model.rc import RcResponder
+from spec.formats import Access
+from tb.env import NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
+
+
+PD = 7
+DST = 0x2000_0000
+KEY = (0x21 << 8) | 0x5A
+KEY_RO = (0x22 << 8) | 0x11                       # no remote write
+KEY_PD = (0x23 << 8) | 0x22                       # another PD
+REGION_LEN = 1 << 20
+REGIONS = [
+    MemoryRegion(key=KEY, base=DST, length=REGION_LEN, access=Access.LOCAL_WRITE | Access.REMOTE_WRITE, pd=PD),
+    MemoryRegion(key=KEY_RO, base=DST, length=REGION_LEN, access=Access.REMOTE_READ, pd=PD),
+    MemoryRegion(key=KEY_PD, base=DST, length=REGION_LEN, access=Access.REMOTE_WRITE, pd=PD + 1),
+]
+
+
+def peer_port(q):
+    return Port(smac=peer_mac(q), sip=peer_ip(q))
+
+
+def traffic(rnd, peers, messages, *, faults=True, aligned=False):
+    """Frames of the peer requesters, interleaved per message; with ``faults`` also
+    duplicates, a lost frame with the next two out of order and then resent from it
+    (go-back-N), damaged frames, access violations, frames for unknown QPs and frames
+    addressed to another port (MAC or IPv4 address)."""
+    streams = {}
+    for q, (ctx, mtu) in peers.items():
+        psn, frames = ctx.start_psn, []
+        for k in range(messages):
+            n = 2 * mtu + 3 if k == 1 else rnd.choice([0, 1, 8, 64, 150, mtu - 1, mtu, mtu + 1, 2 * mtu + 3])
+            va = DST + 0x4000 * (q * messages + k) + (0 if aligned else rnd.randrange(128))
+            key = KEY
+            if faults and q == 3 and k == messages - 2:
+                key = rnd.choice([KEY_RO, KEY_PD, KEY + 1])           # rights, PD or key wrong
+            if faults and q == 2 and k == messages - 1:
+                va = DST + REGION_LEN - max(n // 2, 1)                 # runs past the region
+            fr = build_write_frames(ctx, peer_port(q), va, key, bytes(rnd.randrange(256) for _ in range(n)), psn)
+            psn = (psn + len(fr)) & 0xFFFFFF
+            frames.append(fr)
+        streams[q] = frames
+    out, sent = [], []
+    taken = dict.fromkeys(streams, 0)
+    while any(streams.values()):
+        q = rnd.choice([q for q, s in streams.items() if s])
+        msg = streams[q].pop(0)
+        taken[q] += 1
+        i = 0
+        while i < len(msg):
+            f = msg[i]
+            r = rnd.random() if faults else 1.0
+            if faults and taken[q] == 2 and i == 0:
+                r = 0.05                                               # every QP's 2nd message sees a gap
+            if r < 0.05 and sent:
+                out.append(rnd.choice(sent))                           # a duplicate
+            if 0.05 <= r < 0.11 and i + 1 < len(msg):
+                out += msg[i + 1:i + 3]                                # f lost: a gap, then go-back-N
+            if 0.11 <= r < 0.14:
+                bad = bytearray(f)
+                bad[rnd.randrange(14, len(bad))] ^= 1 << rnd.randrange(8)
+                out.append(bytes(bad))                                 # damaged on the wire
+            if 0.14 <= r < 0.16:
+                other = QpContext(qpn=0x77, remote_qpn=rnd.choice([9, 0x3FF, 0x123456]), dmac=PORT_MAC,
+                                  dip=PORT_IP, mtu=256)
+                out += build_write_frames(other, peer_port(1), DST, KEY, b"z" * 8, 0)   # no such QP here
+            if 0.16 <= r < 0.18:
+                # for another port: another destination MAC, or another IPv4 address
+                if rnd.random() < 0.5:
+                    out.append(bytes([f[0] ^ 0x80]) + f[1:])
+                else:
+                    ctx, _ = peers[q]
+                    other = QpContext(qpn=ctx.qpn, remote_qpn=q, dmac=PORT_MAC, dip=PORT_IP ^ 0x100, mtu=ctx.mtu)
+                    out += build_write_frames(other, peer_port(q), DST, KEY, b"y" * 8, 0)
+            out.append(f)
+            sent.append(f)
+            i += 1
+    return out
+
+
+async def responder_env(dut, rnd, mtus, ack_every):
+    env = await NicEnv(dut).start()
+    cq = await env.cq(0, 6)
+    model = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP))
+    peers = {}
+    for q, mtu in mtus.items():
+        psn = 0xFFFFF0 if q == 1 else rnd.randrange(1 << 24)          # QP 1 wraps its PSN
+        await env.qp(q, cq, mtu=mtu, remote_qpn=0x100 + q, rq_psn=psn, pd=PD, ack_every=ack_every[q])
+        model.add_qp(QpContext(qpn=q, remote_qpn=0x100 + q, dmac=peer_mac(q), dip=peer_ip(q), start_psn=psn,
+                               mtu=mtu), PD, ack_every=ack_every[q])
+        peers[q] = (QpContext(qpn=0x100 + q, remote_qpn=q, dmac=PORT_MAC, dip=PORT_IP, start_psn=psn, mtu=mtu), mtu)
+    for r in REGIONS:
+        await env.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
+        model.register(r)
+    return env, model, peers
+
+
+async def run_and_check(env, model, frames, *, acks=()):
+    """``acks``: indices of frames that are ACKs for the NIC's requester side (the
+    responder model does not take them; the NIC counts them as ACKs received)."""
+    acks = set(acks)
+    expect = [model.receive(f) for k, f in enumerate(frames) if k not in acks]
+    for f in frames:
+        env.rx.send(f)
+    responses = [e.response for e in expect if e.response is not None]
+    while not env.rx.idle:
+        await ClockCycles(env.dut.clk, 64)
+    await env.wire.wait_frames(len(responses), timeout_cycles=20_000)
+    await ClockCycles(env.dut.clk, 300)                   # the last writes reach memory
+    got = [f.data for f in env.wire.frames]
+    assert len(got) == len(responses), f"{len(got)} ACK/NAK frames, the model sends {len(responses)}"
+    for k, (g, w) in enumerate(zip(got, responses)):
+        assert g == w, f"response {k}: RTL {g.hex()} model {w.hex()}"
+    # GPU memory: every accepted payload in place, nothing else written
+    image = {}
+    for e in expect:
+        for addr, data in e.writes:
+            for i, b in enumerate(data):
+                image[addr + i] = b
+    lo = DST
+    hi = DST + REGION_LEN
+    span = env.mem.read(lo, hi - lo)
+    for addr in range(lo, hi):
+        if span[addr - lo] != image.get(addr, 0):
+            raise AssertionError(f"GPU memory at {addr:#x}: {span[addr - lo]:#04x}, "
+                                 f"expected {image.get(addr, 0):#04x}")
+    c = await env.ctl.read_counters()
+    mc = model.counters
+    want = {"rx_accepted": mc.accepted, "acks_sent": mc.acks_sent, "naks_sent": sum(mc.naks_sent.values())}
+    for reason in ("bad_length", "not_roce", "bad_ip_checksum", "bad_icrc", "bad_pkey", "bad_opcode", "bad_address",
+                   "qp_not_ready", "psn_duplicate", "psn_out_of_order", "access_error", "invalid_request"):
+        want[f"rx_{reason}"] = mc.dropped[reason]
+    diff = {k: (c[k], v) for k, v in want.items() if c[k] != v}
+    assert not diff, f"counters (RTL, model) that differ: {diff}"
+    assert c["rx_ack_received"] == len(acks)
+    return expect, c
+
+
+def not_roce(n, k):
+    """An n-byte Ethernet frame of another EtherType (dropped as not RoCE)."""
+    head = PORT_MAC.to_bytes(6, "big") + peer_mac(1).to_bytes(6, "big") + b"\x88\xb5"
+    return (head + bytes((k + i) & 0xFF for i in range(n)))[:n]

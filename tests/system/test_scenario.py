@@ -1,0 +1,30 @@
+"""The default scenario (`make sim`) on both simulators, and its capture decoded by tshark."""
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from tb.runner import ROOT, SIMULATORS, run
+
+
+@pytest.mark.parametrize("sim", SIMULATORS)
+def test_default_scenario(sim):
+    out = ROOT / "build" / f"test_scenario_{sim}"
+    shutil.rmtree(out, ignore_errors=True)
+    run(sim, "tb.suites.scenario", "default_scenario", extra_env={"IBGDA_SIM_OUT": str(out)}, test_dir=out / "run")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["messages"] == 80 and summary["cqes"] == 48
+    pcap = out / "wire.pcap"
+
+    tshark = shutil.which("tshark")
+    assert tshark, "tshark is not installed: run `make setup`"
+    fields = subprocess.run([tshark, "-r", str(pcap), "-T", "fields", "-e", "frame.protocols",
+                             "-e", "infiniband.bth.opcode", "-e", "_ws.malformed", "-e", "_ws.expert.severity"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    rows = [line.split("\t") for line in fields if line.strip()]
+    assert len(rows) == summary["packets"], f"tshark read {len(rows)} frames, the run sent {summary['packets']}"
+    for i, (protocols, opcode, malformed, severity) in enumerate(rows):
+        assert "infiniband" in protocols, f"frame {i + 1} not decoded as RoCE: {protocols}"
+        assert opcode in {"6", "7", "8", "10"}, f"frame {i + 1}: BTH opcode {opcode}"
+        assert not malformed and not severity, f"frame {i + 1}: tshark reports malformed/expert {malformed} {severity}"
