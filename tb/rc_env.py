@@ -6,7 +6,7 @@ from cocotb.triggers import ClockCycles
 
 from model.frames import Port, QpContext, build_write_frames
 from model.mr import MemoryRegion
-from model.rc import RcResponder
+from model.responder import RcResponder
 from spec.formats import Access
 from tb.env import NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
 

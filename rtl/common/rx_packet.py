@@ -1,7 +1,7 @@
 """The descriptor of a received frame, from the receive header parser to the responder.
 
 :class:`RxDrop` names why a frame is dropped at frame level: the first seven reasons of
-``model.rc.DROP_REASONS`` (``model.rc.parse_frame`` says in which order it checks them). The
+``model.parse.DROP_REASONS`` (``model.parse.parse_frame`` says in which order it checks them). The
 QP-level reasons (QP not ready, PSN, access, invalid request) need the QP's state and
 are decided later by the responder. :func:`RxPacket` is one frame's decoded headers,
 as plain integers (the big-endian wire fields converted once, in the parser).
@@ -28,7 +28,7 @@ class RxDrop(enum.Enum, shape=3):
     BAD_ADDRESS = 7         # RoCEv2, but the destination MAC or IPv4 address is not the port's
 
 
-# ``model.rc.DROP_REASONS`` names of the reasons above (None: accepted).
+# ``model.parse.DROP_REASONS`` names of the reasons above (None: accepted).
 RX_DROP_NAMES = {
     RxDrop.NONE: None, RxDrop.BAD_LENGTH: "bad_length", RxDrop.NOT_ROCE: "not_roce",
     RxDrop.BAD_IP_CHECKSUM: "bad_ip_checksum", RxDrop.BAD_ICRC: "bad_icrc",

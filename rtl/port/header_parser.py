@@ -20,7 +20,7 @@ LEN_CAP = 1 << 17                           # frame byte counts saturate here (n
 LEN_BITS = 18                               # a frame length: up to LEN_CAP + BEAT
 INLINE_LANE_BITS = (BEAT - 1).bit_length()  # an inline payload stays within one 128-byte line
 
-# opcode -> (RETH, ImmDt, AETH) present: the opcodes model/rc.py knows.
+# opcode -> (RETH, ImmDt, AETH) present: the opcodes model/parse.py knows.
 KNOWN_OPCODES = {
     F.Op.WRITE_FIRST: (1, 0, 0), F.Op.WRITE_MIDDLE: (0, 0, 0), F.Op.WRITE_LAST: (0, 0, 0),
     F.Op.WRITE_LAST_IMM: (0, 1, 0), F.Op.WRITE_ONLY: (1, 0, 0), F.Op.WRITE_ONLY_IMM: (1, 1, 0),
@@ -77,7 +77,7 @@ class _FrameCheck(wiring.Component):
         n = self.length
         desc = self.desc
 
-        # ---- checks, in model.rc.parse_frame's order ------------------------------------
+        # ---- checks, in model.parse.parse_frame's order ------------------------------------
         ip_v = h.ip.as_value()
         cs_off, cs_w = F.get_field(F.IPV4, "checksum")
         ip_zero = Signal(8 * F.IPV4_LEN)     # the IPv4 header with its checksum field zero
@@ -207,7 +207,7 @@ class RxHeaderParser(wiring.Component):
     frame), and the descriptor pair goes into a two-entry queue in front of ``packets``
     (two cycles after the beat).
 
-    The checks and their order are those of ``model.rc.parse_frame``: shorter than 58
+    The checks and their order are those of ``model.parse.parse_frame``: shorter than 58
     bytes (BAD_LENGTH); EtherType not IPv4 or version/IHL byte not 0x45 (NOT_ROCE);
     IPv4 header checksum, the stored value against the one computed (BAD_IP_CHECKSUM);
     protocol not UDP, a fragment (MF or offset) or UDP destination port not 4791

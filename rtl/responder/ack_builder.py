@@ -15,7 +15,7 @@ ACK_FRAME_LEN = F.OFF_EXT + F.AETH_LEN + F.ICRC_LEN     # 62: Eth/IPv4/UDP/BTH/A
 
 
 def AckRequest(num_qps):
-    """One ACK or NAK to send (the fields of ``model.rc.build_response``).
+    """One ACK or NAK to send (the fields of ``model.parse.build_response``).
 
     ``dmac``/``dip``/``dest_qp``: the requester (its MAC, IPv4 and QP number, BTH.DestQP);
     ``src_qpn``: the local (responder) QP, whose low 14 bits pick the UDP source port as
@@ -36,7 +36,7 @@ def AckRequest(num_qps):
 class AckBuilder(wiring.Component):
     """Builds the ACK/NAK frames of one or two requests as one transmit beat.
 
-    Each frame is ``model.rc.build_response``'s: Ethernet / IPv4 (checksum) / UDP /
+    Each frame is ``model.parse.build_response``'s: Ethernet / IPv4 (checksum) / UDP /
     BTH (opcode ACKNOWLEDGE 0x11, AckReq clear, P_Key 0xFFFF) / AETH, 62 bytes with the 4
     ICRC bytes left as zeros for the ICRC inserter. Headers come from the transmit side's
     one header rule (``rtl.common.headers.drive_roce_headers``), so they match the packet builder's.

@@ -39,7 +39,7 @@ class RxVerdict(enum.Enum, shape=4):
     INVALID_REQUEST = 12
 
 
-# model.rc names (``DROP_REASONS`` and its counters) of each verdict.
+# model.parse names (``DROP_REASONS`` and its counters) of each verdict.
 RX_VERDICT_NAMES = {
     RxVerdict.ACCEPTED: "accepted", RxVerdict.ACK_RECEIVED: "ack_received",
     RxVerdict.BAD_LENGTH: "bad_length", RxVerdict.NOT_ROCE: "not_roce",
@@ -84,7 +84,7 @@ class Responder(wiring.Component):
     requester side. Every request with payload gets exactly one payload command (write
     or discard), so the payload writer stays in step with the frames it sees (those
     with payload); a request may also produce an ACK/NAK to send. The rules are those of
-    ``model/rc.py`` (``RcResponder.receive``, for the frames that pass its frame-level
+    ``model/responder.py`` (``RcResponder.receive``, for the frames that pass its frame-level
     checks):
 
     - a QP accepts packets in RTR or RTS;

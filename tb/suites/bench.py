@@ -168,7 +168,7 @@ async def _rx(dut, p):
     frames over the cycles MAC RX took to hand them over: 1.0 when it is never held back."""
     import random
     from model.frames import QpContext, build_write_frames
-    from model.rc import build_response
+    from model.parse import build_response
     from spec.formats import Aeth
     from tb.env import PORT_IP, PORT_MAC
     from tb.rc_env import DST, KEY, not_roce, peer_port, responder_env

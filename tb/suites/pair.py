@@ -3,7 +3,7 @@
 NIC 0's GPU posts WRITEs of every shape into a memory region of NIC 1's GPU. Checked:
 NIC 0's frames and CQEs equal the transmit golden model (model/engine.py); the bytes in
 NIC 1's GPU memory equal what was sent; NIC 1's ACK frames equal the RC golden
-responder's (model/rc.py) for NIC 0's frames; every CQE of NIC 0 is written only after
+responder's (model/responder.py) for NIC 0's frames; every CQE of NIC 0 is written only after
 the ACK covering its WQE reached NIC 0; the receive counters of both agree.
 """
 import random
@@ -13,10 +13,12 @@ from cocotb.triggers import ClockCycles
 
 from model.cqe import CqContext, parse_cqe
 from model.frames import Port, QpContext
+from model.link import simulate
 from model.mr import MemoryRegion
-from model.rc import RcRequester, RcResponder, simulate
+from model.requester import RcRequester
+from model.responder import RcResponder
 from spec.formats import Access, CQE64, CqeOp, Syndrome, unpack
-from tb import fault_matrix
+from tb.suites import fault_matrix
 from tb.network import FaultSpec
 from tb.pair_env import NIC_IPS, NIC_MACS, NicPairEnv
 
@@ -121,7 +123,7 @@ async def rc_access_errors(dut):
     complete, the bad one gets REQ_ERR with the syndrome (signaled or not), every later
     WQE, also those posted after the failure, REQ_ERR WR_FLUSH_ERR; QP 5 carries on.
     NIC 1's memory outside the good WRITEs is untouched. The CQEs equal the golden RC
-    model's (model/rc.py simulate) for the same WQEs."""
+    model's (model/link.py simulate) for the same WQEs."""
     mtu = 1024
     env = await NicPairEnv(dut, latency_cycles=100, dma_latency=100).start()
     a, b = env.nics
@@ -259,7 +261,7 @@ def _assert_frames_as_model(res, a, b):
         assert len(got) == len(want), f"{name}: {len(got)} frames, the model sends {len(want)}"
 
 
-# Explicit faults by frame index (tb.network.FaultSpec pattern = model.rc.simulate faults).
+# Explicit faults by frame index (tb.network.FaultSpec pattern = model.link.simulate faults).
 # Each episode is one 4-packet WRITE posted when the previous one completed; frame
 # indices below follow from the protocol alone (the episode's packets all leave before a
 # response can come back), so the model's frame sequences are the RTL's, byte for byte.
@@ -278,7 +280,7 @@ async def rc_fault_pattern(dut):
     """Go-back-N against the golden RC model for a given fault pattern: a dropped middle
     packet (NAK), a dropped last packet (timeout), a corrupted packet (ICRC, NAK), a
     duplicate, a dropped ACK (timeout, duplicates re-acknowledged), a late last packet. Every frame on both
-    directions equals the model's (model/rc.py simulate with the same pattern), and so
+    directions equals the model's (model/link.py simulate with the same pattern), and so
     do the CQEs, the memory and the NAK, timeout and go-back counts."""
     mtu, n, timeout, ack_every = 1024, 3 * 1024 + 100, 800, 4
     faults = {("tx", 0): FaultSpec(pattern=PATTERN_DATA), ("tx", 1): FaultSpec(pattern=PATTERN_ACKS)}

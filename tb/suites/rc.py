@@ -1,6 +1,6 @@
 """System regressions of the receive side (cocotb): the NIC as RC responder.
 
-A peer requester is played by the golden model (model/rc.py): its frames enter on
+A peer requester is played by the golden model (model/frames.py): its frames enter on
 MAC RX at the 400G line rate, with duplicates, gaps and go-back-N resends, damaged
 frames, access violations and frames for QPs that are not ready mixed in. The model
 responder (``RcResponder``) sees the same frames; the NIC's ACK/NAK frames on MAC TX,
@@ -11,7 +11,7 @@ import random
 import cocotb
 
 from model.frames import QpContext, build_write_frames
-from model.rc import build_response
+from model.parse import build_response
 from spec.formats import Aeth
 from tb.env import PORT_IP, PORT_MAC
 from tb.rc_env import DST, KEY, peer_port, traffic, responder_env, run_and_check, not_roce

@@ -19,7 +19,7 @@ from cocotb.triggers import ClockCycles
 
 from model.frames import Port, QpContext
 from model.mr import MemoryRegion
-from model.rc import RcResponder
+from model.responder import RcResponder
 from spec.formats import OFF_BTH, Access, Op
 from tb.network import FaultSpec
 from tb.pair_env import NIC_IPS, NIC_MACS, NicSwitchEnv

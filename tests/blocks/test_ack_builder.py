@@ -1,4 +1,4 @@
-"""AckBuilder (+ IcrcInserter) against model/rc.py build_response, and TxMux (ACKs merged into the
+"""AckBuilder (+ IcrcInserter) against model/parse.py build_response, and TxMux (ACKs merged into the
 data beat stream at frame boundaries only), in Amaranth's simulator."""
 import gc
 import random
@@ -10,7 +10,7 @@ from amaranth.hdl import Elaboratable, Module, UnusedElaboratable
 from amaranth.lib import wiring
 
 from model.frames import Port, QpContext, build_write_frames
-from model.rc import build_response
+from model.parse import build_response
 from rtl.responder.ack_builder import ACK_FRAME_LEN, AckBuilder
 from rtl.port.icrc_inserter import IcrcInserter
 from rtl.common.tx_beat import TxBeat

@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""RxHeaderParser in Amaranth's simulator, held to model/rc.py ``parse_frame``.
+"""RxHeaderParser in Amaranth's simulator, held to model/parse.py ``parse_frame``.
 
 Frames come from the golden model (``build_rc_packet`` for every WRITE opcode with and
 without immediate, ``build_response`` for ACK/NAK), from the smallest up to several
@@ -16,7 +16,7 @@ from amaranth.sim import Simulator
 
 from model.frames import Port, QpContext
 from model.icrc import icrc, ipv4_checksum
-from model.rc import WRITE_OPCODES, build_rc_packet, build_response, parse_frame
+from model.parse import WRITE_OPCODES, build_rc_packet, build_response, parse_frame
 from rtl.port.header_parser import RxHeaderParser
 from rtl.common.rx_packet import RX_DROP_NAMES, RxDrop
 from spec.formats import BTH, IPV4, OFF_BTH, OFF_IP, OFF_UDP, UDP, Aeth, Op, pack

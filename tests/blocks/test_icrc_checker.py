@@ -12,7 +12,7 @@ from amaranth.sim import Simulator
 
 from model.frames import Port, QpContext, build_packet, build_write_frames
 from model.icrc import icrc
-from model.rc import build_response
+from model.parse import build_response
 from rtl.common import icrc_math
 from rtl.port.icrc_checker import MIN_FRAME, RESIDUE, IcrcChecker
 from rtl.port.rx_adapter import MacRxAdapter

@@ -1,6 +1,6 @@
-"""The RC responder block (rtl/responder/responder.py) against the golden model (model/rc.py RcResponder).
+"""The RC responder block (rtl/responder/responder.py) against the golden model (model/responder.py RcResponder).
 
-WRITE request frames are built by the golden model, decoded by ``model.rc.parse_frame``
+WRITE request frames are built by the golden model, decoded by ``model.parse.parse_frame``
 into the descriptor the receive header parser would give (that parser has its own test),
 and driven back to back through the block, one or two per transfer as the dispatch
 hands them over, with random stalls on every output. For every frame the block's
@@ -15,7 +15,8 @@ from amaranth.sim import Simulator
 
 from model.frames import Port, QpContext, build_write_frames
 from model.mr import MemoryRegion
-from model.rc import WRITE_OPCODES, RcResponder, parse_frame
+from model.parse import WRITE_OPCODES, parse_frame
+from model.responder import RcResponder
 from rtl.responder.responder import Responder, RxVerdict, RX_VERDICT_NAMES
 from rtl.common.rx_packet import RxDrop
 from spec.formats import Access, QpState, mtu_code

@@ -1,4 +1,4 @@
-"""Tests of the RC golden model (model/rc.py): responder, requester, go-back-N over a lossy link.
+"""Tests of the RC golden model (model/parse.py, responder.py, requester.py, link.py): responder, requester, go-back-N over a lossy link.
 
 No simulator. Expected counts are worked out by hand in the comments; frames are read
 back at hand-written byte offsets or by scapy (tb/roce_check.py), and lossless runs are
@@ -19,10 +19,11 @@ from model.engine import EngineModel
 from model.frames import QpContext, Port, build_ctrl, build_nop_wqe, build_write_wqe, split_message
 from model.icrc import icrc, ipv4_checksum
 from model.mr import MemoryRegion
-from model.rc import (
-    FAULT_KINDS, WRITE_OPCODES, Aeth, CqeSyndrome, RcRequester, RcResponder, SparseMemory, build_rc_packet,
-    build_response, parse_frame, simulate,
-)
+from model.link import FAULT_KINDS, simulate
+from model.memory import SparseMemory
+from model.parse import WRITE_OPCODES, Aeth, CqeSyndrome, build_rc_packet, build_response, parse_frame
+from model.requester import RcRequester
+from model.responder import RcResponder
 from spec.formats import Access, CqeOp, MrCheck, Op, QpState, Syndrome, WqeOp
 from tb.roce_check import check_frame
 

@@ -1,0 +1,276 @@
+"""Receive side of the RC golden model: ``RcResponder`` (header checks, PSN, memory key, ACK/NAK).
+
+Event-level, not cycle-accurate, pure Python and deterministic: the same frames give the
+same writes, responses and counters. Frames are checked by ``model.parse.parse_frame``.
+
+Contents:
+    RxResult, ResponderCounters
+    RcResponder                 receive path: header checks, PSN, memory-key check, ACK/NAK
+
+Decisions (the RTL must follow them; the tests hold the model to them):
+    - ACK syndrome 0x1F (ACK, credit field 0b11111 = "credits invalid"). The credit field
+      counts receive WQEs; this responder has no receive queue (RDMA WRITE consumes none)
+      and the requester never limits itself on credits, so it advertises "no credit
+      information" rather than 0x00, which an IB requester would read as zero credits.
+    - ACK coalescing: the responder keeps a count of accepted packets not yet covered by
+      an ACK; it sends an ACK (BTH.PSN = that packet's PSN, AETH.MSN = messages done) when
+      the packet has AckReq set, is the last packet of a message (LAST/ONLY, with or
+      without immediate), or the count reaches the QP's ``ack_every``. Any ACK or
+      PSN-sequence NAK resets the count (both acknowledge every earlier packet).
+    - Duplicates (PSN behind the expected PSN) are not executed; each one is answered by
+      an ACK carrying the PSN of the last accepted packet and the current MSN, so a lost
+      ACK is repaired by the requester's retransmission without state at the responder.
+    - A gap (PSN ahead) sends one NAK PSN-sequence-error carrying the expected PSN; later
+      packets are dropped silently until the expected PSN arrives (IBA reliable service:
+      duplicates are still answered, new requests ignored until the expected PSN).
+    - Remote access error and invalid request (opcode sequence, length against MTU or
+      RETH length) send a NAK with the offending PSN and move the responder QP to ERR
+      (IBA responder class A/C errors; Linux rxe, rxe_resp.c ``do_class_ac_error``, does so).
+    - A multi-packet WRITE is checked once, on FIRST, for the whole RETH range; later
+      packets write at ``RETH.va + offset`` and are held to that range.
+"""
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from spec.formats import Access, MrCheck, QpState
+from model.frames import PSN_MASK, Port, QpContext
+from model.mr import MemoryRegion, check as mr_check
+from model.parse import (MR_INDEX_SHIFT, MSN_MASK, PSN_HALF, WRITE_OPCODES, Aeth, _FIRST_OPCODES, _LAST_OPCODES,
+                         build_response, parse_frame)
+
+__all__ = ["RxResult", "ResponderCounters", "RcResponder"]
+
+
+@dataclass
+class RxResult:
+    """What the responder did with one frame.
+
+    Members:
+        accepted: True when the packet was executed (in sequence, checks passed).
+        reason: None if accepted, else one of ``DROP_REASONS``.
+        qpn, psn, opcode: from the BTH (None when the headers did not parse).
+        writes: ``[(addr, bytes)]`` to perform in GPU memory, in order (empty unless accepted).
+        response: ACK/NAK frame to send, or None.
+        response_kind: "ack", "nak_psn_seq", "nak_invalid_request", "nak_remote_access" or None.
+        message_done: the packet ended a message (MSN advanced).
+        imm: the immediate of a completed *_IMM message (no receive queue is modelled:
+            the caller sees it here), else None.
+        mr_status: ``spec.formats.MrCheck`` outcome of an access error, else None.
+    """
+    accepted: bool
+    reason: object = None
+    qpn: object = None
+    psn: object = None
+    opcode: object = None
+    writes: list = field(default_factory=list)
+    response: object = None
+    response_kind: object = None
+    message_done: bool = False
+    imm: object = None
+    mr_status: object = None
+
+
+@dataclass
+class ResponderCounters:
+    """Counters of an RcResponder.
+
+    Members:
+        rx_frames: frames given to ``receive``; accepted: packets executed;
+        messages: messages completed; bytes_written: payload bytes handed out as writes;
+        imm_messages: messages with an immediate; acks_sent;
+        naks_sent: Counter by response kind ("nak_psn_seq", ...);
+        dropped: Counter by reason (``DROP_REASONS``).
+    """
+    rx_frames: int = 0
+    accepted: int = 0
+    messages: int = 0
+    bytes_written: int = 0
+    imm_messages: int = 0
+    acks_sent: int = 0
+    naks_sent: Counter = field(default_factory=Counter)
+    dropped: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class _RespQp:
+    ctx: QpContext
+    pd: int
+    ack_every: int
+    epsn: int
+    state: int
+    msn: int = 0
+    unacked: int = 0           # accepted packets not yet covered by an ACK / PSN NAK
+    nak_sent: bool = False     # a PSN-sequence NAK went out for the current gap
+    in_msg: bool = False       # between FIRST and LAST
+    msg_va: int = 0
+    msg_len: int = 0
+    msg_off: int = 0
+
+
+class RcResponder:
+    """Receive side of the RC transport for RDMA WRITE (golden model).
+
+    Parameters:
+        port: the responder's ``model.frames.Port`` (source of ACK/NAK frames).
+        ack_every: default ACK coalescing count (>= 1) for QPs added without one.
+
+    Members:
+        port, ack_every.
+        qps: {qpn: per-QP state} (``qp_info`` gives a read-only view).
+        regions: {key index: ``model.mr.MemoryRegion``}.
+        counters: ResponderCounters.
+
+    A QP accepts packets in RTR or RTS. ``receive`` runs the checks of ``parse_frame``,
+    then the QP, the PSN, the opcode sequence, the memory key (on FIRST/ONLY, for the
+    whole RETH range, with ``model.mr.check`` and right REMOTE_WRITE) and the payload
+    length (FIRST/MIDDLE exactly one MTU, LAST/ONLY at most one and the message exactly
+    RETH.dma_len); see the module docstring for the ACK, NAK and duplicate rules.
+    """
+
+    def __init__(self, port, ack_every=1):
+        if not isinstance(port, Port):
+            raise ValueError("port must be a model.frames.Port")
+        if not isinstance(ack_every, int) or ack_every < 1:
+            raise ValueError(f"ack_every must be an int >= 1, got {ack_every!r}")
+        self.port = port
+        self.ack_every = ack_every
+        self.qps = {}
+        self.regions = {}
+        self.counters = ResponderCounters()
+
+    # -- set-up
+    def add_qp(self, ctx, pd, ack_every=None):
+        """Create a responder QP.
+
+        Parameters:
+            ctx: QpContext of the local QP: qpn (BTH.dqpn of incoming packets), remote_qpn,
+                dmac/dip (the requester), start_psn (first expected PSN), mtu, state.
+            pd: protection domain of the QP (int >= 0).
+            ack_every: ACK coalescing count (>= 1); default the responder's.
+        """
+        if not isinstance(ctx, QpContext):
+            raise ValueError("ctx must be a model.frames.QpContext")
+        if ctx.qpn in self.qps:
+            raise ValueError(f"responder QP {ctx.qpn:#x} already exists")
+        if not isinstance(pd, int) or pd < 0:
+            raise ValueError(f"pd must be an int >= 0, got {pd!r}")
+        every = self.ack_every if ack_every is None else ack_every
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"ack_every must be an int >= 1, got {every!r}")
+        self.qps[ctx.qpn] = _RespQp(ctx=ctx, pd=pd, ack_every=every, epsn=ctx.start_psn, state=ctx.state)
+
+    def set_state(self, qpn, state):
+        """Move responder QP ``qpn`` to ``state`` (``spec.formats.QpState``)."""
+        if state not in range(QpState.RESET, QpState.ERR + 1):
+            raise ValueError(f"state must be a spec.formats.QpState value, got {state!r}")
+        self._qp(qpn).state = state
+
+    def qp_info(self, qpn):
+        """Dict of QP ``qpn``'s state: epsn, msn, state, unacked, nak_sent, in_msg."""
+        q = self._qp(qpn)
+        return dict(epsn=q.epsn, msn=q.msn, state=q.state, unacked=q.unacked, nak_sent=q.nak_sent,
+                    in_msg=q.in_msg)
+
+    def register(self, region):
+        """Register (or replace) a memory region; its slot is ``region.key >> 8``."""
+        if not isinstance(region, MemoryRegion):
+            raise ValueError("region must be a model.mr.MemoryRegion")
+        if not 0 <= region.key < 1 << 32:
+            raise ValueError(f"memory key must be a u32, got {region.key!r}")
+        self.regions[region.key >> MR_INDEX_SHIFT] = region
+
+    def deregister(self, key):
+        """Remove the region registered under ``key``'s index."""
+        self.regions.pop(key >> MR_INDEX_SHIFT, None)
+
+    def _qp(self, qpn):
+        if qpn not in self.qps:
+            raise ValueError(f"unknown responder QP {qpn!r}")
+        return self.qps[qpn]
+
+    # -- receive
+    def _drop(self, reason, p=None, response=None, kind=None, **kw):
+        self.counters.dropped[reason] += 1
+        self._count_response(kind)
+        return RxResult(False, reason, p and p.dqpn, p and p.psn, p and p.opcode,
+                        response=response, response_kind=kind, **kw)
+
+    def _count_response(self, kind):
+        if kind == "ack":
+            self.counters.acks_sent += 1
+        elif kind is not None:
+            self.counters.naks_sent[kind] += 1
+
+    def _respond(self, q, psn, syndrome):
+        return build_response(q.ctx, self.port, psn, syndrome, q.msn)
+
+    def _fatal(self, q, p, reason, syndrome, kind, **kw):
+        # Class C error: NAK with the offending PSN, nothing executed, QP to ERR.
+        q.state = QpState.ERR
+        q.in_msg = False
+        return self._drop(reason, p, self._respond(q, p.psn, syndrome), kind, **kw)
+
+    def receive(self, frame):
+        """Process one received frame; returns an RxResult (the caller performs its writes
+        and sends its response)."""
+        self.counters.rx_frames += 1
+        p, reason = parse_frame(frame, WRITE_OPCODES, self.port)
+        if p is None:
+            return self._drop(reason)
+        q = self.qps.get(p.dqpn)
+        if q is None or q.state not in (QpState.RTR, QpState.RTS):
+            return self._drop("qp_not_ready", p)
+        d = (p.psn - q.epsn) & PSN_MASK
+        if d >= PSN_HALF:
+            # Duplicate: not executed again; the ACK names the last accepted PSN.
+            q.unacked = 0
+            return self._drop("psn_duplicate", p, self._respond(q, (q.epsn - 1) & PSN_MASK, Aeth.ACK), "ack")
+        if d:
+            if q.nak_sent:
+                return self._drop("psn_out_of_order", p)
+            q.nak_sent = True
+            q.unacked = 0      # the NAK acknowledges every PSN before the expected one
+            return self._drop("psn_out_of_order", p, self._respond(q, q.epsn, Aeth.NAK_PSN_SEQ), "nak_psn_seq")
+        q.nak_sent = False
+        first, last = p.opcode in _FIRST_OPCODES, p.opcode in _LAST_OPCODES
+        if first == q.in_msg:  # FIRST/ONLY inside a message, or MIDDLE/LAST outside one
+            return self._fatal(q, p, "invalid_request", Aeth.NAK_INVALID_REQ, "nak_invalid_request")
+        if first:
+            va, rkey, total = p.reth
+            status = mr_check(self.regions.get(rkey >> MR_INDEX_SHIFT), rkey, va, total, Access.REMOTE_WRITE, q.pd)
+            if status != MrCheck.OK:
+                return self._fatal(q, p, "access_error", Aeth.NAK_REMOTE_ACCESS, "nak_remote_access",
+                                   mr_status=status)
+            off = 0
+        else:
+            va, total, off = q.msg_va, q.msg_len, q.msg_off
+        n = len(p.payload)
+        # Length rules: they also keep every write inside the range checked on FIRST.
+        if last:
+            ok = n <= q.ctx.mtu and off + n == total
+        else:
+            ok = n == q.ctx.mtu and off + n < total
+        if not ok:
+            return self._fatal(q, p, "invalid_request", Aeth.NAK_INVALID_REQ, "nak_invalid_request")
+        writes = [(va + off, p.payload)] if n else []
+        q.epsn = (q.epsn + 1) & PSN_MASK
+        q.in_msg = not last
+        if last:
+            q.msn = (q.msn + 1) & MSN_MASK
+        else:
+            q.msg_va, q.msg_len, q.msg_off = va, total, off + n
+        q.unacked += 1
+        c = self.counters
+        c.accepted += 1
+        c.bytes_written += n
+        c.messages += last
+        imm = p.imm if last else None
+        c.imm_messages += imm is not None
+        response = kind = None
+        if p.ackreq or last or q.unacked >= q.ack_every:
+            q.unacked = 0
+            response, kind = self._respond(q, p.psn, Aeth.ACK), "ack"
+            self._count_response(kind)
+        return RxResult(True, None, p.dqpn, p.psn, p.opcode, writes, response, kind, last, imm)
+
