@@ -145,9 +145,3 @@ class CqModel:
     def buffer(self):
         """Predicted CQ buffer contents (depth * 64 bytes) after the CQEs pushed so far."""
         return bytes(self._buf)
-
-    def slot_bytes(self, slot):
-        """Predicted 64 bytes of one slot."""
-        if not 0 <= slot < self.depth:
-            raise ValueError(f"slot {slot} outside 0..{self.depth - 1}")
-        return bytes(self._buf[slot * CQE_SIZE:(slot + 1) * CQE_SIZE])

@@ -160,12 +160,6 @@ class RcResponder:
             raise ValueError(f"ack_every must be an int >= 1, got {every!r}")
         self.qps[ctx.qpn] = _RespQp(ctx=ctx, pd=pd, ack_every=every, epsn=ctx.start_psn, state=ctx.state)
 
-    def set_state(self, qpn, state):
-        """Move responder QP ``qpn`` to ``state`` (``spec.formats.QpState``)."""
-        if state not in range(QpState.RESET, QpState.ERR + 1):
-            raise ValueError(f"state must be a spec.formats.QpState value, got {state!r}")
-        self._qp(qpn).state = state
-
     def qp_info(self, qpn):
         """Dict of QP ``qpn``'s state: epsn, msn, state, unacked, nak_sent, in_msg."""
         q = self._qp(qpn)

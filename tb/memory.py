@@ -11,11 +11,11 @@ import cocotb
 from cocotb.triggers import RisingEdge
 from cocotbext.axi import AxiBus, AxiReadBus, AxiWriteBus
 
+from model.memory import PAGE, SparseMemory
 from spec.params import DATA_BYTES, DMA_BYTES_PER_CYCLE, DMA_READ_LATENCY_CYCLES
 
 from .clock import CycleCounter
 
-PAGE = 4096
 AXI_BURST_INCR = 1
 AXI_MAX_ID = 16          # 4-bit ids (interfaces.md)
 AXI_MAX_LEN = 255        # arlen/awlen: beats - 1
@@ -37,42 +37,6 @@ def sig_uint(sig):
 def sig_high(sig):
     """True when a 1-bit signal is 1 (X/Z count as low)."""
     return sig.value == 1
-
-
-class SparseMemory:
-    """Byte-addressed sparse memory of 4 KiB pages; unwritten bytes read as 0."""
-
-    def __init__(self):
-        self.pages = {}
-
-    def write(self, addr, data):
-        """Store ``data`` (bytes-like) at byte address ``addr``."""
-        if addr < 0:
-            raise ValueError(f"negative address {addr:#x}")
-        data = memoryview(bytes(data))
-        pos = 0
-        while pos < len(data):
-            a = addr + pos
-            page, off = divmod(a, PAGE)
-            n = min(PAGE - off, len(data) - pos)
-            buf = self.pages.get(page)
-            if buf is None:
-                buf = self.pages[page] = bytearray(PAGE)
-            buf[off:off + n] = data[pos:pos + n]
-            pos += n
-
-    def read(self, addr, n):
-        """Return ``n`` bytes from byte address ``addr``."""
-        if addr < 0 or n < 0:
-            raise ValueError(f"bad read addr={addr:#x} n={n}")
-        out = bytearray()
-        while len(out) < n:
-            a = addr + len(out)
-            page, off = divmod(a, PAGE)
-            k = min(PAGE - off, n - len(out))
-            buf = self.pages.get(page)
-            out += buf[off:off + k] if buf is not None else bytes(k)
-        return bytes(out)
 
 
 @dataclass
@@ -190,11 +154,6 @@ class DmaMemory:
     def read(self, addr, n):
         """Return ``n`` bytes at ``addr`` (instant; unwritten bytes are 0)."""
         return self.mem.read(addr, n)
-
-    @property
-    def reads_in_flight(self):
-        """Reads accepted whose last beat has not been handed over yet (all ports)."""
-        return sum(len(p.rq) for p in self.ports)
 
     @property
     def max_reads_in_flight(self):

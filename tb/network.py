@@ -748,10 +748,6 @@ class Switch(_Fabric):
         total["max_queue_bytes"] = max(c["max_queue_bytes"] for c in self.port_counters)
         return total
 
-    def queue_bytes_at(self, port):
-        """Bytes in ``port``'s output queue as of the last frame that reached it."""
-        return self._out[self._check_port(port)].queue_bytes
-
     def _ingress(self, port, d):
         self.port_counters[port]["rx_frames"] += 1
         out = self.table.get(d.frame[:6])

@@ -214,23 +214,6 @@ class Wire400G:
             raise ValueError(f"no frames in [{first}:{last}] (have {len(self.frames)})")
         return frames
 
-    @property
-    def total_bytes(self):
-        """Captured bytes of all frames (no FCS)."""
-        return sum(len(f.data) for f in self.frames)
-
-    @property
-    def total_wire_bytes(self):
-        return sum(wire_bytes(len(f.data)) for f in self.frames)
-
-    @property
-    def first_start_ns(self):
-        return self.frames[0].start_ns if self.frames else None
-
-    @property
-    def last_start_ns(self):
-        return self.frames[-1].start_ns if self.frames else None
-
     def throughput(self, first=0, last=None, *, wire=False):
         """Gb/s over frames[first:last], from the first start to the last end.
 
