@@ -13,12 +13,12 @@ WQE fetch and the payload fetch have a read port each.
 It covers RDMA WRITE (inline and pointer) and NOP WQEs on QPs in RTS.
 Tolerance: zero cycles for every event.
 """
+import copy
 from collections import deque
 from dataclasses import dataclass, field
 
 from spec import formats as F
 from spec import params as P
-from model.timing import _bursts
 
 BEAT = P.DATA_BYTES
 SEG = P.SEGMENT_BYTES
@@ -238,7 +238,7 @@ class EngineCycleModel:
                 msg_fifo.push(t, emitted)
                 w = emitted["wqe"]
                 if w.opcode == F.WqeOp.RDMA_WRITE and not w.inline and w.length:
-                    pf_bursts = deque(_bursts(w.local_addr, w.length))
+                    pf_bursts = deque(n for _, n in P.axi_bursts(w.local_addr, w.length, BEAT, P.PAYLOAD_MAX_BURST_BEATS))
                     pf_msg = emitted
 
             # --- builder, ICRC stage, MAC port -------------------------------------------------
@@ -367,6 +367,25 @@ class EngineCycleModel:
             start_burst()
             return None
         raise AssertionError(st)
+
+
+def isolated_write(posted, qp, *, dma_latency, blueflame=False):
+    """Predicted ``db_to_first_beat`` and ``db_to_cqe`` cycles of a WRITE that meets an idle engine.
+
+    The engine's cycle model run on this WQE alone, its doorbell at cycle 0.
+
+    Parameters
+    ----------
+    posted : a posted WQE record (``nwqebbs``, ``inline``, ``local_addr``, ``length``, ...).
+    qp : its QP (``mtu`` in bytes).
+    dma_latency : GPU-memory read latency in cycles.
+    blueflame : the WQE comes in a BlueFlame store (cycle 0 = its last beat), not by a read.
+    """
+    w = copy.copy(posted)
+    w.index, w.signaled = 0, True
+    pred = EngineCycleModel({posted.qpn: (qp.mtu, 1 << 15, [w])}, [(0, posted.qpn, w.nwqebbs, blueflame)],
+                            dma_latency=dma_latency).run()
+    return {"db_to_first_beat": pred.first_beat[(posted.qpn, 0)], "db_to_cqe": pred.cqes[(posted.qpn, 0)]}
 
 
 class _StreamBuilder:

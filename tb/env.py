@@ -12,9 +12,9 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 
 from model.cqe import CqContext
+from model.cycle_model import isolated_write
 from model.engine import EngineModel
 from model.frames import Port, QpContext
-from model import timing
 from spec import params as P
 from spec.formats import CQE_SIZE, mtu_code, unpack, CQE64
 from tb.clock import CycleCounter
@@ -280,7 +280,7 @@ class NicEnv:
         """Doorbell-to-first-byte and doorbell-to-CQE cycles of isolated WQEs against the model."""
         rows = []
         for w in posted:
-            pred = timing.isolated_write(w, self.gpu.qps[w.qpn], dma_latency=self.dma_latency)
+            pred = isolated_write(w, self.gpu.qps[w.qpn], dma_latency=self.dma_latency)
             first = next(f for f in self.wire.frames
                          if f.first_cycle >= w.db_cycle and check_frame(f.data)["dqpn"] == 0x1000 + w.qpn)
             cqe_cycle = next(cyc for c, slot, raw, cyc in self.cqe_writes() if cyc >= w.db_cycle

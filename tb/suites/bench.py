@@ -133,7 +133,7 @@ async def _latency(dut, p):
     beat on the MAC port, for a doorbell + inline WQE, a doorbell + pointer WQE, and a
     BlueFlame store of an inline and of a pointer WQE, against the cycle model's figure
     for the same WQE."""
-    from model.timing import isolated_write
+    from model.cycle_model import isolated_write
     latency = int(p["latency_ns"] / P.CLOCK_PERIOD_NS)
     env = await NicEnv(dut, dma_latency=latency).start()
     cq = await env.cq(0, 6)

@@ -18,6 +18,7 @@ from rtl.responder.write_issuer import RxWriteIssuer
 from rtl.responder.write_sorter import RxWriteOrder, RxWriteSorter
 from rtl.common.stream import StreamFifo as _StreamFifo
 from spec.formats import Op
+from spec.params import axi_bursts
 
 BEAT = 128
 SEG = 64
@@ -48,13 +49,9 @@ def _frame(offset, payload, va, psn):
 
 
 def _bursts(addr, length):
-    """The AW bursts a write must produce: (line address, beats), split at 4 KiB."""
-    if length == 0:
-        return []
-    line = addr & ~(BEAT - 1)
-    nw = -(-((addr % BEAT) + length) // BEAT)
-    first = min(nw, (PAGE - line % PAGE) // BEAT)
-    return [(line, first)] + ([(line + first * BEAT, nw - first)] if nw > first else [])
+    """The AW bursts a write must produce: (line address, beats), split at 4 KiB
+    (``spec.params.axi_bursts``; a burst within one page is never longer than a page)."""
+    return axi_bursts(addr, length, BEAT, PAGE // BEAT)
 
 
 class Item:

@@ -348,7 +348,8 @@ def test_latency_closed_form_matches_cycle_model(latency):
     """The fixed latencies of model/timing.py add up to what the cycle model predicts for
     one-beat inline and pointer WRITEs and for inline WQEs of 1..4 WQEBBs."""
     from types import SimpleNamespace
-    from model.timing import isolated_write, single_beat_latency
+    from model.cycle_model import isolated_write
+    from model.timing import single_beat_latency
     qp = SimpleNamespace(mtu=4096)
 
     def wqe(nwqebbs, length, inline, addr=0):
