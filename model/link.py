@@ -1,7 +1,11 @@
 """Two RC endpoints of the golden model over a lossy link: ``simulate`` with an explicit fault pattern.
 
+The fault kinds (``FAULT_KINDS``) and the corrupt rule (one bit flips: ``flip_bit``) are
+``model.network``'s, whose ``Link`` the cocotb pair environments drive; this link keeps its
+own time base (ns) and its drop/duplicate/reorder/delay timing (see ``simulate``).
+
 Contents:
-    FAULT_KINDS                 fault kinds a pattern may name
+    FAULT_KINDS                 fault kinds a pattern may name (model.network's)
     LinkRecord, SimResult
     simulate                    a requester and a responder back to back over a lossy link
 """
@@ -13,13 +17,13 @@ import heapq
 from spec.formats import ICRC_LEN
 from spec.params import WIRE_GBPS, wire_bytes
 from model.memory import SparseMemory
+from model.network import FAULT_KINDS, flip_bit
 from model.requester import RcRequester
 from model.responder import RcResponder
 
 __all__ = ["FAULT_KINDS", "LinkRecord", "SimResult", "simulate"]
 
 
-FAULT_KINDS = ("drop", "corrupt", "duplicate", "reorder", "delay")
 _BYTES_PER_NS = WIRE_GBPS // 8          # 50 bytes per ns at 400 Gb/s
 
 
@@ -108,11 +112,10 @@ class _Link:
         if kind == "drop":
             return
         if kind == "corrupt":
-            # Last byte before the ICRC: covered by the ICRC only, so the receiver's drop
-            # reason is bad_icrc for every frame (all frames are >= 62 bytes, headers 54).
-            b = bytearray(frame)
-            b[-ICRC_LEN - 1] ^= 0xFF
-            frame = bytes(b)
+            # model.network's rule (one bit flips, ``flip_bit``), at the first bit of the last
+            # byte before the ICRC: covered by the ICRC only, so the receiver's drop reason is
+            # bad_icrc for every frame (all frames are >= 62 bytes, headers 54).
+            frame = flip_bit(frame, 8 * (len(frame) - ICRC_LEN - 1))
         if kind == "delay":
             arrival += self.delay
         if kind == "reorder":
@@ -159,7 +162,8 @@ def simulate(requester, responder, posts, faults=(), response_faults=(), *, late
             the index counts every frame put on that link (first transmissions and
             retransmissions) from 0. Kinds (``FAULT_KINDS``):
               drop       the frame never arrives;
-              corrupt    the byte before the ICRC is inverted (the receiver drops it: bad_icrc);
+              corrupt    the first bit of the byte before the ICRC flips (model.network.flip_bit;
+                         the receiver drops it: bad_icrc);
               duplicate  a second copy arrives 1 ns after the first;
               reorder    it arrives 1 ns after the next frame of that link (or
                          reorder_window_ns late if none is sent by then);

@@ -1,7 +1,7 @@
 """NICs in RTL joined by a network model: the RC regressions' environments.
 
 :class:`NicNetEnv`: the NICs of a multi-engine top level (``ibgda_nic_pair``,
-``ibgda_nic_quad``) on a ``tb.network`` fabric, NIC i on port i. :class:`NicPairEnv`:
+``ibgda_nic_quad``) on a ``model.network`` fabric, NIC i on port i. :class:`NicPairEnv`:
 two NICs and a ``BackToBack`` cable. :class:`NicSwitchEnv`: NICs through a ``Switch``.
 
 Each NIC gets its own GPU memory, GPU, CPU control and MAC models (a :class:`NicEnv`
@@ -17,7 +17,7 @@ from rtl.build import PAIR_PARAMS, QUAD_PARAMS
 from spec import params as P
 from tb.clock import CycleCounter
 from tb.env import NicEnv
-from tb.network import BackToBack, Switch
+from model.network import BackToBack, Switch
 from tb.wire import BYTES_PER_CYCLE
 
 NIC_MACS = tuple(0x02_00_00_00_0A_01 + (i << 8) for i in range(4))   # 02:00:00:00:0a:01, 0b:01, ...
@@ -33,7 +33,7 @@ class NicNetEnv:
     dut : the cocotb handle of the top level (ports ``n<i>_<port>``).
     count : int
         NICs used (the first ``count`` of the top level).
-    net : a ``tb.network`` fabric (``BackToBack``, ``Switch``) with ``count`` ports.
+    net : a ``model.network`` fabric (``BackToBack``, ``Switch``) with ``count`` ports.
     num_qps : int
         QPs per NIC of the build.
     **nic_kw
@@ -111,7 +111,7 @@ class NicPairEnv(NicNetEnv):
     dut : the cocotb handle of ``ibgda_nic_pair``.
     latency_cycles : int
         One-way cable latency.
-    faults : None, a ``tb.network.FaultSpec`` for both directions, or a dict as
+    faults : None, a ``model.network.FaultSpec`` for both directions, or a dict as
         ``BackToBack`` takes.
     seed : int
         Seed of the fault draws.

@@ -19,7 +19,7 @@ import cocotb
 
 from spec import params as P
 from spec.formats import Access
-from tb.network import FaultSpec
+from model.network import FaultSpec
 from tb.pair_env import NicPairEnv
 
 OUT = Path(os.environ.get("IBGDA_BENCH_OUT", "build/bench"))

@@ -1,5 +1,6 @@
 """The fault-injection matrix of the two-NIC regressions (no cocotb import: pytest reads it too)."""
-KINDS = ("drop", "corrupt", "duplicate", "reorder", "delay")
+from model.network import FAULT_KINDS as KINDS
+
 RATES = (0.001, 0.01, 0.05)
 SEED = 7
 

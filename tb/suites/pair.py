@@ -19,7 +19,7 @@ from model.requester import RcRequester
 from model.responder import RcResponder
 from spec.formats import Access, CQE64, CqeOp, Syndrome, unpack
 from tb.suites import fault_matrix
-from tb.network import FaultSpec
+from model.network import FaultSpec
 from tb.pair_env import NIC_IPS, NIC_MACS, NicPairEnv
 
 PD = 3
@@ -261,7 +261,7 @@ def _assert_frames_as_model(res, a, b):
         assert len(got) == len(want), f"{name}: {len(got)} frames, the model sends {len(want)}"
 
 
-# Explicit faults by frame index (tb.network.FaultSpec pattern = model.link.simulate faults).
+# Explicit faults by frame index (model.network.FaultSpec pattern = model.link.simulate faults).
 # Each episode is one 4-packet WRITE posted when the previous one completed; frame
 # indices below follow from the protocol alone (the episode's packets all leave before a
 # response can come back), so the model's frame sequences are the RTL's, byte for byte.

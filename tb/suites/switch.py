@@ -21,7 +21,7 @@ from model.frames import Port, QpContext
 from model.mr import MemoryRegion
 from model.responder import RcResponder
 from spec.formats import OFF_BTH, Access, Op
-from tb.network import FaultSpec
+from model.network import FaultSpec
 from tb.pair_env import NIC_IPS, NIC_MACS, NicSwitchEnv
 
 PD = 5

@@ -1,4 +1,4 @@
-"""Unit tests of the network model (tb/network.py): links, faults, back-to-back, switch.
+"""Unit tests of the network model (model/network.py): links, faults, back-to-back, switch.
 
 No simulator. Expected cycles are worked out by hand from SPEC section 6 (100 wire
 bytes a cycle, a frame of L bytes costs L + 24); fault counts are held to binomial
@@ -18,8 +18,8 @@ import pytest
 
 from model.frames import Port, QpContext, build_write_frames
 from model.icrc import icrc, ipv4_checksum
-from tb.network import (FAULT_KINDS, BackToBack, Delivery, FaultSpec, Link, Network, Switch,
-                        corruption_check, cycle_of_bytes, flip_bit)
+from model.network import (FAULT_KINDS, BackToBack, Delivery, FaultSpec, Link, Network, Switch,
+                           corruption_check, cycle_of_bytes, flip_bit)
 
 MACS = [0x02_00_00_00_00_10 + i for i in range(4)]
 IPS = [f"10.0.0.{i + 1}" for i in range(4)]
@@ -579,6 +579,6 @@ def test_network_faults_per_link_end_to_end():
 
 
 def test_model_runs_without_cocotb():
-    """tb.network must import outside a simulator (plain pytest, the golden model)."""
-    code = "import sys, tb.network; assert 'cocotb' not in sys.modules, 'tb.network imported cocotb'"
+    """model.network must import outside a simulator (plain pytest, the golden model)."""
+    code = "import sys, model.network; assert 'cocotb' not in sys.modules, 'model.network imported cocotb'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

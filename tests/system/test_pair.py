@@ -8,7 +8,7 @@ an hour, and the RTL it exercises is the same.
 import pytest
 
 from rtl.build import PAIR_TOP_NAME
-from tb import fault_matrix
+from tb.suites import fault_matrix
 from tb.runner import SIMULATORS, cocotb_tests, run
 
 COCOTB_TESTS = cocotb_tests("pair")
