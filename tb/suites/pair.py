@@ -299,7 +299,7 @@ async def rc_fault_pattern(dut):
     # the golden model, the same WQEs and fault pattern
     req, rsp = _one_qp_models(a, cq_a, qp_a, mtu, ack_every, timeout)
     posts = [(e * 10 ** 6, 1, w.wqe) for e, w in enumerate(qp_a.posted)]
-    # the model inverts another byte of a corrupted frame: the ICRC check catches both
+    # the model flips another bit of a corrupted frame: the ICRC check catches both
     res = simulate(req, rsp, posts, faults=[f[:2] for f in PATTERN_DATA], response_faults=PATTERN_ACKS,
                    latency_ns=200, delay_ns=PATTERN_DELAY_NS)
     assert not res.hung
