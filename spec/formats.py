@@ -53,6 +53,49 @@ class Op:
 PSN_BITS = 24                      # BTH PSN and AETH MSN width
 PSN_MASK = (1 << PSN_BITS) - 1
 PSN_HALF = 1 << (PSN_BITS - 1)     # a PSN less than this behind another is older (IBTA 9.7.2)
+MSN_MASK = PSN_MASK                # AETH MSN: 24 bits too
+IMMDT_LEN = 4                      # ImmDt extension header (SPEC section 5)
+ETH_MIN_FRAME = 60                 # shortest Ethernet frame without FCS; shorter ones are padded up to it
+
+# Opcode classes of the RC WRITE opcodes the engine knows.
+WRITE_OPS = frozenset((Op.WRITE_FIRST, Op.WRITE_MIDDLE, Op.WRITE_LAST, Op.WRITE_LAST_IMM,
+                       Op.WRITE_ONLY, Op.WRITE_ONLY_IMM))
+FIRST_OPS = frozenset((Op.WRITE_FIRST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM))      # start a message (carry a RETH)
+LAST_OPS = frozenset((Op.WRITE_LAST, Op.WRITE_LAST_IMM, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM))   # end a message
+RETH_OPS = FIRST_OPS                                                           # carry a RETH
+IMM_OPS = frozenset((Op.WRITE_LAST_IMM, Op.WRITE_ONLY_IMM))                    # carry an ImmDt
+AETH_OPS = frozenset((Op.ACK,))                                                # carry an AETH
+
+# ---- receive verdicts --------------------------------------------------------------
+# What becomes of a received frame: ``(name, stage, meaning)`` in receive-counter order
+# (spec/csr.py: counter ``rx_<name>``). ``stage``: "frame" = a frame-level drop of the
+# header parser (rtl RxDrop 1.., in the order the checks run), "qp" = a drop the responder
+# decides from the QP's state (rtl RxVerdict, in the order the checks run), None = taken.
+# rtl.responder.RxVerdict holds every verdict before "bad_address", the one frame-level
+# drop added after the others.
+RX_VERDICTS = (
+    ("accepted", None, "accepted"),
+    ("ack_received", None, "ACK/NAK received"),
+    ("bad_length", "frame", "bad length"),
+    ("not_roce", "frame", "not RoCE"),
+    ("bad_ip_checksum", "frame", "bad IPv4 checksum"),
+    ("bad_icrc", "frame", "bad ICRC"),
+    ("bad_pkey", "frame", "bad P_Key"),
+    ("bad_opcode", "frame", "bad opcode"),
+    ("qp_not_ready", "qp", "QP not ready"),
+    ("psn_duplicate", "qp", "PSN duplicate"),
+    ("psn_out_of_order", "qp", "PSN out of order"),
+    ("access_error", "qp", "access error"),
+    ("invalid_request", "qp", "invalid request"),
+    ("bad_address", "frame", "bad address (a RoCEv2 frame whose destination MAC or IPv4 address is not "
+     "PORT_MAC/PORT_IP)"),
+)
+RX_VERDICT_NAMES = tuple(n for n, _, _ in RX_VERDICTS)
+RX_FRAME_DROPS = tuple(n for n, s, _ in RX_VERDICTS if s == "frame")   # RxDrop 1.. in check order
+RX_QP_DROPS = tuple(n for n, s, _ in RX_VERDICTS if s == "qp")
+# Why a responder drops a frame, in the order the checks run (model.parse.parse_frame,
+# then model.responder.RcResponder.receive).
+DROP_REASONS = RX_FRAME_DROPS + RX_QP_DROPS
 
 # ---- mlx5 send queue ------------------------------------------------------------
 WQEBB = 64

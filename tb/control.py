@@ -7,26 +7,14 @@ import logging
 
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 
-from rtl.host.control_registers import RX_COUNTERS, REQ_COUNTERS, counter_address
+from spec import csr
+from spec.csr import ID_VALUE  # noqa: F401  (re-exported: tb.control.ID_VALUE)
 from spec.formats import Access, QpState, mtu_bytes
-from spec.params import NUM_CQS, NUM_MRS, NUM_QPS, PD_BITS
+from spec.params import MAX_WEIGHT, NUM_CQS, NUM_MRS, NUM_QPS, PD_BITS
 
-# CSR addresses (docs/interfaces.md)
-ID, PARAMS = 0x000, 0x004
-PORT_MAC_LO, PORT_MAC_HI, PORT_IP = 0x010, 0x014, 0x018
-COUNTERS = (("doorbells_accepted", 0x040), ("doorbells_dropped", 0x044), ("wqes_executed", 0x048),
-            ("packets_sent", 0x04C), ("cqes_written", 0x050), ("error_cqes", 0x054)) \
-    + tuple((name, counter_address(name)) for name in RX_COUNTERS + REQ_COUNTERS)
-QP_NUM, QP_SQ_BASE_LO, QP_SQ_BASE_HI, QP_SQ_LOG_DEPTH = 0x100, 0x104, 0x108, 0x10C
-QP_CQN, QP_REMOTE_QPN, QP_START_PSN, QP_DMAC_LO, QP_DMAC_HI = 0x110, 0x114, 0x118, 0x11C, 0x120
-QP_DIP, QP_MTU, QP_STATE, QP_COMMIT = 0x124, 0x128, 0x12C, 0x130
-QP_WEIGHT, QP_MODIFY = 0x134, 0x138
-QP_RQ_PSN, QP_PD, QP_ACK_EVERY, QP_SERVICE, QP_TIMEOUT, QP_RETRY = 0x13C, 0x140, 0x144, 0x148, 0x14C, 0x150
-MR_INDEX, MR_KEY, MR_BASE_LO, MR_BASE_HI, MR_LEN_LO, MR_LEN_HI = 0x300, 0x304, 0x308, 0x30C, 0x310, 0x314
-MR_ACCESS, MR_PD, MR_COMMIT, MR_DEREG = 0x318, 0x31C, 0x320, 0x324
-MAX_WEIGHT = 15
-CQ_NUM, CQ_BASE_LO, CQ_BASE_HI, CQ_LOG_DEPTH, CQ_FLAGS, CQ_COMMIT = 0x200, 0x204, 0x208, 0x20C, 0x210, 0x214
-ID_VALUE = 0x49424741            # "IBGA"
+# Register addresses: spec/csr.py (ADDR: name -> address); counters as (name, address).
+ADDR = csr.ADDR
+COUNTERS = tuple((c.name, c.addr) for c in csr.COUNTERS)
 MAX_LOG_DEPTH = 15
 DEFAULT_TIMEOUT_CYCLES = 1 << 20   # about 2 ms at 500 MHz (IB's local ACK timeout codes are 4.096 us x 2^n)
 
@@ -67,21 +55,21 @@ class NicControl:
         self._qp_regs = {}                          # qpn -> staged context registers, for modify_qp
 
     async def write_reg(self, addr, value):
-        """Write a 32-bit CSR."""
+        """Write a 32-bit CSR: ``addr`` an address or a register name of spec/csr.py."""
         _check("CSR value", value, 0, 2**32 - 1)
-        await self.axil.write_dword(addr, value)
+        await self.axil.write_dword(ADDR.get(addr, addr), value)
 
     async def read_reg(self, addr):
-        """Read a 32-bit CSR."""
-        return await self.axil.read_dword(addr)
+        """Read a 32-bit CSR: ``addr`` an address or a register name of spec/csr.py."""
+        return await self.axil.read_dword(ADDR.get(addr, addr))
 
     async def read_id(self):
         """The ID register (0x49424741 "IBGA" on a working NIC)."""
-        return await self.read_reg(ID)
+        return await self.read_reg("ID")
 
     async def read_params(self):
         """(number of QPs, number of CQs) from the PARAMS register."""
-        v = await self.read_reg(PARAMS)
+        v = await self.read_reg("PARAMS")
         return v & 0xFFFF, v >> 16
 
     async def set_port(self, mac, ip):
@@ -89,9 +77,9 @@ class NicControl:
         _check("mac", mac, 0, 2**48 - 1)
         _check("ip", ip, 0, 2**32 - 1)
         lo, hi = mac_split(mac)
-        await self.write_reg(PORT_MAC_LO, lo)
-        await self.write_reg(PORT_MAC_HI, hi)
-        await self.write_reg(PORT_IP, ip)
+        await self.write_reg("PORT_MAC_LO", lo)
+        await self.write_reg("PORT_MAC_HI", hi)
+        await self.write_reg("PORT_IP", ip)
 
     async def create_qp(self, qpn, sq_base, log_depth, cqn, remote_qpn, start_psn, dmac, dip,
                         mtu_code, state=QpState.RTS, weight=1, rq_psn=0, pd=0, ack_every=1, uc=False,
@@ -129,14 +117,14 @@ class NicControl:
         _check("timeout", timeout, 1, 2**32 - 1)
         _check("retry_cnt", retry_cnt, 0, 7)
         lo, hi = mac_split(dmac)
-        regs = {QP_NUM: qpn, QP_SQ_BASE_LO: sq_base & 0xFFFF_FFFF, QP_SQ_BASE_HI: sq_base >> 32,
-                QP_SQ_LOG_DEPTH: log_depth, QP_CQN: cqn, QP_REMOTE_QPN: remote_qpn, QP_START_PSN: start_psn,
-                QP_DMAC_LO: lo, QP_DMAC_HI: hi, QP_DIP: dip, QP_MTU: mtu_code, QP_STATE: state,
-                QP_WEIGHT: weight, QP_RQ_PSN: rq_psn, QP_PD: pd, QP_ACK_EVERY: ack_every, QP_SERVICE: int(uc),
-                QP_TIMEOUT: timeout, QP_RETRY: retry_cnt}
+        regs = {"QP_NUM": qpn, "QP_SQ_BASE_LO": sq_base & 0xFFFF_FFFF, "QP_SQ_BASE_HI": sq_base >> 32,
+                "QP_SQ_LOG_DEPTH": log_depth, "QP_CQN": cqn, "QP_REMOTE_QPN": remote_qpn, "QP_START_PSN": start_psn,
+                "QP_DMAC_LO": lo, "QP_DMAC_HI": hi, "QP_DIP": dip, "QP_MTU": mtu_code, "QP_STATE": state,
+                "QP_WEIGHT": weight, "QP_RQ_PSN": rq_psn, "QP_PD": pd, "QP_ACK_EVERY": ack_every, "QP_SERVICE": int(uc),
+                "QP_TIMEOUT": timeout, "QP_RETRY": retry_cnt}
         for addr, value in regs.items():
             await self.write_reg(addr, value)
-        await self.write_reg(QP_COMMIT, 1)
+        await self.write_reg("QP_COMMIT", 1)
         self._qp_regs[qpn] = regs
 
     async def modify_qp(self, qpn, *, weight=None, state=None):
@@ -146,13 +134,13 @@ class NicControl:
         regs = dict(self._qp_regs[qpn])
         if weight is not None:
             _check("weight", weight, 1, MAX_WEIGHT)
-            regs[QP_WEIGHT] = weight
+            regs["QP_WEIGHT"] = weight
         if state is not None:
             _check("state", state, QpState.RESET, QpState.ERR)
-            regs[QP_STATE] = state
+            regs["QP_STATE"] = state
         for addr, value in regs.items():
             await self.write_reg(addr, value)
-        await self.write_reg(QP_MODIFY, 1)
+        await self.write_reg("QP_MODIFY", 1)
         self._qp_regs[qpn] = regs
 
     async def create_cq(self, cqn, base, log_depth, collapsed=False):
@@ -165,8 +153,8 @@ class NicControl:
         _check("cqn", cqn, 0, self.num_cqs - 1)
         _check_base("base", base)
         _check("log_depth", log_depth, 0, MAX_LOG_DEPTH)
-        for addr, value in ((CQ_NUM, cqn), (CQ_BASE_LO, base & 0xFFFF_FFFF), (CQ_BASE_HI, base >> 32),
-                            (CQ_LOG_DEPTH, log_depth), (CQ_FLAGS, int(bool(collapsed))), (CQ_COMMIT, 1)):
+        for addr, value in (("CQ_NUM", cqn), ("CQ_BASE_LO", base & 0xFFFF_FFFF), ("CQ_BASE_HI", base >> 32),
+                            ("CQ_LOG_DEPTH", log_depth), ("CQ_FLAGS", int(bool(collapsed))), ("CQ_COMMIT", 1)):
             await self.write_reg(addr, value)
 
     async def register_mr(self, key, base, length, access, pd):
@@ -184,17 +172,17 @@ class NicControl:
         _check("access", access, 0, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
                | Access.REMOTE_ATOMIC)
         _check("pd", pd, 0, 2**PD_BITS - 1)
-        for addr, value in ((MR_INDEX, key >> 8), (MR_KEY, key), (MR_BASE_LO, base & 0xFFFF_FFFF),
-                            (MR_BASE_HI, base >> 32), (MR_LEN_LO, length & 0xFFFF_FFFF), (MR_LEN_HI, length >> 32),
-                            (MR_ACCESS, access), (MR_PD, pd), (MR_COMMIT, 1)):
+        for addr, value in (("MR_INDEX", key >> 8), ("MR_KEY", key), ("MR_BASE_LO", base & 0xFFFF_FFFF),
+                            ("MR_BASE_HI", base >> 32), ("MR_LEN_LO", length & 0xFFFF_FFFF), ("MR_LEN_HI", length >> 32),
+                            ("MR_ACCESS", access), ("MR_PD", pd), ("MR_COMMIT", 1)):
             await self.write_reg(addr, value)
 
     async def deregister_mr(self, key):
         """Remove the region in ``key``'s slot."""
         _check("key index", key >> 8, 0, NUM_MRS - 1)
-        await self.write_reg(MR_INDEX, key >> 8)
-        await self.write_reg(MR_DEREG, 1)
+        await self.write_reg("MR_INDEX", key >> 8)
+        await self.write_reg("MR_DEREG", 1)
 
     async def read_counters(self):
-        """Dict of the statistics counters (doorbells_accepted, ..., error_cqes, rx_*, acks_sent, naks_sent)."""
+        """Dict of the statistics counters by spec/csr.py name (doorbells, ..., error_cqes, rx_*, acks_sent, ...)."""
         return {name: await self.read_reg(addr) for name, addr in COUNTERS}

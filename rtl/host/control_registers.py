@@ -5,14 +5,8 @@ from amaranth.lib.wiring import In, Out
 
 from rtl.common.axi import AxiLiteSignature
 from rtl.common.contexts import QpConfig, CqConfig, qp_bits, cq_bits
-
-
-def counter_address(name):
-    """CSR address of counter ``name``."""
-    for base, names in ((0x040, TX_COUNTERS), (RX_COUNTER_BASE, RX_COUNTERS), (REQ_COUNTER_BASE, REQ_COUNTERS)):
-        if name in names:
-            return base + 4 * names.index(name)
-    raise KeyError(name)
+from spec import csr
+from spec.csr import ID_VALUE, counter_address
 
 
 def MrStage(pd_bits):
@@ -22,25 +16,11 @@ def MrStage(pd_bits):
         "access": unsigned(4), "pd": unsigned(pd_bits),
     })
 
-__all__ = ["ControlRegisters", "COUNTERS", "TX_COUNTERS", "RX_COUNTERS", "RX_COUNTER_BASE", "REQ_COUNTERS",
-           "REQ_COUNTER_BASE", "counter_address", "ID_VALUE",
-           "MrStage"]
+__all__ = ["ControlRegisters", "COUNTERS", "counter_address", "ID_VALUE", "MrStage"]
 
-ID_VALUE = 0x49424741       # "IBGA"
-# Counter names in register order from 0x040 (transmit) and 0x080 (receive: one per
-# rtl.responder.RxVerdict, then ACKs and NAKs sent, then frames not addressed to the
-# port: RxDrop.BAD_ADDRESS, the one frame-level drop added since).
-TX_COUNTERS = ("doorbells", "doorbells_dropped", "wqes", "packets", "cqes", "error_cqes")
-RX_COUNTERS = ("rx_accepted", "rx_ack_received", "rx_bad_length", "rx_not_roce", "rx_bad_ip_checksum",
-               "rx_bad_icrc", "rx_bad_pkey", "rx_bad_opcode", "rx_qp_not_ready", "rx_psn_duplicate",
-               "rx_psn_out_of_order", "rx_access_error", "rx_invalid_request", "acks_sent", "naks_sent",
-               "rx_bad_address")
-# Requester reliability (0x0C0): NAKs received, go-back-N retransmissions, ACK timeouts,
-# QPs that ran out of retries, received ACKs folded into another of their QP (AckMailbox).
-REQ_COUNTERS = ("naks_received", "retransmits", "timeouts", "retry_exceeded", "acks_merged")
-COUNTERS = TX_COUNTERS + RX_COUNTERS + REQ_COUNTERS
-RX_COUNTER_BASE = 0x080
-REQ_COUNTER_BASE = 0x0C0
+# The register map and the counters are spec/csr.py's: COUNTERS are the counter names in
+# register order (0x040 transmit, 0x080 receive, 0x0C0 requester reliability).
+COUNTERS = csr.COUNTER_NAMES
 
 
 class ControlRegisters(wiring.Component):
@@ -99,25 +79,36 @@ class ControlRegisters(wiring.Component):
         for i, c in enumerate(counters):
             m.d.sync += c.eq(c + self.counter_inc[i])
 
-        # Registers: address -> (signal, bit slice) for writes; reads return the same.
+        # Registers: name -> (signal, bit slice) for writes; reads return the same.
         rw = {
-            0x010: self.port_mac[:32], 0x014: self.port_mac[32:48], 0x018: self.port_ip,
-            0x100: self.qp_num,
-            0x104: qp.sq_base[:32], 0x108: qp.sq_base[32:],
-            0x10C: qp.log_depth, 0x110: qp.cqn, 0x114: qp.remote_qpn,
-            0x118: self.qp_start_psn, 0x11C: qp.dmac[:32], 0x120: qp.dmac[32:],
-            0x124: qp.dip, 0x128: qp.mtu, 0x12C: qp.state, 0x134: qp.weight,
-            0x13C: self.qp_rq_psn, 0x140: self.qp_pd, 0x144: self.qp_ack_every, 0x148: qp.uc,
-            0x14C: self.qp_timeout, 0x150: self.qp_retry_cnt,
-            0x300: self.mr.index, 0x304: self.mr.key, 0x308: self.mr.base[:32], 0x30C: self.mr.base[32:],
-            0x310: self.mr.length[:32], 0x314: self.mr.length[32:], 0x318: self.mr.access, 0x31C: self.mr.pd,
-            0x200: self.cq_num, 0x204: cq.base[:32], 0x208: cq.base[32:],
-            0x20C: cq.log_depth, 0x210: cq.collapsed,
+            "PORT_MAC_LO": self.port_mac[:32], "PORT_MAC_HI": self.port_mac[32:48], "PORT_IP": self.port_ip,
+            "QP_NUM": self.qp_num,
+            "QP_SQ_BASE_LO": qp.sq_base[:32], "QP_SQ_BASE_HI": qp.sq_base[32:],
+            "QP_SQ_LOG_DEPTH": qp.log_depth, "QP_CQN": qp.cqn, "QP_REMOTE_QPN": qp.remote_qpn,
+            "QP_START_PSN": self.qp_start_psn, "QP_DMAC_LO": qp.dmac[:32], "QP_DMAC_HI": qp.dmac[32:],
+            "QP_DIP": qp.dip, "QP_MTU": qp.mtu, "QP_STATE": qp.state, "QP_WEIGHT": qp.weight,
+            "QP_RQ_PSN": self.qp_rq_psn, "QP_PD": self.qp_pd, "QP_ACK_EVERY": self.qp_ack_every,
+            "QP_SERVICE": qp.uc, "QP_TIMEOUT": self.qp_timeout, "QP_RETRY": self.qp_retry_cnt,
+            "MR_INDEX": self.mr.index, "MR_KEY": self.mr.key, "MR_BASE_LO": self.mr.base[:32],
+            "MR_BASE_HI": self.mr.base[32:], "MR_LEN_LO": self.mr.length[:32], "MR_LEN_HI": self.mr.length[32:],
+            "MR_ACCESS": self.mr.access, "MR_PD": self.mr.pd,
+            "CQ_NUM": self.cq_num, "CQ_BASE_LO": cq.base[:32], "CQ_BASE_HI": cq.base[32:],
+            "CQ_LOG_DEPTH": cq.log_depth, "CQ_FLAGS": cq.collapsed,
         }
-        ro = {0x000: Const(ID_VALUE, 32),
-              0x004: Cat(Const(self.num_qps, 16), Const(self.num_cqs, 16))}
-        for name, c in zip(COUNTERS, counters):
-            ro[counter_address(name)] = c
+        ro = {"ID": Const(ID_VALUE, 32),
+              "PARAMS": Cat(Const(self.num_qps, 16), Const(self.num_cqs, 16))}
+        ro.update(zip(COUNTERS, counters))
+        # Write-only registers: the action of a write.
+        wo = {
+            "QP_COMMIT": [self.qp_commit.eq(1), self.qp_commit_reset.eq(1)],
+            "QP_MODIFY": [self.qp_commit.eq(1), self.qp_commit_reset.eq(0)],
+            "CQ_COMMIT": self.cq_commit.eq(1),
+            "MR_COMMIT": [self.mr_commit.eq(1), self.mr_valid.eq(1)],
+            "MR_DEREG": [self.mr_commit.eq(1), self.mr_valid.eq(0)],
+        }
+        for regs, access in ((rw, csr.RW), (ro, csr.RO), (wo, csr.WO)):
+            assert {r.name for r in csr.ALL if r.access == access} == set(regs), access
+        self.widths = {name: len(reg) for name, reg in rw.items()}     # held bits, for the map test
 
         # Write: take AW and W together, answer B.
         with m.If(self.qp_commit_ack):
@@ -139,19 +130,12 @@ class ControlRegisters(wiring.Component):
             m.d.sync += [bus.bvalid.eq(1), bus.bresp.eq(0)]
             addr = bus.awaddr & 0xFFFC
             with m.Switch(addr):
-                for a, reg in rw.items():
-                    with m.Case(a):
+                for name, reg in rw.items():
+                    with m.Case(csr.ADDR[name]):
                         m.d.sync += reg.eq(bus.wdata[:len(reg)])
-                with m.Case(0x130):
-                    m.d.sync += [self.qp_commit.eq(1), self.qp_commit_reset.eq(1)]
-                with m.Case(0x138):
-                    m.d.sync += [self.qp_commit.eq(1), self.qp_commit_reset.eq(0)]
-                with m.Case(0x214):
-                    m.d.sync += self.cq_commit.eq(1)
-                with m.Case(0x320):
-                    m.d.sync += [self.mr_commit.eq(1), self.mr_valid.eq(1)]
-                with m.Case(0x324):
-                    m.d.sync += [self.mr_commit.eq(1), self.mr_valid.eq(0)]
+                for name, action in wo.items():
+                    with m.Case(csr.ADDR[name]):
+                        m.d.sync += action
                 with m.Default():
                     m.d.sync += bus.bresp.eq(0b10)          # SLVERR: no such register
 
@@ -162,8 +146,8 @@ class ControlRegisters(wiring.Component):
         with m.If(bus.arvalid & ~bus.rvalid):
             m.d.sync += [bus.rvalid.eq(1), bus.rresp.eq(0), bus.rdata.eq(0)]
             with m.Switch(bus.araddr & 0xFFFC):
-                for a, reg in {**rw, **ro}.items():
-                    with m.Case(a):
+                for name, reg in {**rw, **ro}.items():
+                    with m.Case(csr.ADDR[name]):
                         m.d.sync += bus.rdata.eq(reg)
                 with m.Default():
                     m.d.sync += bus.rresp.eq(0b10)

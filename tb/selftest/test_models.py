@@ -18,7 +18,8 @@ from cocotbext.axi.sparse_memory import SparseMemory as AxiSparseMemory
 from spec.formats import CQE64, CTRL_SEG, DATA_SEG, RADDR_SEG, CqeOp, WqeOp, pack, unpack
 from spec.params import NUM_QPS, wire_bytes
 from tb.clock import CycleCounter
-from tb.control import ID_VALUE, NicControl
+from spec.csr import ADDR, ID_VALUE
+from tb.control import NicControl
 from tb.gpu import GpuModel, be32
 from tb.memory import DmaMemory
 from tb.wire import Wire400G
@@ -410,11 +411,11 @@ async def test_control_and_gpu(dut):
     csr.write_dword(0, ID_VALUE)
     assert await ctl.read_id() == ID_VALUE
     await ctl.set_port(0xAABBCCDDEEFF, 0xC0A80001)
-    assert [csr.read_dword(a) for a in (0x10, 0x14, 0x18)] == [0xCCDDEEFF, 0xAABB, 0xC0A80001]
-    csr.write_dword(0x4C, 77)
-    csr.write_dword(0x80, 12)                   # first receive counter: packets accepted
+    assert [csr.read_dword(ADDR[r]) for r in ("PORT_MAC_LO", "PORT_MAC_HI", "PORT_IP")] == [0xCCDDEEFF, 0xAABB, 0xC0A80001]
+    csr.write_dword(ADDR["packets"], 77)
+    csr.write_dword(ADDR["rx_accepted"], 12)
     counters = await ctl.read_counters()
-    assert counters["packets_sent"] == 77 and counters["doorbells_accepted"] == 0 and counters["rx_accepted"] == 12
+    assert counters["packets"] == 77 and counters["doorbells"] == 0 and counters["rx_accepted"] == 12
     assert len(counters) == 6 + 16 + 5             # transmit, receive, requester counters
     for bad in (dict(qpn=NUM_QPS), dict(sq_base=0x1001), dict(log_depth=16), dict(mtu_code=6), dict(dmac=1 << 48)):
         args = dict(qpn=1, sq_base=0x1000, log_depth=4, cqn=0, remote_qpn=2, start_psn=0, dmac=1, dip=2, mtu_code=5)
