@@ -8,6 +8,10 @@ RX_START_BYTES = 32                # MAC RX: a frame starts at lane 0, 32, 64 or
 DB_DATA_BYTES = 8                  # doorbell/UAR AXI4 slave data width
 CSR_DATA_BYTES = 4                 # AXI4-Lite control path
 DMA_ADDR_WIDTH = 64
+# AXI: no burst crosses a 4 KiB boundary (AXI_PAGE); every DMA block splits its bursts
+# by axi_bursts() below (the gateware by rtl.common.axi.beats_to_page_end).
+AXI_PAGE_SHIFT = 12
+AXI_PAGE = 1 << AXI_PAGE_SHIFT     # 4096
 DB_ADDR_WIDTH = 32
 CSR_ADDR_WIDTH = 16
 AXI_ID_WIDTH = 4
@@ -49,6 +53,27 @@ WIRE_BYTES_PER_CYCLE = WIRE_GBPS * 1e9 / 8 / (CLOCK_MHZ * 1e6)   # 100 bytes per
 def wire_bytes(frame_len):
     """Wire bytes a frame of ``frame_len`` captured bytes (no FCS) occupies."""
     return frame_len + WIRE_OVERHEAD
+
+
+def axi_bursts(addr, nbytes, beat, max_beats):
+    """The INCR bursts that read or write ``[addr, addr + nbytes)`` in ``beat``-byte beats.
+
+    Returns ``[(start, beats), ...]``: the first burst starts at ``addr`` rounded down
+    to the beat, each burst starts where the previous one ended, has at most
+    ``max_beats`` beats and ends at the latest at the next ``AXI_PAGE`` boundary. No
+    bursts for ``nbytes`` = 0. ``beat`` is a power of two no larger than ``AXI_PAGE``.
+    """
+    if nbytes == 0:
+        return []
+    start = addr & ~(beat - 1)
+    left = (addr + nbytes - 1) // beat - addr // beat + 1
+    out = []
+    while left:
+        n = min(left, max_beats, (AXI_PAGE - start % AXI_PAGE) // beat)
+        out.append((start, n))
+        start += n * beat
+        left -= n
+    return out
 
 # ---- receive side (responder) ----------------------------------------------------------
 NUM_MRS = 1024                  # memory regions in the key table (key index = key >> 8)
