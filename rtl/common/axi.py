@@ -5,11 +5,48 @@ top-level port ``<prefix>_<member>`` matches cocotbext-axi's ``from_prefix``
 convention. Signatures are written from the master's point of view; a slave uses
 ``.flip()``.
 """
-from amaranth.lib import wiring
+from amaranth.lib import enum, wiring
 from amaranth.lib.wiring import In, Out
 
+from spec.params import AXI_PAGE, AXI_PAGE_SHIFT
+
 __all__ = ["AxiLiteSignature", "AxiWriteSignature", "AxiReadSignature", "AxiSignature",
-           "AxiStreamSignature", "flat_members", "connect_flat"]
+           "AxiStreamSignature", "Burst", "Resp", "Cache", "beats_to_page_end",
+           "flat_members", "connect_flat"]
+
+
+class Burst(enum.Enum, shape=2):
+    """``AxBURST``: burst type."""
+    FIXED = 0b00
+    INCR  = 0b01
+    WRAP  = 0b10
+
+
+class Resp(enum.Enum, shape=2):
+    """``BRESP``/``RRESP``: response."""
+    OKAY   = 0b00
+    EXOKAY = 0b01
+    SLVERR = 0b10
+    DECERR = 0b11
+
+
+class Cache(enum.Enum, shape=4):
+    """``AxCACHE``: the AXI4 memory types whose code is the same for reads and writes."""
+    DEVICE_NON_BUFFERABLE               = 0b0000
+    DEVICE_BUFFERABLE                   = 0b0001
+    NORMAL_NON_CACHEABLE_NON_BUFFERABLE = 0b0010
+    NORMAL_NON_CACHEABLE_BUFFERABLE     = 0b0011
+
+
+def beats_to_page_end(addr, beat_shift):
+    """Beats of ``1 << beat_shift`` bytes from ``addr`` to the end of its 4 KiB page.
+
+    The most beats an INCR burst that starts at ``addr`` may have (AXI: no burst crosses
+    an ``AXI_PAGE`` boundary); ``addr`` is beat aligned (a block with an unaligned
+    address passes the address of the beat that holds it). The gateware side of
+    :func:`spec.params.axi_bursts`; the value is ``1..AXI_PAGE >> beat_shift``.
+    """
+    return (AXI_PAGE - addr[:AXI_PAGE_SHIFT]) >> beat_shift
 
 
 def _check_width(name, value, allowed=None):

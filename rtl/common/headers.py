@@ -2,14 +2,15 @@
 
 Each header is a ``lib.data.StructLayout`` whose fields are byte arrays in wire
 order, so a header's bits are the frame's bytes with byte 0 in bits [7:0] (the
-AXI-Stream lane order). ``be()`` turns a number into its big-endian byte array.
+AXI-Stream lane order). ``be()`` turns a number into its big-endian byte array,
+``from_be()`` reads the number a big-endian byte field holds.
 """
 from amaranth.hdl import Cat, Const, Signal, Value, unsigned
 from amaranth.lib import data
 
 from spec import formats as F
 
-__all__ = ["header_layout", "be", "EthHeader", "Ipv4Header", "UdpHeader", "BthHeader", "RethHeader",
+__all__ = ["header_layout", "be", "from_be", "EthHeader", "Ipv4Header", "UdpHeader", "BthHeader", "RethHeader",
            "AethHeader", "RoceWriteHeader", "RoceAckHeader", "ipv4_checksum", "drive_roce_headers"]
 
 
@@ -24,14 +25,32 @@ def header_layout(table):
     return data.StructLayout(fields)
 
 
+def from_be(field, offset=0, nbytes=None):
+    """The number held big-endian in bytes ``offset .. offset + nbytes - 1`` of ``field``.
+
+    ``field`` is a byte-ordered value (byte 0 in bits [7:0], the wire's first byte, the
+    most significant of the number); ``nbytes`` defaults to the bytes from ``offset`` to
+    the end of ``field``, and ``(offset, nbytes)`` is what ``spec.formats.get_field``
+    gives. The byte reversal is its own inverse: see :func:`be` for the other way.
+    """
+    v = Value.cast(field)
+    if nbytes is None:
+        nbytes = len(v) // 8 - offset
+    return Cat(*(v.word_select(offset + nbytes - 1 - i, 8) for i in range(nbytes)))
+
+
 def be(value, nbytes):
-    """Big-endian byte array of ``value``: byte 0 (bits [7:0]) is the most significant."""
+    """Big-endian byte array of ``value``: byte 0 (bits [7:0]) is the most significant.
+
+    Unlike :func:`from_be`, ``value`` is a number: an ``int`` or any value, taken as
+    unsigned, zero-extended (or cut) to ``nbytes`` bytes.
+    """
     if isinstance(value, int):
         value = Const(value, 8 * nbytes)
     value = Value.cast(value).as_unsigned()
     if len(value) < 8 * nbytes:
         value = Cat(value, Const(0, 8 * nbytes - len(value)))
-    return Cat(*(value.word_select(nbytes - 1 - i, 8) for i in range(nbytes)))
+    return from_be(value, 0, nbytes)
 
 
 EthHeader = header_layout(F.ETH)

@@ -3,7 +3,7 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, data
 from amaranth.lib.wiring import In, Out
 
-from rtl.common.axi import AxiLiteSignature
+from rtl.common.axi import AxiLiteSignature, Resp
 from rtl.common.contexts import QpConfig, CqConfig, qp_bits, cq_bits
 from spec import csr
 from spec.csr import ID_VALUE, counter_address
@@ -127,7 +127,7 @@ class ControlRegisters(wiring.Component):
         with m.If(bus.bvalid & bus.bready):
             m.d.sync += bus.bvalid.eq(0)
         with m.If(do_write):
-            m.d.sync += [bus.bvalid.eq(1), bus.bresp.eq(0)]
+            m.d.sync += [bus.bvalid.eq(1), bus.bresp.eq(Resp.OKAY)]
             addr = bus.awaddr & 0xFFFC
             with m.Switch(addr):
                 for name, reg in rw.items():
@@ -137,18 +137,18 @@ class ControlRegisters(wiring.Component):
                     with m.Case(csr.ADDR[name]):
                         m.d.sync += action
                 with m.Default():
-                    m.d.sync += bus.bresp.eq(0b10)          # SLVERR: no such register
+                    m.d.sync += bus.bresp.eq(Resp.SLVERR)     # no such register
 
         # Read: one cycle.
         with m.If(bus.rvalid & bus.rready):
             m.d.sync += bus.rvalid.eq(0)
         m.d.comb += bus.arready.eq(~bus.rvalid)
         with m.If(bus.arvalid & ~bus.rvalid):
-            m.d.sync += [bus.rvalid.eq(1), bus.rresp.eq(0), bus.rdata.eq(0)]
+            m.d.sync += [bus.rvalid.eq(1), bus.rresp.eq(Resp.OKAY), bus.rdata.eq(0)]
             with m.Switch(bus.araddr & 0xFFFC):
                 for name, reg in {**rw, **ro}.items():
                     with m.Case(csr.ADDR[name]):
                         m.d.sync += bus.rdata.eq(reg)
                 with m.Default():
-                    m.d.sync += bus.rresp.eq(0b10)
+                    m.d.sync += bus.rresp.eq(Resp.SLVERR)
         return m

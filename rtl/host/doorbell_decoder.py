@@ -4,7 +4,7 @@ from amaranth.lib import wiring, stream
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
-from rtl.common.axi import AxiWriteSignature
+from rtl.common.axi import AxiWriteSignature, Resp
 from rtl.common.records import DoorbellEvent
 
 __all__ = ["DoorbellDecoder"]
@@ -76,7 +76,7 @@ class DoorbellDecoder(wiring.Component):
                             & (~bf | ((ds + 3) >> 2 == 1)))
         m.d.comb += [
             self.events.p.qpn.eq(page),
-            self.events.p.limit.eq(index + ((ds + 3) >> 2)),
+            self.events.p.limit.eq(index + ((ds + 3) >> 2)),       # spec.formats.doorbell_limit
             self.events.p.bf.eq(bf),
             self.events.p.wqebb.eq(Cat(wqebb[64:], bus.wdata)),
         ]
@@ -107,7 +107,7 @@ class DoorbellDecoder(wiring.Component):
                         m.d.comb += [self.accepted.eq(ok & good), self.dropped.eq(~(ok & good))]
                         m.next = "RESP"
             with m.State("RESP"):
-                m.d.comb += [bus.bvalid.eq(1), bus.bid.eq(bid), bus.bresp.eq(0)]
+                m.d.comb += [bus.bvalid.eq(1), bus.bid.eq(bid), bus.bresp.eq(Resp.OKAY)]
                 with m.If(bus.bready):
                     m.next = "ADDR"
         return m

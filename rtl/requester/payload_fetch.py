@@ -3,7 +3,9 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, stream, fifo
 from amaranth.lib.wiring import In, Out
 
-from rtl.common.axi import AxiReadSignature
+from spec.params import AXI_PAGE
+from spec.params import AXI_ID_PAYLOAD_FETCH
+from rtl.common.axi import AxiReadSignature, Burst, Cache, beats_to_page_end
 from rtl.requester.message import Message, MessageKind
 
 __all__ = ["PayloadFetch"]
@@ -37,7 +39,7 @@ class PayloadFetch(wiring.Component):
     def __init__(self, *, num_qps, num_cqs, buffer_beats=64, max_burst_beats=32,
                  data_width=1024, id_width=4):
         beat = data_width // 8
-        if max_burst_beats < 1 or max_burst_beats & (max_burst_beats - 1) or max_burst_beats * beat > 4096:
+        if max_burst_beats < 1 or max_burst_beats & (max_burst_beats - 1) or max_burst_beats * beat > AXI_PAGE:
             raise ValueError(f"max_burst_beats must be a power of two with bursts <= 4 KiB, "
                              f"not {max_burst_beats}")
         if buffer_beats < max_burst_beats:
@@ -63,8 +65,8 @@ class PayloadFetch(wiring.Component):
 
         addr = Signal(64)            # next beat address (aligned)
         beats = Signal(32)           # beats still to request
-        to_4k = Signal(range(4096 // (1 << beat_shift) + 1))
-        m.d.comb += to_4k.eq((4096 - addr[:12]) >> beat_shift)
+        to_4k = Signal(range(AXI_PAGE // (1 << beat_shift) + 1))
+        m.d.comb += to_4k.eq(beats_to_page_end(addr, beat_shift))
         by_len = Signal(range(self.max_burst_beats + 1))
         m.d.comb += by_len.eq(Mux(beats < self.max_burst_beats, beats, self.max_burst_beats))
         burst = Signal(range(self.max_burst_beats + 1))
@@ -77,8 +79,8 @@ class PayloadFetch(wiring.Component):
         nbeats = ((last_byte >> beat_shift) - (msg.addr >> beat_shift) + 1)[:32]
 
         m.d.comb += [
-            dma.arid.eq(1), dma.araddr.eq(addr), dma.arlen.eq(burst - 1), dma.arsize.eq(beat_shift),
-            dma.arburst.eq(1), dma.arcache.eq(0b0011),
+            dma.arid.eq(AXI_ID_PAYLOAD_FETCH), dma.araddr.eq(addr), dma.arlen.eq(burst - 1), dma.arsize.eq(beat_shift),
+            dma.arburst.eq(Burst.INCR), dma.arcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE),
             self.messages_out.p.eq(msg),
         ]
         # One burst per cycle; the next message is taken in the cycle of the last burst.

@@ -1,6 +1,6 @@
 """QP context table and the weighted round-robin scheduler of QPs with work."""
 from amaranth.hdl import *
-from amaranth.lib import wiring, data, stream, fifo
+from amaranth.lib import wiring, data, enum, stream, fifo
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -9,7 +9,15 @@ from spec.formats import QpState
 from rtl.common.contexts import QpConfig, QpEntry, qp_bits
 from rtl.common.records import DoorbellEvent
 
-__all__ = ["QpTable", "FetchJob", "QpUpdate", "QpCommit"]
+__all__ = ["QpTable", "QpOp", "FetchJob", "QpUpdate", "QpCommit"]
+
+
+class QpOp(enum.Enum, shape=2):
+    """The operation the table executes on the QP entry it has read."""
+    COMMIT   = 0        # the host's QP configuration (``commit``)
+    UPDATE   = 1        # the WQE fetch's progress (``updates``)
+    DOORBELL = 2        # a doorbell (``doorbells``)
+    SCHEDULE = 3        # the next QP of the active list: a fetch job
 
 
 def FetchJob(num_qps, num_cqs, max_burst):
@@ -114,7 +122,7 @@ class QpTable(wiring.Component):
         m.submodules.active = active = fifo.SyncFIFOBuffered(width=qp_bits(self.num_qps),
                                                              depth=self.num_qps)
 
-        op = Signal(range(4))               # 0 commit, 1 update, 2 doorbell, 3 schedule
+        op = Signal(QpOp)
         qpn = Signal(qp_bits(self.num_qps))
         commit_p = Signal.like(self.commit.p)
         update_p = Signal.like(self.updates.p)
@@ -150,33 +158,33 @@ class QpTable(wiring.Component):
             with m.State("IDLE"):
                 with m.If(self.commit.valid):
                     m.d.comb += [self.commit.ready.eq(1), rd.addr.eq(self.commit.p.qpn), rd.en.eq(1)]
-                    m.d.sync += [op.eq(0), qpn.eq(self.commit.p.qpn), commit_p.eq(self.commit.p)]
+                    m.d.sync += [op.eq(QpOp.COMMIT), qpn.eq(self.commit.p.qpn), commit_p.eq(self.commit.p)]
                     m.next = "EXEC"
                 with m.Elif(self.updates.valid):
                     m.d.comb += [self.updates.ready.eq(1), rd.addr.eq(self.updates.p.qpn), rd.en.eq(1)]
-                    m.d.sync += [op.eq(1), qpn.eq(self.updates.p.qpn), update_p.eq(self.updates.p)]
+                    m.d.sync += [op.eq(QpOp.UPDATE), qpn.eq(self.updates.p.qpn), update_p.eq(self.updates.p)]
                     m.next = "EXEC"
                 with m.Elif(self.doorbells.valid):
                     m.d.comb += [self.doorbells.ready.eq(1), rd.addr.eq(self.doorbells.p.qpn), rd.en.eq(1)]
-                    m.d.sync += [op.eq(2), qpn.eq(self.doorbells.p.qpn), limit.eq(self.doorbells.p.limit),
+                    m.d.sync += [op.eq(QpOp.DOORBELL), qpn.eq(self.doorbells.p.qpn), limit.eq(self.doorbells.p.limit),
                                  bf.eq(self.doorbells.p.bf), bf_data.eq(self.doorbells.p.wqebb)]
                     m.next = "EXEC"
                 with m.Elif(active.r_rdy & self.jobs.ready):
                     # Schedule only when the job can leave at once: the sequencer must never
                     # wait on the fetch side, which waits on our updates (deadlock otherwise).
                     m.d.comb += [active.r_en.eq(1), rd.addr.eq(active.r_data), rd.en.eq(1)]
-                    m.d.sync += [op.eq(3), qpn.eq(active.r_data)]
+                    m.d.sync += [op.eq(QpOp.SCHEDULE), qpn.eq(active.r_data)]
                     m.next = "EXEC"
             with m.State("EXEC"):
                 m.d.comb += [new.eq(entry), rts.eq(entry.cfg.state == QpState.RTS)]
                 m.d.comb += pending.eq(entry.dyn.pi - entry.dyn.fi)
                 m.next = "IDLE"
                 with m.Switch(op):
-                    with m.Case(0):
+                    with m.Case(QpOp.COMMIT):
                         m.d.comb += [new.cfg.eq(commit_p.cfg), wr.en.eq(1)]
                         with m.If(commit_p.reset):
                             m.d.comb += [new.dyn.pi.eq(0), new.dyn.fi.eq(0), new.dyn.queued.eq(0)]
-                    with m.Case(1):
+                    with m.Case(QpOp.UPDATE):
                         m.d.comb += wr.en.eq(1)
                         with m.If(update_p.error):
                             m.d.comb += new.cfg.state.eq(QpState.ERR)
@@ -186,7 +194,7 @@ class QpTable(wiring.Component):
                             with m.If(rts & ~entry.dyn.queued & (entry.dyn.pi != update_p.ci)
                                       & (entry.dyn.pi != update_p.end)):
                                 enqueue()
-                    with m.Case(2):
+                    with m.Case(QpOp.DOORBELL):
                         with m.If(rts & bf & ~entry.dyn.queued & (entry.dyn.pi == entry.dyn.fi)
                                   & (limit == entry.dyn.fi + 1) & self.jobs.ready & self.bf_wqebbs.ready):
                             job(1, 1, bf=1)
@@ -198,7 +206,7 @@ class QpTable(wiring.Component):
                                 enqueue()
                         with m.Else():
                             m.d.comb += self.db_dropped.eq(1)
-                    with m.Case(3):
+                    with m.Case(QpOp.SCHEDULE):
                         m.d.comb += wr.en.eq(1)
                         with m.If(rts & (pending != 0)):
                             clamped = pending > quantum

@@ -4,7 +4,8 @@ from amaranth.lib import wiring, stream, fifo
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
-from rtl.common.axi import AxiReadSignature
+from spec.params import AXI_ID_WQE_FETCH
+from rtl.common.axi import AxiReadSignature, Burst, Cache, beats_to_page_end
 from rtl.requester.qp_table import FetchJob
 
 __all__ = ["WqeFetch"]
@@ -89,7 +90,7 @@ class WqeFetch(wiring.Component):
         run = Signal(run_bits)
         to_end = Signal(17)
         to_4k = Signal(7)
-        m.d.comb += [to_end.eq(depth - slot), to_4k.eq((4096 - addr[:12]) >> 6)]
+        m.d.comb += [to_end.eq(depth - slot), to_4k.eq(beats_to_page_end(addr, 6))]
         cands = [left, to_end, to_4k]
         smallest = C(self.max_run, run_bits)
         for c in cands:
@@ -99,8 +100,8 @@ class WqeFetch(wiring.Component):
         m.d.comb += beats.eq((addr[6] + run + 1) >> 1)
 
         m.d.comb += [
-            dma.arid.eq(0), dma.araddr.eq(Cat(C(0, 7), addr[7:])), dma.arlen.eq(beats - 1), dma.arsize.eq(7),
-            dma.arburst.eq(1), dma.arcache.eq(0b0011),
+            dma.arid.eq(AXI_ID_WQE_FETCH), dma.araddr.eq(Cat(C(0, 7), addr[7:])), dma.arlen.eq(beats - 1), dma.arsize.eq(7),
+            dma.arburst.eq(Burst.INCR), dma.arcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE),
         ]
         fire = Signal()
         last_run = Signal()

@@ -4,9 +4,10 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, data, stream
 from amaranth.lib.wiring import In, Out
 
+from spec.params import AXI_PAGE, AXI_PAGE_SHIFT
 from rtl.common.rx_packet import INLINE_MAX
 from rtl.common.stream import Pair, pack_pair
-from rtl.responder.payload_writer import RxWriteCommand, BEAT_SHIFT as LINE_SHIFT, PAGE
+from rtl.responder.payload_writer import RxWriteCommand, BEAT_SHIFT as LINE_SHIFT
 
 __all__ = ["RxWriteOrder", "RxWriteSorter"]
 
@@ -65,8 +66,8 @@ class RxWriteSorter(wiring.Component):
             o = Signal(RxWriteOrder, name=f"order{k}")
             in_page = Signal(14, name=f"in_page{k}")
             m.d.comb += [
-                in_page.eq(c[k].addr[:12] + c[k].length),
-                o.inline.eq(c[k].inline), o.bursts.eq(Mux(in_page > PAGE, 2, 1)),
+                in_page.eq(c[k].addr[:AXI_PAGE_SHIFT] + c[k].length),
+                o.inline.eq(c[k].inline), o.bursts.eq(Mux(in_page > AXI_PAGE, 2, 1)),
                 o.line.eq(c[k].addr[LINE_SHIFT:]), o.lane.eq(c[k].addr[:LINE_SHIFT]),
                 o.length.eq(c[k].length[:3]), o.data.eq(c[k].data),
             ]
