@@ -4,7 +4,7 @@ from amaranth.lib import wiring, data, stream
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
-from rtl.common.headers import EthHeader, Ipv4Header, UdpHeader, BthHeader, ipv4_checksum
+from rtl.common.headers import EthHeader, Ipv4Header, UdpHeader, BthHeader, from_be, ipv4_checksum
 from rtl.common.rx_beat import RxBeat, QUARTER, QUARTERS
 from rtl.common.rx_packet import RxDrop, RxPacket, RxPacketPair, INLINE_MAX
 
@@ -36,13 +36,6 @@ RxHeader = data.StructLayout({
 # of the next one), and its length count has room for a beat beyond LEN_CAP.
 assert RxHeader.size == 8 * HDR_BYTES and HDR_BYTES <= QUARTER + BEAT
 assert LEN_CAP + BEAT < 1 << LEN_BITS
-
-
-def _num(field):
-    """The number a big-endian byte field holds (wire byte 0 is the most significant)."""
-    v = Value.cast(field)
-    n = len(v) // 8
-    return Cat(*(v.word_select(n - 1 - i, 8) for i in range(n)))
 
 
 class _FrameCheck(wiring.Component):
@@ -87,9 +80,9 @@ class _FrameCheck(wiring.Component):
 
         total_len, udp_len, flags_frag = Signal(16), Signal(16), Signal(16)
         opcode, flags, pkey = Signal(8), Signal(8), Signal(16)
-        m.d.comb += [total_len.eq(_num(h.ip.total_len)), udp_len.eq(_num(h.udp.length)),
-                     flags_frag.eq(_num(h.ip.flags_frag)), opcode.eq(_num(h.bth.opcode)),
-                     flags.eq(_num(h.bth.flags)), pkey.eq(_num(h.bth.pkey))]
+        m.d.comb += [total_len.eq(from_be(h.ip.total_len)), udp_len.eq(from_be(h.udp.length)),
+                     flags_frag.eq(from_be(h.ip.flags_frag)), opcode.eq(from_be(h.bth.opcode)),
+                     flags.eq(from_be(h.bth.flags)), pkey.eq(from_be(h.bth.pkey))]
 
         short = Signal()
         eth_bad = Signal()
@@ -97,10 +90,10 @@ class _FrameCheck(wiring.Component):
         udp_bad = Signal()
         m.d.comb += [
             short.eq(n < MIN_FRAME),
-            eth_bad.eq((_num(h.eth.ethertype) != F.ETHERTYPE_IPV4) | (_num(h.ip.ver_ihl) != F.IPV4_VER_IHL)),
-            csum_bad.eq(_num(h.ip.checksum) != csum),
-            udp_bad.eq((_num(h.ip.proto) != F.IP_PROTO_UDP) | (flags_frag & 0x3FFF).any()
-                       | (_num(h.udp.dport) != F.ROCEV2_UDP_PORT)),
+            eth_bad.eq((from_be(h.eth.ethertype) != F.ETHERTYPE_IPV4) | (from_be(h.ip.ver_ihl) != F.IPV4_VER_IHL)),
+            csum_bad.eq(from_be(h.ip.checksum) != csum),
+            udp_bad.eq((from_be(h.ip.proto) != F.IP_PROTO_UDP) | (flags_frag & 0x3FFF).any()
+                       | (from_be(h.udp.dport) != F.ROCEV2_UDP_PORT)),
         ]
         # A 60-byte frame may be a shorter packet padded to Ethernet's minimum: its end
         # is then where the IPv4 length says.
@@ -136,7 +129,7 @@ class _FrameCheck(wiring.Component):
             m.d.comb += desc.drop.eq(RxDrop.BAD_IP_CHECKSUM)
         with m.Elif(udp_bad):
             m.d.comb += desc.drop.eq(RxDrop.NOT_ROCE)
-        with m.Elif((_num(h.eth.dmac) != self.port_mac) | (_num(h.ip.dip) != self.port_ip)):
+        with m.Elif((from_be(h.eth.dmac) != self.port_mac) | (from_be(h.ip.dip) != self.port_ip)):
             m.d.comb += desc.drop.eq(RxDrop.BAD_ADDRESS)
         with m.Elif(ip_len_bad):
             m.d.comb += desc.drop.eq(RxDrop.BAD_LENGTH)
@@ -159,23 +152,23 @@ class _FrameCheck(wiring.Component):
         m.d.comb += payload_len.eq(n_eff - need)
         m.d.comb += [
             desc.opcode.eq(opcode), desc.se.eq(flags[7]), desc.padcnt.eq(padcnt),
-            desc.dqpn.eq(_num(h.bth.dqpn)), desc.ackreq.eq(h.bth.ackreq[0][7]), desc.psn.eq(_num(h.bth.psn)),
+            desc.dqpn.eq(from_be(h.bth.dqpn)), desc.ackreq.eq(h.bth.ackreq[0][7]), desc.psn.eq(from_be(h.bth.psn)),
             desc.has_reth.eq(has_reth), desc.has_imm.eq(has_imm), desc.has_aeth.eq(has_aeth),
-            desc.reth.va.eq(Mux(has_reth, _num(ext[0:64]), 0)),
-            desc.reth.rkey.eq(Mux(has_reth, _num(ext[64:96]), 0)),
-            desc.reth.dma_len.eq(Mux(has_reth, _num(ext[96:128]), 0)),
-            desc.imm.eq(Mux(has_imm, _num(imm_bytes), 0)),
+            desc.reth.va.eq(Mux(has_reth, from_be(ext[0:64]), 0)),
+            desc.reth.rkey.eq(Mux(has_reth, from_be(ext[64:96]), 0)),
+            desc.reth.dma_len.eq(Mux(has_reth, from_be(ext[96:128]), 0)),
+            desc.imm.eq(Mux(has_imm, from_be(imm_bytes), 0)),
             desc.aeth.syndrome.eq(Mux(has_aeth, ext[0:8], 0)),
-            desc.aeth.msn.eq(Mux(has_aeth, _num(ext[8:32]), 0)),
+            desc.aeth.msn.eq(Mux(has_aeth, from_be(ext[8:32]), 0)),
             desc.payload_offset.eq(F.OFF_EXT + ext_len),
             desc.payload_len.eq(Mux(desc.drop == RxDrop.NONE, payload_len[:16], 0)),
             desc.frame_len.eq(Mux(n > 0xFFFF, 0xFFFF, n[:16])),
-            desc.smac.eq(_num(h.eth.smac)), desc.sip.eq(_num(h.ip.sip)),
+            desc.smac.eq(from_be(h.eth.smac)), desc.sip.eq(from_be(h.ip.sip)),
         ]
         # A payload of 1..4 bytes behind a RETH (WRITE ONLY: 75..78-byte frames, up to
         # 1.01 a cycle) is in the header window already; it travels with the descriptor.
         va_lane = Signal(8)
-        m.d.comb += va_lane.eq(_num(ext[0:64])[:INLINE_LANE_BITS])
+        m.d.comb += va_lane.eq(from_be(ext[0:64])[:INLINE_LANE_BITS])
         m.d.comb += [
             desc.inline.eq((desc.drop == RxDrop.NONE) & has_reth & ~has_imm & (payload_len != 0)
                            & (payload_len <= INLINE_MAX) & (va_lane + payload_len <= 1 << INLINE_LANE_BITS)),

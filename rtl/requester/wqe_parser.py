@@ -6,16 +6,11 @@ from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
 from rtl.common.contexts import qp_bits
+from rtl.common.headers import from_be
 from rtl.requester.qp_table import FetchJob, QpUpdate
 from rtl.requester.message import Message, MessageKind
 
 __all__ = ["WqeParser"]
-
-
-def _be_field(buf, table, name):
-    """A big-endian field of a segment at byte 0 of ``buf`` (a byte-ordered Value)."""
-    off, width = F.get_field(table, name)
-    return Cat(*(buf.word_select(off + width - 1 - i, 8) for i in range(width)))
 
 
 class WqeParser(wiring.Component):
@@ -146,13 +141,13 @@ class WqeParser(wiring.Component):
 
         # Fields of the WQE.
         ctrl, raddr_seg, data_seg = view[0:128], view[128:256], view[256:384]
-        opcode = _be_field(ctrl, F.CTRL_SEG, "opmod_idx_opcode")[:8]
-        ds = _be_field(ctrl, F.CTRL_SEG, "qpn_ds")[:6]
-        fm_ce_se = _be_field(ctrl, F.CTRL_SEG, "fm_ce_se")
-        raddr = _be_field(raddr_seg, F.RADDR_SEG, "raddr")
-        rkey = _be_field(raddr_seg, F.RADDR_SEG, "rkey")
-        byte_count = _be_field(data_seg, F.DATA_SEG, "byte_count")
-        seg_addr = _be_field(data_seg, F.DATA_SEG, "addr")
+        opcode = from_be(ctrl, *F.get_field(F.CTRL_SEG, "opmod_idx_opcode"))[:8]
+        ds = from_be(ctrl, *F.get_field(F.CTRL_SEG, "qpn_ds"))[:6]
+        fm_ce_se = from_be(ctrl, *F.get_field(F.CTRL_SEG, "fm_ce_se"))
+        raddr = from_be(raddr_seg, *F.get_field(F.RADDR_SEG, "raddr"))
+        rkey = from_be(raddr_seg, *F.get_field(F.RADDR_SEG, "rkey"))
+        byte_count = from_be(data_seg, *F.get_field(F.DATA_SEG, "byte_count"))
+        seg_addr = from_be(data_seg, *F.get_field(F.DATA_SEG, "addr"))
         is_inline = byte_count[31]
         inline_len = byte_count[:31]
         length = Signal(32)

@@ -3,7 +3,7 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, data, stream, fifo
 from amaranth.lib.wiring import In, Out
 
-from rtl.common.axi import AxiWriteSignature
+from rtl.common.axi import AxiWriteSignature, Burst, Cache, beats_to_page_end
 from rtl.common.rx_beat import RxSegmentBeat, SEGMENT as SEG
 from rtl.common.rx_packet import INLINE_MAX
 
@@ -11,8 +11,6 @@ __all__ = ["RxWriteCommand", "RxPayloadWriter"]
 
 BEAT = 128                      # bytes per beat (the segment format is defined for 1024 bits)
 BEAT_SHIFT = 7
-PAGE = 4096                     # AXI: no burst crosses a 4 KiB boundary
-MAX_BURST = PAGE // BEAT        # 32 beats: a burst within one page is never longer
 AWID = 2
 W_QUEUE = 4                     # W beats between the aligner and the W channel
 
@@ -171,7 +169,7 @@ class RxPayloadWriter(wiring.Component):
         nw = Signal(7)
         m.d.comb += nw.eq(Mux(cmd.length == 0, 0, (span + BEAT - 1) >> BEAT_SHIFT))
         to_page = Signal(7)          # beats from the first line to the 4 KiB boundary: 1..32
-        m.d.comb += to_page.eq(MAX_BURST - cmd.addr[BEAT_SHIFT:12])
+        m.d.comb += to_page.eq(beats_to_page_end(Cat(C(0, BEAT_SHIFT), cmd.addr[BEAT_SHIFT:]), BEAT_SHIFT))
         span_m1 = Signal(14)
         m.d.comb += span_m1.eq(span - 1)
         m.d.comb += [
@@ -308,7 +306,8 @@ class RxPayloadWriter(wiring.Component):
         m.d.comb += aw_len.eq(Mux(second, job.nb1, job.nb0) - 1)
         m.d.comb += [
             dma.awid.eq(AWID), dma.awaddr.eq(Cat(C(0, BEAT_SHIFT), aw_line)), dma.awlen.eq(aw_len),
-            dma.awsize.eq(BEAT_SHIFT), dma.awburst.eq(1), dma.awcache.eq(0b0011),
+            dma.awsize.eq(BEAT_SHIFT), dma.awburst.eq(Burst.INCR),
+            dma.awcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE),
             dma.awvalid.eq(aw_jobs.r_rdy),
         ]
         with m.If(dma.awvalid & dma.awready):

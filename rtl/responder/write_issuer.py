@@ -4,7 +4,8 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, data, stream
 from amaranth.lib.wiring import In, Out
 
-from rtl.common.axi import AxiWriteSignature
+from spec.params import AXI_PAGE_SHIFT
+from rtl.common.axi import AxiWriteSignature, Burst, Cache
 from rtl.common.rx_packet import INLINE_MAX
 from rtl.common.stream import Pair
 from rtl.responder.write_sorter import RxWriteOrder, LINE_SHIFT
@@ -13,7 +14,7 @@ __all__ = ["RxWriteIssuer"]
 
 BEAT = 1 << LINE_SHIFT
 AWID = 2
-PAGE_LINE_BITS = 12 - LINE_SHIFT        # 32 lines in a 4 KiB page
+PAGE_LINE_BITS = AXI_PAGE_SHIFT - LINE_SHIFT    # 32 lines in a 4 KiB page
 PAGE_TAG_BITS = 16                      # low bits of the page number compared
 
 _Sub = data.StructLayout({"lane": unsigned(LINE_SHIFT), "length": unsigned(3),
@@ -221,7 +222,8 @@ class RxWriteIssuer(wiring.Component):
                 port.awvalid.eq(aw_valid[p] | push), port.awid.eq(AWID),
                 port.awaddr.eq(Cat(C(0, LINE_SHIFT), Mux(aw_valid[p], aw_line[p], new_line))),
                 port.awlen.eq(Mux(aw_valid[p], aw_len[p], new_len)),
-                port.awsize.eq(LINE_SHIFT), port.awburst.eq(1), port.awcache.eq(0b0011),
+                port.awsize.eq(LINE_SHIFT), port.awburst.eq(Burst.INCR),
+                port.awcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE),
                 port.bready.eq(1),
             ]
 
