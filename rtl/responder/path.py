@@ -1,0 +1,131 @@
+"""``ResponderPath``: the responder, wired along its data flow.
+
+    requests (from the port) -> Responder -> payload commands -> RxWriteSorter
+      -> RxWriteIssuer -> m_axi / m_axi_rx        (payload beats: RxResegmenter
+      -> RxPayloadWriter -> issuer)
+    Responder -> ACK/NAKs -> AckAddresser -> AckBuilder -> frames (to the port)
+"""
+from amaranth.hdl import *
+from amaranth.lib import wiring
+from amaranth.lib.wiring import Out
+
+from spec import formats as F
+from spec import params as P
+from rtl.common.passthrough import forward, members
+from rtl.common.records import AckRecord
+from rtl.common.rx_beat import RxSegmentBeat
+from rtl.common.stream import Pair, StreamFifo
+from rtl.responder.ack_addresser import AckAddresser
+from rtl.responder.ack_builder import AckBuilder
+from rtl.responder.payload_writer import RxPayloadWriter, RxWriteCommand
+from rtl.responder.resegmenter import RxResegmenter
+from rtl.responder.responder import Responder
+from rtl.responder.write_issuer import RxWriteIssuer
+from rtl.responder.write_sorter import RxWriteOrder, RxWriteSorter
+
+__all__ = ["ResponderPath"]
+
+COMMAND_QUEUE = 16          # payload commands (pairs) between the responder and the sorter
+ORDER_QUEUE = 16            # write orders (pairs) between the sorter and the issuer
+SEGMENT_QUEUE = 4           # payload beats between the resegmenter and the payload writer
+ACK_QUEUE = 16              # ACK/NAKs (pairs) waiting while MAC TX sends a data frame
+
+
+class ResponderPath(wiring.Component):
+    """Received requests checked and executed, payload written, ACK/NAKs built (pure wiring).
+
+    Parameters
+    ----------
+    num_qps, num_cqs : int
+        As :class:`~rtl.top.IbgdaNic`.
+
+    Members
+    -------
+    requests : In(stream.Signature(RxPacketPair))
+        RC requests that passed the frame-level checks, one or two a cycle.
+    beats : In(stream.Signature(RxBeat))
+        Every received frame's beats, from the port's beat buffer.
+    keep : In(stream.Signature(RxKeepPair))
+        Which of those frames carry payload for the writer.
+    commit, mr_commit : In(stream.Signature(...))
+        A QP create's receive side; a memory region (the responder's key tables).
+    peer_commit : In(stream.Signature(...))
+        The QP's peer (QPN, MAC, IPv4) for its ACKs; taken with ``commit``.
+    port_mac, port_ip : In
+        The port's own addresses (ACK frame headers).
+    dma : Out(AxiWriteSignature)
+        Payload writes on ``m_axi`` (shared with the CQE writer).
+    dma_rx : Out(AxiWriteSignature)
+        Payload writes on the second port ``m_axi_rx``.
+    frames : Out(stream.Signature(TxBeat))
+        ACK/NAK frames for MAC TX.
+    verdict_valid, verdict : Out
+        The responder's verdict on each of up to two requests a cycle (counters).
+    acks_sent, naks_sent : Out(2)
+        ACK and NAK records handed to the ACK path this cycle (0..2 each).
+    """
+    def __init__(self, *, num_qps, num_cqs):
+        nq, nc = num_qps, num_cqs
+        self._blocks = {
+            "rx_resegmenter": RxResegmenter(),
+            "responder": Responder(num_qps=nq, num_mrs=P.NUM_MRS, pd_bits=P.PD_BITS),
+            # the responder's payload commands, one or two per cycle; the sorter sends those
+            # with payload in the segment stream to the writer (one per cycle) and every write
+            # in order to the issuer, which puts up to two per cycle on m_axi and m_axi_rx
+            "rx_cmd_fifo": StreamFifo(Pair(RxWriteCommand), COMMAND_QUEUE),
+            "rx_write_sorter": RxWriteSorter(),
+            "rx_order_fifo": StreamFifo(Pair(RxWriteOrder), ORDER_QUEUE),
+            "rx_write_issuer": RxWriteIssuer(),
+            # a registered queue between the resegmenter and the payload writer: without it the
+            # resegmenter's (and so the beat buffer's) ready would hang on the writer's
+            "rx_seg_fifo": StreamFifo(RxSegmentBeat(), SEGMENT_QUEUE),
+            "rx_writer": RxPayloadWriter(),
+            # the responder's ACK/NAKs, one or two per cycle (two go out in one beat); they wait
+            # here while MAC TX sends a data frame
+            "ack_fifo": StreamFifo(Pair(AckRecord), ACK_QUEUE),
+            "ack_addresser": AckAddresser(num_qps=nq),
+            "ack_builder": AckBuilder(num_qps=nq, num_cqs=nc),
+        }
+        b = self._blocks
+        self._ports = [
+            (b["rx_resegmenter"], {"beats": "beats", "keep": "keep"}),
+            (b["responder"], {"requests": "packets", "commit": "commit", "mr_commit": "mr_commit",
+                              "verdict_valid": "verdict_valid", "verdict": "verdict"}),
+            (b["ack_addresser"], {"peer_commit": "commit"}),
+            (b["ack_builder"], {"port_mac": "port_mac", "port_ip": "port_ip", "frames": "frames"}),
+            (b["rx_write_issuer"], {"dma": "p0", "dma_rx": "p1"}),
+        ]
+        sig = {}
+        for block, names in self._ports:
+            sig |= members(block, names)
+        super().__init__(sig | {"acks_sent": Out(2), "naks_sent": Out(2)})
+
+    def elaborate(self, platform):
+        m = Module()
+        for name, block in self._blocks.items():
+            m.submodules[name] = block
+        for block, names in self._ports:
+            forward(m, self, block, names)
+        b = self._blocks
+        rsp, rpw = b["responder"], b["rx_writer"]
+        wiring.connect(m, b["rx_resegmenter"].o, b["rx_seg_fifo"].i)
+        wiring.connect(m, b["rx_seg_fifo"].o, rpw.beats)
+        wiring.connect(m, rsp.commands, b["rx_cmd_fifo"].i)
+        wiring.connect(m, b["rx_cmd_fifo"].o, b["rx_write_sorter"].i)
+        wiring.connect(m, b["rx_write_sorter"].commands, rpw.commands)
+        wiring.connect(m, b["rx_write_sorter"].orders, b["rx_order_fifo"].i)
+        wiring.connect(m, b["rx_order_fifo"].o, b["rx_write_issuer"].orders)
+        wiring.connect(m, rpw.dma, b["rx_write_issuer"].writer)
+        wiring.connect(m, rsp.responses, b["ack_fifo"].i)
+        wiring.connect(m, b["ack_fifo"].o, b["ack_addresser"].i)
+        wiring.connect(m, b["ack_addresser"].o, b["ack_builder"].requests)
+        # ACK/NAKs sent, up to two a cycle
+        resp_sent = Signal()
+        resp = rsp.responses.p
+        m.d.comb += resp_sent.eq(rsp.responses.valid & rsp.responses.ready)
+        lanes = [resp_sent, resp_sent & resp.second]
+        m.d.comb += [
+            self.acks_sent.eq(sum(lanes[k] & (resp.p[k].syndrome == F.Aeth.ACK) for k in range(2))),
+            self.naks_sent.eq(sum(lanes[k] & (resp.p[k].syndrome != F.Aeth.ACK) for k in range(2))),
+        ]
+        return m
