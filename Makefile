@@ -13,7 +13,7 @@ TEST    ?=
 LINT_WAIVE := -Wno-WIDTHEXPAND -Wno-WIDTHTRUNC -Wno-PROCASSINIT -Wno-CASEINCOMPLETE -Wno-VARHIDDEN \
               -Wno-DECLFILENAME -Wno-UNUSEDSIGNAL -Wno-UNUSEDPARAM
 
-.PHONY: help setup test test-fast sim waves bench verilog lint synth clean
+.PHONY: help setup test test-fast sim waves bench verilog lint synth timing clean
 
 help:
 	@echo "make setup     install everything (Debian packages, Verilator >= 5.036, .venv)"
@@ -24,6 +24,7 @@ help:
 	@echo "make verilog   generated Verilog in build/verilog/"
 	@echo "make lint      verilator --lint-only on the generated Verilog"
 	@echo "make synth     Yosys synthesis: cells, flip-flop and RAM bits per block (QPS=n: another QP count)"
+	@echo "make timing    logic depth per block and of the engine: LUT6 and gate levels (build/timing/report.json)"
 
 setup:
 	bash scripts/setup.sh
@@ -42,6 +43,9 @@ waves: $(PY)
 
 synth: $(PY)
 	$(PY) -m scripts.run_synth $(if $(QPS),--qps $(QPS))
+
+timing: $(PY)
+	$(PY) -m scripts.run_timing --jobs $(JOBS)
 
 bench: $(PY)
 	$(PY) -m scripts.run_bench $(if $(SIM),--sim $(SIM))

