@@ -22,7 +22,7 @@ from spec import params as P
 
 BEAT = P.DATA_BYTES
 SEG = P.SEGMENT_BYTES
-INLINE_OFFSET = 36
+INLINE_OFFSET = F.WQE_INLINE_OFFSET
 
 
 class _Fifo:

@@ -21,7 +21,7 @@ from spec.formats import (
     BTH, CTRL_SEG, DATA_SEG, DEFAULT_PKEY, DS_UNIT, ETH, ETH_LEN, ETHERTYPE_IPV4,
     FM_CE_SE_CQ_UPDATE, HDR_LEN_NO_RETH, HDR_LEN_RETH, ICRC_LEN, INLINE_FLAG, IP_PROTO_UDP,
     IPV4, IPV4_FLAGS_DF, IPV4_LEN, IPV4_TTL, IPV4_VER_IHL, MAX_WQEBBS, OFF_BTH, OFF_EXT,
-    OFF_IP, OFF_UDP, Op, QpState, RADDR_SEG, RETH, ROCE_SPORT_BASE, ROCEV2_UDP_PORT, UDP,
+    OFF_IP, OFF_UDP, Op, PSN_MASK, QpState, RADDR_SEG, RETH, ROCE_SPORT_BASE, ROCEV2_UDP_PORT, UDP,
     WQEBB, WqeOp, get_field, mtu_code, pack, unpack,
 )
 from model.icrc import icrc, ipv4_checksum
@@ -32,7 +32,7 @@ __all__ = [
     "build_nop_wqe", "sq_slot_address", "PSN_MASK", "BTH_ACKREQ",
 ]
 
-PSN_MASK = (1 << 24) - 1
+# PSN_MASK: spec.formats' (re-exported)
 BTH_ACKREQ = 0x80                  # BTH byte 8: AckReq bit
 _RETH_OPCODES = (Op.WRITE_FIRST, Op.WRITE_ONLY)
 _ACKREQ_OPCODES = (Op.WRITE_LAST, Op.WRITE_ONLY)

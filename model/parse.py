@@ -21,7 +21,8 @@ from spec.formats import (
     IP_PROTO_UDP, IPV4_VER_IHL, OFF_BTH, OFF_EXT, OFF_IP, OFF_UDP, Op, RETH, RETH_LEN,
     ROCEV2_UDP_PORT, UDP, pack, unpack,
 )
-from model.frames import PSN_MASK, build_packet, ip_bytes, mac_bytes
+from spec.formats import DROP_REASONS, ETH_MIN_FRAME, IMMDT_LEN, MKEY_VARIANT_BITS, MSN_MASK, PSN_HALF, PSN_MASK
+from model.frames import build_packet, ip_bytes, mac_bytes
 from model.icrc import icrc, ipv4_checksum
 
 __all__ = [
@@ -33,32 +34,19 @@ CqeSyndrome = F.Syndrome               # mlx5 CQE syndromes, defined once in spe
 Aeth = F.Aeth                          # AETH syndromes, defined once in spec/formats.py
 
 
-IMMDT_LEN = 4                          # ImmDt extension header (SPEC section 5)
-ETH_MIN_FRAME = 60                     # shortest Ethernet frame without FCS; shorter ones are padded
-PSN_HALF = 1 << 23                     # PSNs less than 2^23 behind the expected one are duplicates
-MSN_MASK = PSN_MASK                    # MSN is 24 bits too
+# IMMDT_LEN, ETH_MIN_FRAME, PSN_HALF, MSN_MASK and DROP_REASONS (why a responder drops a
+# frame, in the order the checks run: spec.formats.RX_VERDICTS) are spec.formats'. An unknown
+# destination QP counts as qp_not_ready: a QP number without a context is a QP in RESET.
 
-# Why a responder drops a frame, in the order the checks run. An unknown destination QP
-# counts as qp_not_ready: a QP number without a context is a QP in RESET.
-DROP_REASONS = ("bad_length", "not_roce", "bad_ip_checksum", "bad_icrc", "bad_pkey", "bad_opcode",
-                "bad_address", "qp_not_ready", "psn_duplicate", "psn_out_of_order", "access_error", "invalid_request")
-
-# opcode -> (RETH, ImmDt, AETH) present
-_EXT = {
-    Op.WRITE_FIRST: (True, False, False), Op.WRITE_MIDDLE: (False, False, False),
-    Op.WRITE_LAST: (False, False, False), Op.WRITE_LAST_IMM: (False, True, False),
-    Op.WRITE_ONLY: (True, False, False), Op.WRITE_ONLY_IMM: (True, True, False),
-    Op.ACK: (False, False, True),
-}
-WRITE_OPCODES = frozenset((Op.WRITE_FIRST, Op.WRITE_MIDDLE, Op.WRITE_LAST, Op.WRITE_LAST_IMM,
-                           Op.WRITE_ONLY, Op.WRITE_ONLY_IMM))
-_FIRST_OPCODES = frozenset((Op.WRITE_FIRST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM))
-_LAST_OPCODES = frozenset((Op.WRITE_LAST, Op.WRITE_LAST_IMM, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM))
+_EXT = F.EXT_HEADERS                   # opcode -> (RETH, ImmDt, AETH) present
+WRITE_OPCODES = frozenset(F.WRITE_OPS)
+_FIRST_OPCODES = frozenset(F.FIRST_OPS)
+_LAST_OPCODES = frozenset(F.LAST_OPS)
 _IMM_BASE = {Op.WRITE_LAST_IMM: Op.WRITE_LAST, Op.WRITE_ONLY_IMM: Op.WRITE_ONLY}
 _NAK_NAMES = {0: "psn_seq", 1: "invalid_request", 2: "remote_access", 3: "remote_op"}
 _NAK_SYNDROMES = {1: CqeSyndrome.REMOTE_INVAL_REQ_ERR, 2: CqeSyndrome.REMOTE_ACCESS_ERR,
                   3: CqeSyndrome.REMOTE_OP_ERR}
-MR_INDEX_SHIFT = 8                     # mlx5 keys: index << 8 | variant byte (rtl/responder/mr_table.py)
+MR_INDEX_SHIFT = MKEY_VARIANT_BITS     # mlx5 keys: index << 8 | variant byte (spec.formats)
 
 
 def _psn_ok(v, name="psn"):

@@ -57,14 +57,16 @@ MSN_MASK = PSN_MASK                # AETH MSN: 24 bits too
 IMMDT_LEN = 4                      # ImmDt extension header (SPEC section 5)
 ETH_MIN_FRAME = 60                 # shortest Ethernet frame without FCS; shorter ones are padded up to it
 
-# Opcode classes of the RC WRITE opcodes the engine knows.
-WRITE_OPS = frozenset((Op.WRITE_FIRST, Op.WRITE_MIDDLE, Op.WRITE_LAST, Op.WRITE_LAST_IMM,
-                       Op.WRITE_ONLY, Op.WRITE_ONLY_IMM))
-FIRST_OPS = frozenset((Op.WRITE_FIRST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM))      # start a message (carry a RETH)
-LAST_OPS = frozenset((Op.WRITE_LAST, Op.WRITE_LAST_IMM, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM))   # end a message
-RETH_OPS = FIRST_OPS                                                           # carry a RETH
-IMM_OPS = frozenset((Op.WRITE_LAST_IMM, Op.WRITE_ONLY_IMM))                    # carry an ImmDt
-AETH_OPS = frozenset((Op.ACK,))                                                # carry an AETH
+# Opcode classes of the RC opcodes the engine knows, each in ascending opcode order.
+WRITE_OPS = (Op.WRITE_FIRST, Op.WRITE_MIDDLE, Op.WRITE_LAST, Op.WRITE_LAST_IMM, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM)
+FIRST_OPS = (Op.WRITE_FIRST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM)                       # start a message
+LAST_OPS = (Op.WRITE_LAST, Op.WRITE_LAST_IMM, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM)      # end a message
+RETH_OPS = FIRST_OPS                                       # carry a RETH (the message's first packet)
+IMM_OPS = (Op.WRITE_LAST_IMM, Op.WRITE_ONLY_IMM)           # carry an ImmDt
+AETH_OPS = (Op.ACK,)                                       # carry an AETH
+KNOWN_OPS = WRITE_OPS + AETH_OPS                           # every opcode a receiver parses
+# opcode -> (RETH, ImmDt, AETH) present, for the opcodes of KNOWN_OPS
+EXT_HEADERS = {op: (op in RETH_OPS, op in IMM_OPS, op in AETH_OPS) for op in KNOWN_OPS}
 
 # ---- receive verdicts --------------------------------------------------------------
 # What becomes of a received frame: ``(name, stage, meaning)`` in receive-counter order
@@ -106,6 +108,9 @@ CTRL_SEG = (("opmod_idx_opcode", 0, 4), ("qpn_ds", 4, 4), ("signature", 8, 1),
 RADDR_SEG = (("raddr", 0, 8), ("rkey", 8, 4), ("rsvd", 12, 4))
 DATA_SEG = (("byte_count", 0, 4), ("lkey", 4, 4), ("addr", 8, 8))
 INLINE_FLAG = 0x80000000
+# An inline WRITE's payload starts after the control and remote-address segments and the
+# inline segment's 4-byte byte count: byte 36 of the WQE.
+WQE_INLINE_OFFSET = DS_UNIT + DS_UNIT + 4     # 36: ctrl (16) + raddr (16) + inline byte count (4)
 FM_CE_SE_CQ_UPDATE = 0x08
 FM_CE_SE_SOLICITED = 0x02
 
@@ -117,6 +122,17 @@ class WqeOp:
 UAR_PAGE_SHIFT = 12               # one 4 KiB UAR page per QP: page number = QPN
 UAR_DB_OFFSET = 0x800             # doorbell register (BlueFlame register 0)
 UAR_DB_OFFSET_ALT = 0x900         # second BlueFlame register (alternates per post)
+DS_PER_WQEBB = WQEBB // DS_UNIT   # 4
+
+
+def doorbell_limit(index, ds):
+    """The producer index a doorbell sets (``index``: ctrl WQE index, ``ds``: its DS count).
+
+    Every WQEBB before ``index + ceil(ds / 4)`` (mod 2^16) becomes ready: rdma-core rings
+    with the last WQE's ctrl words, NVSHMEM with the next free index and ds = 0. The RTL
+    computes it as ``index + ((ds + 3) >> 2)`` (rtl/host/doorbell_decoder.py).
+    """
+    return (index + (ds + DS_PER_WQEBB - 1) // DS_PER_WQEBB) & 0xFFFF
 
 # ---- mlx5 CQE64 ---------------------------------------------------------------
 CQE_SIZE = 64
@@ -163,6 +179,9 @@ class Aeth:
     KIND_ACK, KIND_RNR, KIND_NAK = 0, 1, 3   # syndrome >> 5
 
 
+MKEY_VARIANT_BITS = 8              # mlx5 memory keys: index << 8 | variant byte (the slot is key >> 8)
+
+
 class Access:                      # ibv_access_flags: rights of a memory region
     LOCAL_WRITE = 0x1
     REMOTE_WRITE = 0x2
@@ -207,6 +226,12 @@ def pack(table, buf, base, **values):
     for name, value in values.items():
         off, width = get_field(table, name)
         buf[base + off:base + off + width] = int(value).to_bytes(width, "big")
+
+
+def read_field(table, name, buf, base=0):
+    """Field ``name`` of ``table`` from ``buf`` at ``base``, as an int (big-endian)."""
+    off, width = get_field(table, name)
+    return int.from_bytes(bytes(buf[base + off:base + off + width]), "big")
 
 
 def unpack(table, buf, base=0):

@@ -15,6 +15,12 @@ AXI_PAGE = 1 << AXI_PAGE_SHIFT     # 4096
 DB_ADDR_WIDTH = 32
 CSR_ADDR_WIDTH = 16
 AXI_ID_WIDTH = 4
+# AXI ids of the DMA blocks (docs/interfaces.md): reads of one id return in order, and the
+# two writers on m_axi share it through AxiWriteArbiter, which routes B back by id.
+AXI_ID_WQE_FETCH = 0               # ARID on m_axi_wqe
+AXI_ID_PAYLOAD_FETCH = 1           # ARID on m_axi
+AXI_ID_CQE_WRITE = 0               # AWID on m_axi
+AXI_ID_RX_WRITE = 2                # AWID of the received payload writes (m_axi and m_axi_rx)
 NUM_QPS = 1024                     # QP contexts in RAM (issue 3: 1024 and more)
 NUM_CQS = 64
 DEFAULT_MTU = 4096

@@ -64,7 +64,7 @@ class NicControl:
         return await self.axil.read_dword(ADDR.get(addr, addr))
 
     async def read_id(self):
-        """The ID register (0x49424741 "IBGA" on a working NIC)."""
+        """The ID register (spec.csr.ID_VALUE, "IBGA", on a working NIC)."""
         return await self.read_reg("ID")
 
     async def read_params(self):

@@ -16,7 +16,7 @@ from model.cycle_model import isolated_write
 from model.engine import EngineModel
 from model.frames import Port, QpContext
 from spec import params as P
-from spec.formats import CQE_SIZE, mtu_code, unpack, CQE64
+from spec.formats import BTH, CQE_SIZE, CTRL_SEG, OFF_BTH, mtu_code, unpack, CQE64, doorbell_limit, read_field
 from tb.clock import CycleCounter
 from tb.control import NicControl
 from tb.gpu import GpuModel
@@ -253,9 +253,9 @@ class NicEnv:
         from model.cycle_model import EngineCycleModel
         doorbells = []
         for d in self.gpu.doorbells:
-            index = int.from_bytes(d.data[1:3], "big")
-            ds = d.data[7] & 0x3F
-            doorbells.append((d.cycle, d.qpn, (index + (ds + 3) // 4) & 0xFFFF, d.bf))
+            index = (read_field(CTRL_SEG, "opmod_idx_opcode", d.data) >> 8) & 0xFFFF
+            ds = read_field(CTRL_SEG, "qpn_ds", d.data) & 0x3F
+            doorbells.append((d.cycle, d.qpn, doorbell_limit(index, ds), d.bf))
         qps = {q: (qp.mtu, qp.depth if hasattr(qp, "depth") else 1 << qp.log_depth, qp.posted, qp.weight, qp.sq_base)
                for q, qp in self.qps.items()}
         pred = EngineCycleModel(qps, doorbells, dma_latency=self.dma_latency).run()
@@ -263,14 +263,14 @@ class NicEnv:
         assert len(got) == len(pred.frames), f"{len(got)} frames, the cycle model has {len(pred.frames)}"
         for k, (f, (qpn, index, c0, c1, start, length)) in enumerate(zip(got, pred.frames)):
             where = f"frame {k} (QP {qpn} WQE {index}, {length} B)"
-            assert int.from_bytes(f.data[47:50], "big") == self.qps[qpn].remote_qpn, \
+            assert read_field(BTH, "dqpn", f.data, OFF_BTH) == self.qps[qpn].remote_qpn, \
                 f"{where}: the RTL sent another QP's frame"
             assert (f.first_cycle, f.last_cycle, f.start_bytes) == (c0, c1, start), \
                 f"{where}: RTL first/last beat {f.first_cycle}/{f.last_cycle}, wire start {f.start_bytes}; " \
                 f"cycle model {c0}/{c1}, {start}"
         written = {}
         for _, _, raw, cyc in self.cqe_writes():
-            written[(int.from_bytes(raw[56:60], "big") & 0xFFFFFF, int.from_bytes(raw[60:62], "big"))] = cyc
+            written[(read_field(CQE64, "sop_drop_qpn", raw) & 0xFFFFFF, read_field(CQE64, "wqe_counter", raw))] = cyc
         assert set(written) == set(pred.cqes), "CQEs differ from the cycle model's"
         for key, cyc in pred.cqes.items():
             assert written[key] == cyc, f"CQE of QP {key[0]} WQE {key[1]}: RTL cycle {written[key]}, model {cyc}"

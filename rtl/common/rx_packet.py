@@ -1,7 +1,7 @@
 """The descriptor of a received frame, from the receive header parser to the responder.
 
 :class:`RxDrop` names why a frame is dropped at frame level: the first seven reasons of
-``model.parse.DROP_REASONS`` (``model.parse.parse_frame`` says in which order it checks them). The
+``spec.formats.DROP_REASONS``, ``RX_FRAME_DROPS`` (``model.parse.parse_frame`` says in which order it checks them). The
 QP-level reasons (QP not ready, PSN, access, invalid request) need the QP's state and
 are decided later by the responder. :func:`RxPacket` is one frame's decoded headers,
 as plain integers (the big-endian wire fields converted once, in the parser).
@@ -10,6 +10,7 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
 from rtl.common.stream import Pair
+from spec import formats as F
 
 __all__ = ["INLINE_MAX", "RxDrop", "RxPacket", "RxPacketPair", "RX_DROP_NAMES"]
 
@@ -28,12 +29,10 @@ class RxDrop(enum.Enum, shape=3):
     BAD_ADDRESS = 7         # RoCEv2, but the destination MAC or IPv4 address is not the port's
 
 
-# ``model.parse.DROP_REASONS`` names of the reasons above (None: accepted).
-RX_DROP_NAMES = {
-    RxDrop.NONE: None, RxDrop.BAD_LENGTH: "bad_length", RxDrop.NOT_ROCE: "not_roce",
-    RxDrop.BAD_IP_CHECKSUM: "bad_ip_checksum", RxDrop.BAD_ICRC: "bad_icrc",
-    RxDrop.BAD_PKEY: "bad_pkey", RxDrop.BAD_OPCODE: "bad_opcode", RxDrop.BAD_ADDRESS: "bad_address",
-}
+# ``spec.formats.RX_FRAME_DROPS`` names of the reasons above, in its order (None: accepted).
+RX_DROP_NAMES = {d: None if d == RxDrop.NONE else d.name.lower() for d in RxDrop}
+assert list(RX_DROP_NAMES.items())[0] == (RxDrop.NONE, None) and RxDrop.NONE.value == 0
+assert [(d.value, n) for d, n in list(RX_DROP_NAMES.items())[1:]] == list(enumerate(F.RX_FRAME_DROPS, 1))
 
 
 def RxPacket():

@@ -7,25 +7,21 @@ from spec import formats as F
 from rtl.common.headers import EthHeader, Ipv4Header, UdpHeader, BthHeader, from_be, ipv4_checksum
 from rtl.common.rx_beat import RxBeat, QUARTER, QUARTERS
 from rtl.common.rx_packet import RxDrop, RxPacket, RxPacketPair, INLINE_MAX
+from spec.params import DATA_BYTES
 
 __all__ = ["RxHeaderParser", "RxHeader", "KNOWN_OPCODES"]
 
-BEAT = QUARTERS * QUARTER                   # 128 bytes
-IMMDT_LEN = 4                               # ImmDt extension header (SPEC section 5)
-EXT_BYTES = F.RETH_LEN + IMMDT_LEN          # longest extension headers: WRITE ONLY_IMM
+BEAT = DATA_BYTES                           # 128 bytes
+assert BEAT == QUARTERS * QUARTER
+EXT_BYTES = F.RETH_LEN + F.IMMDT_LEN        # longest extension headers: WRITE ONLY_IMM
 HDR_BYTES = F.OFF_EXT + EXT_BYTES           # 74 header bytes looked at
 MIN_FRAME = F.OFF_BTH + F.BTH_LEN + F.ICRC_LEN   # 58: Ethernet+IPv4+UDP+BTH+ICRC
-ETH_MIN_FRAME = 60                          # shortest Ethernet frame without FCS (padded up to it)
 LEN_CAP = 1 << 17                           # frame byte counts saturate here (no IPv4 length matches)
 LEN_BITS = 18                               # a frame length: up to LEN_CAP + BEAT
 INLINE_LANE_BITS = (BEAT - 1).bit_length()  # an inline payload stays within one 128-byte line
 
-# opcode -> (RETH, ImmDt, AETH) present: the opcodes model/parse.py knows.
-KNOWN_OPCODES = {
-    F.Op.WRITE_FIRST: (1, 0, 0), F.Op.WRITE_MIDDLE: (0, 0, 0), F.Op.WRITE_LAST: (0, 0, 0),
-    F.Op.WRITE_LAST_IMM: (0, 1, 0), F.Op.WRITE_ONLY: (1, 0, 0), F.Op.WRITE_ONLY_IMM: (1, 1, 0),
-    F.Op.ACK: (0, 0, 1),
-}
+# opcode -> (RETH, ImmDt, AETH) present: the opcodes model/parse.py knows (spec.formats.EXT_HEADERS).
+KNOWN_OPCODES = {op: tuple(int(e) for e in ext) for op, ext in F.EXT_HEADERS.items()}
 
 # The first 74 bytes of a frame in wire order (byte 0 in bits [7:0]).
 RxHeader = data.StructLayout({
@@ -98,7 +94,7 @@ class _FrameCheck(wiring.Component):
         # A 60-byte frame may be a shorter packet padded to Ethernet's minimum: its end
         # is then where the IPv4 length says.
         pad = Signal()
-        m.d.comb += pad.eq((n == ETH_MIN_FRAME) & (total_len < ETH_MIN_FRAME - F.OFF_IP))
+        m.d.comb += pad.eq((n == F.ETH_MIN_FRAME) & (total_len < F.ETH_MIN_FRAME - F.OFF_IP))
         n_eff = Signal(LEN_BITS)
         m.d.comb += n_eff.eq(Mux(pad, total_len + F.OFF_IP, n))
         ip_len_bad = Signal()
@@ -114,7 +110,7 @@ class _FrameCheck(wiring.Component):
         padcnt = Signal(2)
         m.d.comb += padcnt.eq(flags[4:6])
         ext_len = Signal(range(EXT_BYTES + 1))
-        m.d.comb += ext_len.eq(Mux(has_reth, F.RETH_LEN, 0) + Mux(has_imm, IMMDT_LEN, 0)
+        m.d.comb += ext_len.eq(Mux(has_reth, F.RETH_LEN, 0) + Mux(has_imm, F.IMMDT_LEN, 0)
                                + Mux(has_aeth, F.AETH_LEN, 0))
         need = Signal(range(MIN_FRAME + EXT_BYTES + 4))   # headers + ICRC + pad bytes
         m.d.comb += need.eq(MIN_FRAME + ext_len + padcnt)
@@ -146,8 +142,8 @@ class _FrameCheck(wiring.Component):
 
         # ---- descriptor fields ----------------------------------------------------------
         ext = h.ext.as_value()
-        imm_bytes = Signal(8 * IMMDT_LEN)    # ImmDt follows the RETH when there is one
-        m.d.comb += imm_bytes.eq(Mux(has_reth, ext[8 * F.RETH_LEN:8 * EXT_BYTES], ext[:8 * IMMDT_LEN]))
+        imm_bytes = Signal(8 * F.IMMDT_LEN)    # ImmDt follows the RETH when there is one
+        m.d.comb += imm_bytes.eq(Mux(has_reth, ext[8 * F.RETH_LEN:8 * EXT_BYTES], ext[:8 * F.IMMDT_LEN]))
         payload_len = Signal(LEN_BITS)
         m.d.comb += payload_len.eq(n_eff - need)
         m.d.comb += [

@@ -10,10 +10,12 @@ from amaranth.lib.wiring import In, Out
 from spec import formats as F
 from rtl.common import icrc_math
 from rtl.common.rx_beat import RxBeat, QUARTER, QUARTERS
+from spec.params import DATA_BYTES
 
 __all__ = ["IcrcChecker", "RESIDUE", "MIN_FRAME"]
 
-BEAT = QUARTER * QUARTERS     # 128 bytes
+BEAT = DATA_BYTES             # 128 bytes
+assert BEAT == QUARTER * QUARTERS
 
 # Shortest frame with a whole BTH and an ICRC; shorter ones are reported not ok.
 MIN_FRAME = F.OFF_BTH + F.BTH_LEN + F.ICRC_LEN

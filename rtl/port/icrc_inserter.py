@@ -6,10 +6,11 @@ from amaranth.lib.wiring import In, Out
 from spec import formats as F
 from rtl.common import icrc_math
 from rtl.common.tx_beat import TxBeat, SEGMENT as SEG
+from spec.params import DATA_BYTES
 
 __all__ = ["IcrcInserter"]
 
-BEAT = 128
+BEAT = DATA_BYTES
 
 
 _apply = icrc_math.apply

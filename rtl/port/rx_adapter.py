@@ -6,10 +6,12 @@ from amaranth.lib.wiring import In, Out
 
 from rtl.common.axi import AxiStreamSignature
 from rtl.common.rx_beat import RxBeat, QUARTER, QUARTERS
+from spec.params import DATA_BYTES
 
 __all__ = ["MacRxAdapter"]
 
-BEAT = QUARTER * QUARTERS     # 128 bytes
+BEAT = DATA_BYTES             # 128 bytes
+assert BEAT == QUARTER * QUARTERS
 
 
 class MacRxAdapter(wiring.Component):

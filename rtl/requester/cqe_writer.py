@@ -5,6 +5,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
+from spec.params import AXI_ID_CQE_WRITE
 from rtl.common.axi import AxiWriteSignature, Burst, Cache
 from rtl.common.contexts import CqConfig, CqEntry, cq_bits
 from rtl.common.headers import header_layout, be
@@ -73,7 +74,7 @@ class CqeWriter(wiring.Component):
         per_beat = self.data_width // (8 * F.CQE_SIZE)
         lane = addr[6:6 + max(1, (per_beat - 1).bit_length())] if per_beat > 1 else C(0, 1)
         m.d.comb += [
-            dma.awid.eq(0), dma.awaddr.eq(addr), dma.awlen.eq(0), dma.awsize.eq(6), dma.awburst.eq(Burst.INCR),
+            dma.awid.eq(AXI_ID_CQE_WRITE), dma.awaddr.eq(addr), dma.awlen.eq(0), dma.awsize.eq(6), dma.awburst.eq(Burst.INCR),
             dma.awcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE),
             dma.wdata.eq(cqe.as_value().replicate(per_beat)),
             dma.wstrb.eq(Const((1 << F.CQE_SIZE) - 1, self.data_width // 8) << (lane * F.CQE_SIZE)),

@@ -8,10 +8,11 @@ from rtl.common.headers import RoceWriteHeader, be, drive_roce_headers
 from rtl.common.records import Completion, PacketNote
 from rtl.requester.message import Message, MessageKind
 from rtl.common.tx_beat import TxBeat, SEGMENT as SEG
+from spec.params import DATA_BYTES
 
 __all__ = ["PacketBuilder"]
 
-BEAT = 128
+BEAT = DATA_BYTES
 
 
 class PacketBuilder(wiring.Component):
@@ -186,7 +187,7 @@ class PacketBuilder(wiring.Component):
                     msg.eq(p), msg_left.eq(p.length), pkt_len.eq(first_len), pkt_left.eq(first_len),
                     rest.eq(p.length - first_len), is_last_pkt.eq(p.length == first_len),
                     pkt_first.eq(~p.resume), pkt_start.eq(1), psn.eq(p.psn),
-                    pos.eq(Mux(p.inline, 36, p.addr[:7])),
+                    pos.eq(Mux(p.inline, F.WQE_INLINE_OFFSET, p.addr[:7])),
                 ]
                 with m.If(p.kind == MessageKind.WRITE):
                     m.next = "PACKET"

@@ -4,6 +4,7 @@ from amaranth.lib import wiring, stream, fifo
 from amaranth.lib.wiring import In, Out
 
 from spec.params import AXI_PAGE
+from spec.params import AXI_ID_PAYLOAD_FETCH
 from rtl.common.axi import AxiReadSignature, Burst, Cache, beats_to_page_end
 from rtl.requester.message import Message, MessageKind
 
@@ -78,7 +79,7 @@ class PayloadFetch(wiring.Component):
         nbeats = ((last_byte >> beat_shift) - (msg.addr >> beat_shift) + 1)[:32]
 
         m.d.comb += [
-            dma.arid.eq(1), dma.araddr.eq(addr), dma.arlen.eq(burst - 1), dma.arsize.eq(beat_shift),
+            dma.arid.eq(AXI_ID_PAYLOAD_FETCH), dma.araddr.eq(addr), dma.arlen.eq(burst - 1), dma.arsize.eq(beat_shift),
             dma.arburst.eq(Burst.INCR), dma.arcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE),
             self.messages_out.p.eq(msg),
         ]

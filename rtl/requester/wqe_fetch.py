@@ -4,6 +4,7 @@ from amaranth.lib import wiring, stream, fifo
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
+from spec.params import AXI_ID_WQE_FETCH
 from rtl.common.axi import AxiReadSignature, Burst, Cache, beats_to_page_end
 from rtl.requester.qp_table import FetchJob
 
@@ -99,7 +100,7 @@ class WqeFetch(wiring.Component):
         m.d.comb += beats.eq((addr[6] + run + 1) >> 1)
 
         m.d.comb += [
-            dma.arid.eq(0), dma.araddr.eq(Cat(C(0, 7), addr[7:])), dma.arlen.eq(beats - 1), dma.arsize.eq(7),
+            dma.arid.eq(AXI_ID_WQE_FETCH), dma.araddr.eq(Cat(C(0, 7), addr[7:])), dma.arlen.eq(beats - 1), dma.arsize.eq(7),
             dma.arburst.eq(Burst.INCR), dma.arcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE),
         ]
         fire = Signal()

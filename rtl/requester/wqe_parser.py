@@ -64,7 +64,7 @@ class WqeParser(wiring.Component):
         and ``skip_to`` (the first PSN to send again); ``fail``: fail the WQE holding
         ``skip_to`` with ``syndrome`` and flush the rest. Taken between bursts.
     """
-    INLINE_OFFSET = 36          # ctrl (16) + raddr (16) + inline byte count (4)
+    INLINE_OFFSET = F.WQE_INLINE_OFFSET     # 36: ctrl (16) + raddr (16) + inline byte count (4)
 
     def __init__(self, *, num_qps, num_cqs, max_burst):
         self.num_qps, self.num_cqs = num_qps, num_cqs

@@ -4,11 +4,9 @@ from amaranth.lib import wiring, data, stream
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from spec.formats import MrCheck
+from spec.formats import MKEY_VARIANT_BITS, MrCheck
 
 __all__ = ["MemoryRegionTable", "MrEntry"]
-
-KEY_VARIANT_BITS = 8       # mlx5 keys: index << 8 | variant byte
 
 
 def MrEntry(pd_bits):
@@ -52,8 +50,8 @@ class MemoryRegionTable(wiring.Component):
     def __init__(self, *, num_mrs=1024, pd_bits=24, tag_bits=16):
         if num_mrs < 2 or num_mrs & (num_mrs - 1):
             raise ValueError(f"num_mrs must be a power of two >= 2, not {num_mrs!r}")
-        if num_mrs > 1 << (32 - KEY_VARIANT_BITS):
-            raise ValueError(f"num_mrs must fit the key's {32 - KEY_VARIANT_BITS}-bit index, not {num_mrs}")
+        if num_mrs > 1 << (32 - MKEY_VARIANT_BITS):
+            raise ValueError(f"num_mrs must fit the key's {32 - MKEY_VARIANT_BITS}-bit index, not {num_mrs}")
         if not 1 <= pd_bits <= 32:
             raise ValueError(f"pd_bits must be 1..32, not {pd_bits!r}")
         self.num_mrs, self.pd_bits, self.tag_bits = num_mrs, pd_bits, tag_bits
@@ -87,7 +85,7 @@ class MemoryRegionTable(wiring.Component):
         m.d.comb += [
             self.requests.ready.eq(~full | self.results.ready),
             take.eq(self.requests.valid & self.requests.ready),
-            rd.addr.eq(self.requests.p.key[KEY_VARIANT_BITS:KEY_VARIANT_BITS + index_bits]),
+            rd.addr.eq(self.requests.p.key[MKEY_VARIANT_BITS:MKEY_VARIANT_BITS + index_bits]),
             rd.en.eq(self.requests.ready),
         ]
         mr = rd.data

@@ -6,12 +6,13 @@ from amaranth.lib.wiring import In, Out
 from rtl.common.axi import AxiWriteSignature, Burst, Cache, beats_to_page_end
 from rtl.common.rx_beat import RxSegmentBeat, SEGMENT as SEG
 from rtl.common.rx_packet import INLINE_MAX
+from spec.params import AXI_ID_RX_WRITE, DATA_BYTES
 
 __all__ = ["RxWriteCommand", "RxPayloadWriter"]
 
-BEAT = 128                      # bytes per beat (the segment format is defined for 1024 bits)
-BEAT_SHIFT = 7
-AWID = 2
+BEAT = DATA_BYTES               # bytes per beat (the segment format is defined for 1024 bits)
+BEAT_SHIFT = (BEAT - 1).bit_length()
+AWID = AXI_ID_RX_WRITE
 W_QUEUE = 4                     # W beats between the aligner and the W channel
 
 

@@ -6,10 +6,12 @@ from amaranth.lib.wiring import In, Out
 
 from rtl.common.rx_beat import RxBeat, RxSegmentBeat, QUARTER, QUARTERS
 from rtl.common.records import RxKeepPair
+from spec.params import DATA_BYTES
 
 __all__ = ["RxResegmenter"]
 
-BEAT = QUARTER * QUARTERS       # 128 bytes
+BEAT = DATA_BYTES               # 128 bytes
+assert BEAT == QUARTER * QUARTERS
 QBITS = 8 * QUARTER
 KEEP_SLOTS = 4                  # keep bits held: two needed per beat, a pair taken while <= 2 wait
 

@@ -1,12 +1,15 @@
 """RC responder: per-QP PSN check, memory-key check and ACK/NAK decisions for received
 RDMA WRITE requests (``RxDispatch`` takes frame-level drops and received ACK/NAKs)."""
+import functools
+import operator
+
 from amaranth.hdl import *
 from amaranth.lib import wiring, data, enum, stream
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
-from spec.formats import Aeth, MrCheck, Op, QpState, PSN_BITS
+from spec.formats import Aeth, MrCheck, QpState, PSN_BITS
 from rtl.common.contexts import qp_bits
 from rtl.common.records import AckRecord
 from rtl.responder.mr_table import MemoryRegionTable, MrEntry
@@ -39,16 +42,16 @@ class RxVerdict(enum.Enum, shape=4):
     INVALID_REQUEST = 12
 
 
-# model.parse names (``DROP_REASONS`` and its counters) of each verdict.
-RX_VERDICT_NAMES = {
-    RxVerdict.ACCEPTED: "accepted", RxVerdict.ACK_RECEIVED: "ack_received",
-    RxVerdict.BAD_LENGTH: "bad_length", RxVerdict.NOT_ROCE: "not_roce",
-    RxVerdict.BAD_IP_CHECKSUM: "bad_ip_checksum", RxVerdict.BAD_ICRC: "bad_icrc",
-    RxVerdict.BAD_PKEY: "bad_pkey", RxVerdict.BAD_OPCODE: "bad_opcode",
-    RxVerdict.QP_NOT_READY: "qp_not_ready", RxVerdict.PSN_DUPLICATE: "psn_duplicate",
-    RxVerdict.PSN_OUT_OF_ORDER: "psn_out_of_order", RxVerdict.ACCESS_ERROR: "access_error",
-    RxVerdict.INVALID_REQUEST: "invalid_request",
-}
+# spec.formats.RX_VERDICTS names (``DROP_REASONS`` and the counters rx_<name>) of each
+# verdict: the verdicts are that table's first rows, in its order.
+RX_VERDICT_NAMES = {v: v.name.lower() for v in RxVerdict}
+assert [(v.value, n) for v, n in RX_VERDICT_NAMES.items()] == list(enumerate(F.RX_VERDICT_NAMES[:len(RxVerdict)]))
+
+
+def _any(terms):
+    """``t0 | t1 | ...`` (left to right)."""
+    return functools.reduce(operator.or_, terms)
+
 
 def ResponderConfig(pd_bits):
     """What the CPU writes for a QP's receive side (with the QP's create)."""
@@ -178,9 +181,8 @@ class Responder(wiring.Component):
         resp_psn, resp_syn, fatal_syn, fatal = sig("resp_psn", PSN_BITS), sig("resp_syn", 8), sig("fatal_syn", 8), sig("fatal")
         is_first, is_last = sig("is_first"), sig("is_last")
         m.d.comb += [
-            is_first.eq((p.opcode == Op.WRITE_FIRST) | (p.opcode == Op.WRITE_ONLY) | (p.opcode == Op.WRITE_ONLY_IMM)),
-            is_last.eq((p.opcode == Op.WRITE_LAST) | (p.opcode == Op.WRITE_LAST_IMM)
-                       | (p.opcode == Op.WRITE_ONLY) | (p.opcode == Op.WRITE_ONLY_IMM)),
+            is_first.eq(_any(p.opcode == op for op in F.FIRST_OPS)),
+            is_last.eq(_any(p.opcode == op for op in F.LAST_OPS)),
         ]
         ready_state = sig("ready_state")
         m.d.comb += ready_state.eq((cfg.state == QpState.RTR) | (cfg.state == QpState.RTS))

@@ -9,11 +9,13 @@ from rtl.common.axi import AxiWriteSignature, Burst, Cache
 from rtl.common.rx_packet import INLINE_MAX
 from rtl.common.stream import Pair
 from rtl.responder.write_sorter import RxWriteOrder, LINE_SHIFT
+from spec.params import AXI_ID_RX_WRITE, DATA_BYTES
 
 __all__ = ["RxWriteIssuer"]
 
-BEAT = 1 << LINE_SHIFT
-AWID = 2
+BEAT = DATA_BYTES
+assert BEAT == 1 << LINE_SHIFT
+AWID = AXI_ID_RX_WRITE
 PAGE_LINE_BITS = AXI_PAGE_SHIFT - LINE_SHIFT    # 32 lines in a 4 KiB page
 PAGE_TAG_BITS = 16                      # low bits of the page number compared
 

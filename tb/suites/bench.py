@@ -16,6 +16,7 @@ import cocotb
 from cocotb.triggers import ClockCycles
 
 from spec import params as P
+from spec.formats import BTH, OFF_BTH, read_field
 from tb.env import NicEnv
 
 INLINE_MAX = 28        # what fits one WQEBB (ctrl 16 + raddr 16 + 4 + 28 = 64 B); NVSHMEM inlines only tiny puts
@@ -111,7 +112,7 @@ async def _share(dut, p):
     OUT.mkdir(parents=True, exist_ok=True)
     env.wire.write_pcap(OUT / f"{point_name(p)}.pcap")
     # The window starts once every QP has a frame on the wire (all of them active).
-    owner = [int.from_bytes(f.data[47:50], "big") - 0x1000 for f in env.wire.frames]
+    owner = [read_field(BTH, "dqpn", f.data, OFF_BTH) - 0x1000 for f in env.wire.frames]
     start = max(owner.index(q) for q in range(len(weights)))
     frames = env.wire.frames[start:start + window]
     assert len(frames) == window, f"only {len(frames)} frames after all QPs started"

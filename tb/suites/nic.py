@@ -2,7 +2,7 @@
 import cocotb
 from cocotb.triggers import ClockCycles
 
-from spec.formats import CqeOp, Syndrome, WqeOp, QpState
+from spec.formats import BTH, OFF_BTH, CqeOp, Syndrome, WqeOp, QpState, read_field
 from tb.env import NicEnv
 
 
@@ -253,7 +253,7 @@ def _runs(frames):
     """The wire's frames as runs of one QP: [(qpn, frames in a row)]."""
     runs = []
     for f in frames:
-        q = int.from_bytes(f.data[47:50], "big") - 0x1000
+        q = read_field(BTH, "dqpn", f.data, OFF_BTH) - 0x1000
         if runs and runs[-1][0] == q:
             runs[-1][1] += 1
         else:
@@ -307,7 +307,7 @@ async def straddling_wqes(dut):
     mid = qp1.pi - 2
     await qp1.ring_raw(bytes([0, (mid >> 8) & 0xFF, mid & 0xFF, 0, 0, 0, 1, 0]))   # limit inside the last WQE
     await ClockCycles(dut.clk, 1500)
-    assert len([f for f in env.wire.frames if int.from_bytes(f.data[47:50], "big") == 0x1001]) == 7
+    assert len([f for f in env.wire.frames if read_field(BTH, "dqpn", f.data, OFF_BTH) == 0x1001]) == 7
     await qp1.ring_nvshmem()
     pred = env.check(await env.drain())
     env.check_cycles()

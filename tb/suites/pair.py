@@ -17,7 +17,7 @@ from model.link import simulate
 from model.mr import MemoryRegion
 from model.requester import RcRequester
 from model.responder import RcResponder
-from spec.formats import Access, CQE64, CqeOp, Syndrome, unpack
+from spec.formats import BTH, OFF_BTH, Access, CQE64, CqeOp, Syndrome, read_field, unpack
 from tb.suites import fault_matrix
 from model.network import FaultSpec
 from tb.pair_env import NIC_IPS, NIC_MACS, NicPairEnv
@@ -90,7 +90,7 @@ async def rc_writes_back_to_back(dut):
     for recs in pred.frames.values():
         for r in recs:
             last_psn[(r.qpn, r.wqe_index)] = r.psn
-    acks = [(last, int.from_bytes(f[47:50], "big"), int.from_bytes(f[51:54], "big"))
+    acks = [(last, read_field(BTH, "dqpn", f, OFF_BTH), read_field(BTH, "psn", f, OFF_BTH))
             for f, first, last in a.rx.sent]
     for cqn, slot, raw, cycle in a.cqe_writes():
         c = unpack(CQE64, raw)

@@ -15,6 +15,7 @@ from pathlib import Path
 import cocotb
 
 from spec import params as P
+from spec.formats import BTH, CQE64, OFF_BTH, read_field
 from tb.env import NicEnv
 
 OUT = Path(os.environ.get("IBGDA_SIM_OUT", "build/sim"))
@@ -72,14 +73,14 @@ def _summary(env, pred, t0):
     first_frame, cqe_at = {}, {}
     per_qp = {}
     for f in frames:
-        qpn = int.from_bytes(f.data[47:50], "big") - 0x1000
+        qpn = read_field(BTH, "dqpn", f.data, OFF_BTH) - 0x1000
         per_qp.setdefault(qpn, []).append(f)
     for qpn, fl in per_qp.items():
         for f, rec in zip(fl, pred.frames[qpn]):
             first_frame.setdefault((qpn, rec.wqe_index), f.first_cycle)
     for cqn, slot, raw, cycle in env.cqe_writes():
-        qpn = int.from_bytes(raw[56:60], "big") & 0xFFFFFF
-        cqe_at[(qpn, int.from_bytes(raw[60:62], "big"))] = cycle
+        qpn = read_field(CQE64, "sop_drop_qpn", raw) & 0xFFFFFF
+        cqe_at[(qpn, read_field(CQE64, "wqe_counter", raw))] = cycle
     db_wire, db_cqe = [], []
     for qpn, qp in env.qps.items():
         for w in qp.posted:

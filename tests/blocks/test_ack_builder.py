@@ -16,10 +16,11 @@ from rtl.port.icrc_inserter import IcrcInserter
 from rtl.common.tx_beat import TxBeat
 from rtl.port.tx_mux import TxMux
 from spec.formats import Aeth
+from spec.params import DATA_BYTES
 from tests.blocks.helpers import run
 from tests.blocks.test_blocks import _beats
 
-BEAT = 128
+BEAT = DATA_BYTES
 NQ, NC = 1024, 64
 SYNDROMES = (Aeth.ACK, Aeth.NAK_PSN_SEQ, Aeth.NAK_INVALID_REQ, Aeth.NAK_REMOTE_ACCESS, Aeth.NAK_REMOTE_OP)
 

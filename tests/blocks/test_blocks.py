@@ -10,8 +10,9 @@ from rtl.host.doorbell_decoder import DoorbellDecoder
 from rtl.port.icrc_inserter import IcrcInserter
 from rtl.requester.payload_fetch import PayloadFetch
 from rtl.requester.message import MessageKind
+from spec.params import DATA_BYTES
 
-BEAT = 128
+BEAT = DATA_BYTES
 
 
 def _run(dut, bench, cycles_limit=20_000):

@@ -15,13 +15,13 @@ from amaranth.hdl import Signal
 from amaranth.sim import Simulator
 
 from rtl.requester.completion_tracker import CompletionTracker
+from spec.formats import PSN_HALF, PSN_MASK, Aeth, Syndrome
 from tests.blocks.helpers import put
 
-PSN_MASK = (1 << 24) - 1
 
 
 def covered(psn, acked):
-    return ((acked - psn) & PSN_MASK) < (1 << 23)
+    return ((acked - psn) & PSN_MASK) < PSN_HALF
 
 
 async def send_ack(ctx, dut, q, psn, syn):
@@ -56,18 +56,18 @@ def test_completion_tracker():
         if q != uc_qp and rnd.random() < 0.4 and pos[q] < 24:
             # acknowledge up to some PSN already sent on this QP
             target = plan[q][rnd.randrange(pos[q])][1]
-            events.append(("ack", q, target, 0x1F))
+            events.append(("ack", q, target, Aeth.ACK))
         if q != uc_qp and pos[q] % 6 == 0 and pos[q] <= 24:
             # a responder acknowledges everything eventually: the queue (depth 8) never
             # needs more than 6 (a full queue stalls the transmit path until ACKs come)
-            events.append(("ack", q, psn, 0x1F))
+            events.append(("ack", q, psn, Aeth.ACK))
         if q != uc_qp and rnd.random() < 0.08 and pos[q] < 24:
             # a PSN-sequence NAK for a PSN just after one already sent
-            events.append(("ack", q, (plan[q][rnd.randrange(pos[q])][1] + 1) & PSN_MASK, 0x60))
+            events.append(("ack", q, (plan[q][rnd.randrange(pos[q])][1] + 1) & PSN_MASK, Aeth.NAK_PSN_SEQ))
         if q != uc_qp and rnd.random() < 0.05 and pos[q] > 1:
             events.append(("sent", q, *plan[q][pos[q] - 2]))               # a WQE sent again
     for q in range(3):
-        events.append(("ack", q, (plan[q][-3][1]), 0x1F))                # the last ones stay waiting
+        events.append(("ack", q, (plan[q][-3][1]), Aeth.ACK))                # the last ones stay waiting
 
     out, ack_taken, rtx = [], [], []
     naks, timeouts = [0], [0]
@@ -128,7 +128,7 @@ def test_completion_tracker():
             assert got == plan[q]
             continue
         # an ACK acknowledges its PSN, a PSN-sequence NAK every PSN before its PSN
-        acks = [(c, psn if syn == 0x1F else (psn - 1) & PSN_MASK) for c, qq, psn, syn in ack_taken if qq == q]
+        acks = [(c, psn if syn == Aeth.ACK else (psn - 1) & PSN_MASK) for c, qq, psn, syn in ack_taken if qq == q]
         best = (start[q] - 1) & PSN_MASK
         for _, psn in acks:
             if not covered(psn, best):
@@ -137,7 +137,7 @@ def test_completion_tracker():
         assert got == want, q
         # one retransmission per NAK, skipping to its PSN, from the WQE after the last
         # completion released before it; then timer retransmissions for what still waits
-        nak_cycles = [(c, psn) for c, qq, psn, syn in ack_taken if qq == q and syn == 0x60]
+        nak_cycles = [(c, psn) for c, qq, psn, syn in ack_taken if qq == q and syn == Aeth.NAK_PSN_SEQ]
         mine = [r for r in rtx if r[1] == q]
         assert [r[4] for r in mine[:len(nak_cycles)]] == [psn for _, psn in nak_cycles], q
         for (c, _), r in zip(nak_cycles, mine):
@@ -150,13 +150,13 @@ def test_completion_tracker():
         # a failure walk from the first unacknowledged PSN with TRANSPORT_RETRY_EXC_ERR
         assert [r[5] for r in late] == [0, 0, 1], (q, late)
         assert all(r[4] == (best + 1) & PSN_MASK for r in late), (q, late)
-        assert late[2][6] == 0x15, late
+        assert late[2][6] == Syndrome.TRANSPORT_RETRY_EXC_ERR, late
         assert len(want) < len(plan[q])          # some stayed waiting
         # never before an ACK covering it was taken (unless nothing needed acknowledging)
         for c, qq, i, psn in out:
             if qq == q and not covered(psn, (start[q] - 1) & PSN_MASK):
                 assert any(ac < c and covered(psn, ap) for ac, ap in acks), (q, i, c)
-    assert naks[0] == sum(1 for e in events if e[0] == "ack" and e[3] == 0x60)
+    assert naks[0] == sum(1 for e in events if e[0] == "ack" and e[3] == Aeth.NAK_PSN_SEQ)
     assert timeouts[0] == 3 * 3                    # 3 RC QPs: 2 retries each, then the third gives up
 
 
@@ -186,9 +186,9 @@ def test_completion_tracker_failure():
         await sent(0, 6, base + 13)             # a WQE that was in the transmit path: dropped
         for i, syn in ((3, 0x13), (4, 0x05), (5, 0x05), (6, 0x05)):
             await sent(0, i, base + 2 * i, 1, syn)   # the walk's error completions
-        await send_ack(ctx, dut, 0, base + 20, 0x1F)           # changes nothing on a failed QP
-        await send_ack(ctx, dut, 0, base + 8, 0x60)
-        await send_ack(ctx, dut, 1, base + 11, 0x1F)           # QP 1 carries on
+        await send_ack(ctx, dut, 0, base + 20, Aeth.ACK)           # changes nothing on a failed QP
+        await send_ack(ctx, dut, 0, base + 8, Aeth.NAK_PSN_SEQ)
+        await send_ack(ctx, dut, 1, base + 11, Aeth.ACK)           # QP 1 carries on
         await ctx.tick().repeat(20)
 
     async def sink(ctx):
@@ -243,13 +243,13 @@ def test_completion_tracker_timer_without_completions():
         for k in range(10):
             for q in range(3):
                 await note(ctx, q, base + k)
-        await send_ack(ctx, dut, 0, (base + 5) & PSN_MASK, 0x1F)
-        await send_ack(ctx, dut, 1, (base + 9) & PSN_MASK, 0x1F)
-        await send_ack(ctx, dut, 2, (base + 9) & PSN_MASK, 0x1F)
+        await send_ack(ctx, dut, 0, (base + 5) & PSN_MASK, Aeth.ACK)
+        await send_ack(ctx, dut, 1, (base + 9) & PSN_MASK, Aeth.ACK)
+        await send_ack(ctx, dut, 2, (base + 9) & PSN_MASK, Aeth.ACK)
         marks["acks"] = ctx.get(cycle)
         ctx.set(dut.acks.p.qpn, 3)
         ctx.set(dut.acks.p.psn, (base - 1) & PSN_MASK)      # nothing new: changes nothing
-        ctx.set(dut.acks.p.syndrome, 0x1F)
+        ctx.set(dut.acks.p.syndrome, Aeth.ACK)
         ctx.set(dut.acks.valid, 1)
         await ctx.tick().repeat(3 * timeout)
         ctx.set(dut.acks.valid, 0)
@@ -271,7 +271,7 @@ def test_completion_tracker_timer_without_completions():
     sim.run_until(2e-9 * 12 * timeout)
     q0 = [r for r in rtx if r[1] == 0]
     assert [r[2:6] for r in q0] == [(0, base, (base + 6) & PSN_MASK, 0)] * 2 + \
-        [(0, base, (base + 6) & PSN_MASK, 1)] and q0[2][6] == 0x15, q0
+        [(0, base, (base + 6) & PSN_MASK, 1)] and q0[2][6] == Syndrome.TRANSPORT_RETRY_EXC_ERR, q0
     # (the marks are taken as the testbench returns from a handshake: a cycle or two of slack)
     starts = [marks["acks"]] + [r[0] for r in q0]
     assert all(b - a >= timeout - 2 for a, b in zip(starts, starts[1:])), (starts, q0)

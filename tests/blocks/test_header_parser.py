@@ -19,7 +19,7 @@ from model.icrc import icrc, ipv4_checksum
 from model.parse import WRITE_OPCODES, build_rc_packet, build_response, parse_frame
 from rtl.port.header_parser import RxHeaderParser
 from rtl.common.rx_packet import RX_DROP_NAMES, RxDrop
-from spec.formats import BTH, IPV4, OFF_BTH, OFF_IP, OFF_UDP, UDP, Aeth, Op, pack
+from spec.formats import BTH, ETH, IPV4, OFF_BTH, OFF_IP, OFF_UDP, UDP, Aeth, Op, pack, read_field
 from tb.rx_quarters import QUARTER, QUARTERS, pack as pack_beats
 
 BEAT = QUARTER * QUARTERS
@@ -208,7 +208,7 @@ def _expect(f, opcodes):
              psn=p.psn, has_reth=int(p.reth is not None), has_imm=int(p.imm is not None),
              has_aeth=int(p.aeth is not None), va=va, rkey=rkey, dma_len=dma_len, imm=p.imm or 0,
              syndrome=syndrome, msn=msn, payload_offset=54 + ext, payload_len=len(p.payload),
-             smac=int.from_bytes(f[6:12], "big"), sip=int.from_bytes(f[OFF_IP + 12:OFF_IP + 16], "big"),
+             smac=read_field(ETH, "smac", f), sip=read_field(IPV4, "sip", f, OFF_IP),
              # 1..4 payload bytes behind a RETH, within one 128-byte line: carried inline
              inline=int(p.reth is not None and p.imm is None and 1 <= len(p.payload) <= 4
                         and va % 128 + len(p.payload) <= 128))

@@ -19,8 +19,9 @@ from rtl.responder.write_sorter import RxWriteOrder, RxWriteSorter
 from rtl.common.stream import StreamFifo as _StreamFifo
 from spec.formats import Op
 from spec.params import axi_bursts
+from spec.params import DATA_BYTES
 
-BEAT = 128
+BEAT = DATA_BYTES
 SEG = 64
 PAGE = 4096
 BASE = 0x1234_5600_0000_0000          # the memory region under test (high address bits set)

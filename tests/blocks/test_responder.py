@@ -19,7 +19,7 @@ from model.parse import WRITE_OPCODES, parse_frame
 from model.responder import RcResponder
 from rtl.responder.responder import Responder, RxVerdict, RX_VERDICT_NAMES
 from rtl.common.rx_packet import RxDrop
-from spec.formats import Access, QpState, mtu_code
+from spec.formats import AETH, BTH, OFF_BTH, OFF_EXT, Access, QpState, mtu_code, read_field
 
 NUM_QPS = 16
 A_MAC, A_IP = 0x02000000000A, 0x0A000001          # requester
@@ -244,8 +244,9 @@ def test_responder_matches_model():
             assert not c["write"], (k, c)
         if e.response is not None:
             r = e.response
-            want_resp.append({"qpn": p.dqpn, "psn": int.from_bytes(r[51:54], "big"), "syndrome": r[54],
-                              "msn": int.from_bytes(r[55:58], "big")})
+            want_resp.append({"qpn": p.dqpn, "psn": read_field(BTH, "psn", r, OFF_BTH),
+                              "syndrome": read_field(AETH, "syndrome", r, OFF_EXT),
+                              "msn": read_field(AETH, "msn", r, OFF_EXT)})
     assert got_resp == want_resp
     counts = {n: sum(1 for v in got_verdict if RX_VERDICT_NAMES[v] == n) for n in RX_VERDICT_NAMES.values()}
     # the traffic exercised every decision
@@ -313,6 +314,7 @@ def test_responder_two_per_cycle():
     assert all(taken), taken
     assert [RX_VERDICT_NAMES[v] for v in got_verdict] == [e.reason or "accepted" for e in expect]
     assert got_cmd == [(1, e.writes[0][0], len(e.writes[0][1])) for e in expect if e.writes and e.writes[0][1]]
-    want_resp = [(e.qpn, int.from_bytes(e.response[51:54], "big"), e.response[54]) for e in expect if e.response]
+    want_resp = [(e.qpn, read_field(BTH, "psn", e.response, OFF_BTH), read_field(AETH, "syndrome", e.response, OFF_EXT))
+                 for e in expect if e.response]
     assert got_resp == want_resp
     assert len(want_resp) >= 30

@@ -24,7 +24,7 @@ from model.memory import SparseMemory
 from model.parse import WRITE_OPCODES, Aeth, CqeSyndrome, build_rc_packet, build_response, parse_frame
 from model.requester import RcRequester
 from model.responder import RcResponder
-from spec.formats import Access, CqeOp, MrCheck, Op, QpState, Syndrome, WqeOp
+from spec.formats import PSN_MASK, Access, CqeOp, MrCheck, Op, QpState, Syndrome, WqeOp
 from tb.roce_check import check_frame
 
 A_MAC, A_IP = "02:00:00:00:00:0a", "10.0.0.1"      # requester
@@ -38,7 +38,6 @@ KEY = (0x12 << 8) | 0x5A          # index 0x12, variant byte 0x5a
 PD = 5
 REGION = MemoryRegion(key=KEY, base=DST, length=1 << 22, access=Access.LOCAL_WRITE | Access.REMOTE_WRITE, pd=PD)
 TIMEOUT = 20_000                  # ns
-PSN_MASK = (1 << 24) - 1
 
 # hand offsets in a frame: BTH at 42 (14 + 20 + 8): opcode @42, dqpn @47..49, ackreq @50, psn @51..53
 OFF_BTH = 42
