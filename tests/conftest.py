@@ -1,3 +1,22 @@
+"""Test order and the simulation builds of ``make test``."""
+import os
+
+from tb.runner import designs_for, prebuild
+
+
+def pytest_sessionstart(session):
+    """Build every simulation model the selected system tests need before they start,
+    two at a time, each announced in one line (the tools' output goes to build logs).
+    Runs once, in the process that runs or distributes the tests; set IBGDA_PREBUILD=0
+    to leave the builds to the first test of each design."""
+    if hasattr(session.config, "workerinput") or os.environ.get("IBGDA_PREBUILD") == "0":
+        return
+    designs = designs_for(session.config.args)
+    if designs:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        say = (lambda msg: reporter.write_line(msg)) if reporter else None
+        prebuild(designs, jobs=int(os.environ.get("IBGDA_BUILD_JOBS", "2")), say=say)
+
 
 
 # The three Verilator builds (single NIC: about 4 minutes; pair and quad, whose engine
