@@ -2,8 +2,6 @@
 # `make setup` then `make test` is all a fresh Debian 12 machine (as root) needs.
 
 PY      := .venv/bin/python
-VCACHE  := $(or $(IBGDA_CACHE),$(HOME)/.cache/ibgda-nic)
-VERILATOR := $(firstword $(wildcard $(VCACHE)/verilator-*/bin/verilator) $(shell command -v verilator 2>/dev/null))
 JOBS    ?= 2
 SIM     ?=
 TEST    ?=
@@ -54,8 +52,7 @@ verilog: $(PY)
 	$(PY) -m rtl.build build/verilog
 
 lint: verilog
-	@test -n "$(VERILATOR)" || { echo "Verilator not found: run 'make setup'" >&2; exit 1; }
-	$(VERILATOR) --lint-only -Wall $(LINT_WAIVE) build/verilog/ibgda_nic.v --top-module ibgda_nic
+	$(PY) -m scripts.verilator -- --lint-only -Wall $(LINT_WAIVE) build/verilog/ibgda_nic.v --top-module ibgda_nic
 	@echo "lint: clean"
 
 clean:

@@ -83,7 +83,16 @@ def check():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="build and run a test design (default: just say which)")
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="after --: run this Verilator with these arguments")
     args = ap.parse_args()
+    if args.args:
+        import os
+        import subprocess
+        found = find_verilator()
+        if found is None:
+            sys.exit("no Verilator found: run `make setup`")
+        os.environ.update(found.env())
+        return subprocess.run([str(found.bin / "verilator")] + [a for a in args.args if a != "--"]).returncode
     if not args.check:
         found = find_verilator()
         print(found if found else "no Verilator found: run `make setup`")
