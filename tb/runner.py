@@ -201,6 +201,12 @@ def build(sim, *, waves=False, top=TOP_NAME):
                 raise RuntimeError(f"building the {what} failed; the end of {log}:\n" + "\n".join(tail)) from None
             stamp.write_text(key)
             _say(f"built the {what} in {time.monotonic() - t0:.0f} s")
+        else:
+            # up to date: the runner still needs its build call (it keeps the sources and
+            # settings for test()); Icarus sees sim.vvp newer than the source, Verilator
+            # that nothing changed, and make has nothing to do
+            runner.build(sources=[verilog], hdl_toplevel=top, build_dir=bdir, build_args=args,
+                         timescale=("1ns", "1ps"), waves=waves, always=False, log_file=bdir / "recheck.log")
     return runner, bdir
 
 
