@@ -5,9 +5,10 @@ blocks' ports, unchanged: :func:`members` copies their signature members (option
 renamed) and :func:`forward` connects each outer port to the inner one, by flow, with no
 logic in between (a port of the wiring level is a wire, never a register).
 """
+from amaranth.hdl import Module
 from amaranth.lib import wiring
 
-__all__ = ["members", "forward"]
+__all__ = ["members", "forward", "WiringLevel"]
 
 
 def members(block, names):
@@ -32,3 +33,24 @@ def forward(m, outer, block, names):
             m.d.comb += mine.eq(theirs)
         else:
             m.d.comb += theirs.eq(mine)
+
+
+class WiringLevel(wiring.Component):
+    """Base of a role's wiring file: ``blocks`` (submodule name -> Component) and ``ports``
+    (a list of (block, names) as in :func:`members`) that become the level's own ports;
+    ``extra`` adds ports the level drives itself. :meth:`wire` returns the module with the
+    blocks added and those ports forwarded; the subclass connects the blocks to each other."""
+    def __init__(self, blocks, ports, extra=None):
+        self._blocks, self._ports = blocks, ports
+        sig = {}
+        for block, names in ports:
+            sig |= members(block, names)
+        super().__init__(sig | (extra or {}))
+
+    def wire(self):
+        m = Module()
+        for name, block in self._blocks.items():
+            m.submodules[name] = block
+        for block, names in self._ports:
+            forward(m, self, block, names)
+        return m

@@ -11,7 +11,7 @@ from amaranth.lib.wiring import Out
 
 from spec import params as P
 from rtl.common.axi import AxiStreamSignature
-from rtl.common.passthrough import forward, members
+from rtl.common.passthrough import WiringLevel, forward, members
 from rtl.common.records import Completion
 from rtl.common.rx_beat import RxBeat
 from rtl.common.stream import StreamFifo
@@ -26,7 +26,7 @@ from rtl.port.tx_mux import TxMux
 __all__ = ["PortRx", "PortTx"]
 
 
-class PortRx(wiring.Component):
+class PortRx(WiringLevel):
     """MAC RX to checked descriptors and buffered beats (pure wiring).
 
     Frames pass the ICRC check and the header parser; their beats wait in a buffer while
@@ -59,17 +59,10 @@ class PortRx(wiring.Component):
             (b["rx_dispatch"], {"requests": "requests", "acks": "acks", "keep": "keep", "dropped": "dropped",
                                 "acks_received": "acks_received"}),
         ]
-        sig = {}
-        for block, names in self._ports:
-            sig |= members(block, names)
-        super().__init__(sig)
+        super().__init__(self._blocks, self._ports)
 
     def elaborate(self, platform):
-        m = Module()
-        for name, block in self._blocks.items():
-            m.submodules[name] = block
-        for block, names in self._ports:
-            forward(m, self, block, names)
+        m = self.wire()
         b = self._blocks
         wiring.connect(m, b["mac_rx"].o, b["icrc_check"].i)
         wiring.connect(m, b["icrc_check"].o, b["rx_parser"].i)

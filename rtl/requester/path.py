@@ -10,7 +10,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 
 from spec import params as P
-from rtl.common.passthrough import forward, members
+from rtl.common.passthrough import WiringLevel
 from rtl.common.records import Completion
 from rtl.common.stream import StreamFifo
 from rtl.requester.ack_mailbox import AckMailbox
@@ -30,7 +30,7 @@ BLUEFLAME_QUEUE = 4         # BlueFlame WQEBBs between the QP table and the pars
 COMPLETION_QUEUE = 16       # completions of sent messages waiting for the tracker
 
 
-class RequesterPath(wiring.Component):
+class RequesterPath(WiringLevel):
     """From doorbell to frames, and from ACKs and sent messages to CQEs (pure wiring).
 
     Parameters
@@ -98,17 +98,10 @@ class RequesterPath(wiring.Component):
             (b["cpl_fifo"], {"completions": "i"}),
             (b["ack_mailbox"], {"acks": "i", "acks_merged": "merged"}),
         ]
-        sig = {}
-        for block, names in self._ports:
-            sig |= members(block, names)
-        super().__init__(sig | {"wqes_done": Out(1), "packets_sent": Out(1)})
+        super().__init__(self._blocks, self._ports, {"wqes_done": Out(1), "packets_sent": Out(1)})
 
     def elaborate(self, platform):
-        m = Module()
-        for name, block in self._blocks.items():
-            m.submodules[name] = block
-        for block, names in self._ports:
-            forward(m, self, block, names)
+        m = self.wire()
         b = self._blocks
         qpt, wf, wp, pf, pb = b["qp_table"], b["wqe_fetch"], b["wqe_parser"], b["payload_fetch"], b["builder"]
         trk, cw = b["cpl_tracker"], b["cqe_writer"]

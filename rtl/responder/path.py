@@ -11,7 +11,7 @@ from amaranth.lib.wiring import Out
 
 from spec import formats as F
 from spec import params as P
-from rtl.common.passthrough import forward, members
+from rtl.common.passthrough import WiringLevel
 from rtl.common.records import AckRecord
 from rtl.common.rx_beat import RxSegmentBeat
 from rtl.common.stream import Pair, StreamFifo
@@ -31,7 +31,7 @@ SEGMENT_QUEUE = 4           # payload beats between the resegmenter and the payl
 ACK_QUEUE = 16              # ACK/NAKs (pairs) waiting while MAC TX sends a data frame
 
 
-class ResponderPath(wiring.Component):
+class ResponderPath(WiringLevel):
     """Received requests checked and executed, payload written, ACK/NAKs built (pure wiring).
 
     Parameters
@@ -95,17 +95,10 @@ class ResponderPath(wiring.Component):
             (b["ack_builder"], {"port_mac": "port_mac", "port_ip": "port_ip", "frames": "frames"}),
             (b["rx_write_issuer"], {"dma": "p0", "dma_rx": "p1"}),
         ]
-        sig = {}
-        for block, names in self._ports:
-            sig |= members(block, names)
-        super().__init__(sig | {"acks_sent": Out(2), "naks_sent": Out(2)})
+        super().__init__(self._blocks, self._ports, {"acks_sent": Out(2), "naks_sent": Out(2)})
 
     def elaborate(self, platform):
-        m = Module()
-        for name, block in self._blocks.items():
-            m.submodules[name] = block
-        for block, names in self._ports:
-            forward(m, self, block, names)
+        m = self.wire()
         b = self._blocks
         rsp, rpw = b["responder"], b["rx_writer"]
         wiring.connect(m, b["rx_resegmenter"].o, b["rx_seg_fifo"].i)
