@@ -205,8 +205,11 @@ def build(sim, *, waves=False, top=TOP_NAME):
             # up to date: the runner still needs its build call (it keeps the sources and
             # settings for test()); Icarus sees sim.vvp newer than the source, Verilator
             # that nothing changed, and make has nothing to do
+            quiet = runner.log.level
+            runner.log.setLevel("ERROR")        # not its "Skipping compilation" warning
             runner.build(sources=[verilog], hdl_toplevel=top, build_dir=bdir, build_args=args,
                          timescale=("1ns", "1ps"), waves=waves, always=False, log_file=bdir / "recheck.log")
+            runner.log.setLevel(quiet)
     return runner, bdir
 
 
