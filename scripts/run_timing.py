@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,36 +31,47 @@ OUT = ROOT / "build" / "timing"
 TOP = "ibgda_nic"
 GATES = "AND,NAND,OR,NOR,XOR,XNOR,MUX"
 
-# ABC scripts (`abc -script`). Yosys's default LUT script runs `dc2`, which rebalances
-# adders into ripple chains and is slow on the 1024-bit CRC; `dch -f` (choices) then
-# `if` / `map` keeps the depth within a level or two of it at a fraction of the time.
+# ABC scripts (`abc -script`) and what each mapping starts from: the front end's fine
+# gates, or (`choices`, the default) the gate mapping's result. Yosys's default LUT script
+# runs `dc2`, which rebalances adders into ripple chains. Structural choices keep the depth
+# honest: `full` computes them twice (`dch -f`, for each mapping); `choices` once
+# (`&synch2`, for the gate mapping, `&nf`) and maps that gate netlist to LUT6 as it is;
+# `fast` maps the AIG as it is, several levels deeper (docs/architecture.md).
 ABC_SCRIPTS = {
-    "lut": {"dch": "strash; dch -f; if; mfs2", "fast": "strash; if"},
-    "gate": {"dch": "strash; dch -f; map", "fast": "strash; map"},
+    "lut": {"choices": "strash; if", "full": "strash; dch -f; if; mfs2", "fast": "strash; if"},
+    "gate": {"choices": "&get -n; &st; &synch2; &nf; &put", "full": "strash; dch -f; map",
+             "fast": "strash; map"},
 }
+MAP_FROM = {"choices": {"gate": "fine", "lut": "gate"}}     # otherwise both from "fine"
+ABC_ALIASES = {"dch": "full"}
 
-YOSYS_SCRIPT = """read_rtlil {il}
+# Arithmetic is mapped before the rest: Yosys 0.23's techmap otherwise re-derives its $lcu
+# templates one by one after the (slow) shifters, doubling its time on the wide blocks.
+ARITH = "t:$add t:$sub t:$neg t:$lt t:$le t:$gt t:$ge t:$alu t:$macc"
+
+# A block: the front end once (fine gates, saved), then each mapping as a job of its own
+# (both mappings of the big blocks run side by side).
+FRONT_SCRIPT = """read_rtlil {il}
 hierarchy -top {module}
 proc
 flatten
 opt
 memory -nomap
 opt
+techmap {arith}
 techmap
 opt -fast
 tee -q -o {tag}.stat.txt stat
 tee -q -o {tag}.mems.txt select -list t:$mem_v2 t:$mem
 tee -q -o {tag}.inputs.txt select -list i:*
-design -save fine
-abc -lut 6 -script {tag}.lut.abc
+write_rtlil {tag}.fine.il
+"""
+
+MAP_SCRIPT = """read_rtlil {tag}.{source}.il
+abc {abc} -script {tag}.{kind}.abc
 opt_clean
-tee -q -o {tag}.lut.txt ltp -noff
-write_rtlil {tag}.lut.il
-design -load fine
-abc -g {gates} -script {tag}.gate.abc
-opt_clean
-tee -q -o {tag}.gate.txt ltp -noff
-write_rtlil {tag}.gate.il
+tee -q -o {tag}.{kind}.txt ltp -noff
+write_rtlil {tag}.{kind}.il
 """
 
 # The whole engine, composed: the wiring modules (top, path components) with the blocks'
@@ -156,6 +167,7 @@ def parse_ltp(text, inputs, mems):
 
 
 def _yosys(yosys, script, tag, name):
+    """Run one yosys script (`tag`.ys, log `tag`.log) in build/timing/work, niced."""
     work = OUT / "work"
     (work / f"{tag}.ys").write_text(script)
     log = work / f"{tag}.log"
@@ -185,24 +197,31 @@ def _ltp(tag, kind, job):
     r = parse_ltp(_read(tag, kind, job["name"]), _names(_read(tag, "inputs", job["name"]), job["module"]),
                   _names(_read(tag, "mems", job["name"]), job["module"]))
     if r is None:
-        raise RuntimeError(f"no ltp result for {job['name']} (see {OUT / 'work' / (tag + '.log')})")
+        raise RuntimeError(f"no ltp result for {job['name']} (see {OUT / 'work' / (tag + '.' + kind + '.log')})")
     return r
 
 
-def run_block(yosys, job):
-    """One block (or the flat engine): front end once, then LUT6 and gate mapping."""
-    tag, work = job["tag"], OUT / "work"
-    for kind in ABC_SCRIPTS:
-        (work / f"{tag}.{kind}.abc").write_text(ABC_SCRIPTS[kind][job["abc"]] + "\n")
-    seconds = _yosys(yosys, YOSYS_SCRIPT.format(il=job["il"], module=job["module"], tag=tag, gates=GATES),
-                     tag, job["name"])
+def run_front(yosys, job):
+    """A block's (or the flat engine's) front end: fine gates saved for the two mappings."""
+    tag = job["tag"]
+    seconds = _yosys(yosys, FRONT_SCRIPT.format(il=job["il"], module=job["module"], tag=tag, arith=ARITH),
+                     f"{tag}.front", job["name"])
     stat = _read(tag, "stat", job["name"])
     cells = re.search(r"Number of cells:\s+(\d+)", stat)
     ffs = sum(int(n) for n in re.findall(r"^\s+(\d+)\s+\$_\S*DFF\S*$", stat, re.M))
-    return {"lut6": _ltp(tag, "lut", job), "gates": _ltp(tag, "gate", job),
-            "gate_cells": int(cells.group(1)) if cells else None, "ff_bits": ffs,
-            "memories": len(_names(_read(tag, "mems", job["name"]), job["module"])),
-            "seconds": round(seconds, 1)}
+    return {"gate_cells": int(cells.group(1)) if cells else None, "ff_bits": ffs,
+            "memories": len(_names(_read(tag, "mems", job["name"]), job["module"]))}, seconds
+
+
+def run_map(yosys, job, kind):
+    """One mapping (`kind` lut or gate) of a block's saved front end, then ltp."""
+    tag = job["tag"]
+    (OUT / "work" / f"{tag}.{kind}.abc").write_text(ABC_SCRIPTS[kind][job["abc"]] + "\n")
+    abc = "-lut 6" if kind == "lut" else f"-g {GATES}"
+    source = MAP_FROM.get(job["abc"], {}).get(kind, "fine")
+    seconds = _yosys(yosys, MAP_SCRIPT.format(tag=tag, kind=kind, abc=abc, source=source), f"{tag}.{kind}",
+                     job["name"])
+    return _ltp(tag, kind, job), seconds
 
 
 def run_engine_part(yosys, job, kind, block_tags):
@@ -229,16 +248,19 @@ def _short(text, width):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=2, help="yosys runs at a time (default 2)")
-    ap.add_argument("--abc", choices=sorted(ABC_SCRIPTS["lut"]), default="dch",
-                    help="ABC script for the blocks (default dch)")
+    ap.add_argument("--abc", choices=sorted(ABC_SCRIPTS["lut"]) + sorted(ABC_ALIASES), default="choices",
+                    help="ABC script for the blocks: choices (&synch2, default), full (dch -f, the slow "
+                         "flow, a few times longer; dch is the same) or fast (no choices, deeper)")
     ap.add_argument("--engine", choices=("composed", "flat", "none"), default="composed",
                     help="whole engine: blocks' mapped netlists flattened under the mapped glue "
                          "(composed, default), one ABC run over everything (flat: >10 minutes, GBs) "
                          "or none")
-    ap.add_argument("--engine-abc", choices=sorted(ABC_SCRIPTS["lut"]), default="fast",
+    ap.add_argument("--engine-abc", choices=sorted(ABC_SCRIPTS["lut"]) + sorted(ABC_ALIASES), default="fast",
                     help="ABC script of --engine flat (default fast)")
     ap.add_argument("--only", nargs="*", default=None, help="only these blocks (instance paths)")
     args = ap.parse_args()
+    args.abc = ABC_ALIASES.get(args.abc, args.abc)
+    args.engine_abc = ABC_ALIASES.get(args.engine_abc, args.engine_abc)
     yosys = find_yosys()
     if not shutil.which("yosys-abc", path="/usr/bin") and not shutil.which("yosys-abc") \
             and not shutil.which("berkeley-abc"):
@@ -283,7 +305,15 @@ def main():
                      "folder": parts[1] if parts[0] == "rtl" and len(parts) > 2 else parts[0],
                      "tag": tag, "module": module, "il": f"{tag}.il", "abc": args.abc,
                      "size": sum(len(modules[name]) for name in mine)})
-    jobs.sort(key=lambda job: -job["size"])     # biggest first: two queues end together
+    # Longest first, so that the two queues end together: the last run's seconds of a block
+    # (build/timing/report.json) if there is one, else a guess from its RTLIL size.
+    try:
+        last = {row["name"]: row["seconds"] for row in json.loads((OUT / "report.json").read_text())["blocks"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        last = {}
+    for job in jobs:
+        job["cost"] = last.get(job["name"], job["size"] / 5000)
+    jobs.sort(key=lambda job: -job["cost"])
     engine_job = None
     if args.engine != "none":
         glue = [name for name in modules
@@ -294,30 +324,66 @@ def main():
                       "il": f"{TOP}.il" if args.engine == "flat" else "engine_glue.il",
                       "abc": args.engine_abc if args.engine == "flat" else args.abc}
         if args.engine == "flat":
+            engine_job["size"] = engine_job["cost"] = len(text)
             jobs.insert(0, engine_job)              # the longest job starts first
         elif args.only:
             sys.exit("--engine composed needs every block: add --engine none or --engine flat")
 
     results = {}
     total = len(jobs) + (args.engine == "composed")
-    print(f"running {total} yosys jobs, {args.jobs} at a time ...", flush=True)
+    print(f"running {total} blocks (front end, LUT6 and gate mapping each), {args.jobs} yosys at a time,"
+          f" ABC {args.abc} ...", flush=True)
 
     def progress(done, name, r):
         print(f"  [{done:2}/{total}] {name:30} {r['lut6']['levels']:3} LUT6 {r['gates']['levels']:4} gates"
               f"  ({r['seconds']:.0f} s)", flush=True)
 
+    # Tasks (priority, tag, step, job): longest blocks first, a block's mappings as soon as
+    # what they start from is done (front end; gate mapping for --abc choices), the composed
+    # engine last.
+    ready = [(-job["cost"], job["tag"], "front", job) for job in jobs]
+    part = {job["tag"]: {"seconds": 0.0} for job in jobs}
+    done = 0
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {pool.submit(run_block, yosys, job): job for job in jobs}
-        for done, future in enumerate(as_completed(futures), 1):
-            job = futures[future]
-            results[job["tag"]] = r = future.result()
-            progress(done, job["name"], r)
-        if args.engine == "composed":
-            tags = [job["tag"] for job in jobs]
-            parts = {kind: pool.submit(run_engine_part, yosys, engine_job, kind, tags) for kind in ABC_SCRIPTS}
-            (lut, t_lut), (gate, t_gate) = parts["lut"].result(), parts["gate"].result()
-            results["engine"] = r = {"lut6": lut, "gates": gate, "seconds": round(max(t_lut, t_gate), 1)}
-            progress(total, engine_job["name"], r)
+        running = {}
+        while ready or running:
+            ready.sort(key=lambda task: task[0])
+            while ready and len(running) < args.jobs:
+                _, tag, step, job = ready.pop(0)
+                if step == "front":
+                    future = pool.submit(run_front, yosys, job)
+                elif step == "engine":
+                    future = pool.submit(run_engine_part, yosys, engine_job, job, [j["tag"] for j in jobs])
+                else:
+                    future = pool.submit(run_map, yosys, job, step)
+                running[future] = (tag, step, job)
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                tag, step, job = running.pop(future)
+                r, seconds = future.result()
+                if step == "engine":
+                    part.setdefault("engine", {"seconds": 0.0})
+                    part["engine"]["lut6" if job == "lut" else "gates"] = r
+                    part["engine"]["seconds"] = max(part["engine"]["seconds"], round(seconds, 1))
+                    if len(part["engine"]) == 3:
+                        results["engine"] = part["engine"]
+                        progress(total, engine_job["name"], results["engine"])
+                    continue
+                p = part[tag]
+                p["seconds"] = round(p["seconds"] + seconds, 1)
+                if step == "front":
+                    p.update(r)
+                ready += [(-job["cost"], tag, kind, job) for kind in ABC_SCRIPTS
+                          if MAP_FROM.get(job["abc"], {}).get(kind, "fine") == {"front": "fine"}.get(step, step)]
+                if step != "front":
+                    p["lut6" if step == "lut" else "gates"] = r
+                    if "lut6" in p and "gates" in p:
+                        results[tag] = {k: p[k] for k in ("lut6", "gates", "gate_cells", "ff_bits",
+                                                          "memories", "seconds")}
+                        done += 1
+                        progress(done, job["name"], results[tag])
+                        if done == len(jobs) and args.engine == "composed":
+                            ready += [(0, "engine", "engine", kind) for kind in ABC_SCRIPTS]
 
     rows = [{k: job[k] for k in ("name", "path", "class", "folder", "abc")} | results[job["tag"]]
             for job in jobs if job is not engine_job]
@@ -337,7 +403,7 @@ def main():
     report = {
         "num_qps": top.num_qps, "num_cqs": top.num_cqs, "seconds": seconds,
         "yosys": subprocess.run([yosys, "-V"], capture_output=True, text=True).stdout.strip(),
-        "flow": {"yosys": YOSYS_SCRIPT.replace("{tag}.", "").splitlines(),
+        "flow": {"yosys": (FRONT_SCRIPT.replace("{arith}", ARITH) + MAP_SCRIPT).replace("{tag}.", "").splitlines(),
                  "abc_blocks": {k: ABC_SCRIPTS[k][args.abc] for k in ABC_SCRIPTS},
                  "engine": args.engine,
                  "engine_yosys": ENGINE_SCRIPT.splitlines() if args.engine == "composed" else None,
