@@ -11,14 +11,21 @@ elaborated hierarchy (any depth: a component without registers of its own whose 
 are project components is wiring and is walked through; anything else is a block, its
 sub-FIFOs and helpers included), so the list follows rtl/ without being written down.
 Each block's modules are cut out of the one RTLIL file and run through Debian's Yosys
-(`proc; flatten; opt; memory -nomap; opt; techmap; opt -fast`), then ABC twice from the
-same netlist (`abc -lut 6` and `abc -g AND,NAND,OR,NOR,XOR,XNOR,MUX`), each followed by
-`ltp -noff`. The whole engine is the same run on the top module, flattened.
+(`proc; flatten; opt; memory -nomap; opt; techmap; opt -fast`, saved), then mapped by ABC
+to two-input gates (`abc -g AND,NAND,OR,NOR,XOR,XNOR,MUX`) and to LUT6 (`abc -lut 6`),
+each followed by `ltp -noff`. Default ABC flow (`--abc choices`): structural choices
+once (`&synch2`), gates with `&nf`, and the LUT6 mapping from that gate netlist
+(`strash; if`); `--abc full` computes choices for each mapping from the front end's
+netlist (`dch -f`, then `if; mfs2` or `map`): a level deeper or shallower here and there,
+about three times the CPU. Front ends and mappings are separate yosys jobs, `--jobs` at a
+time, longest first (the last run's seconds). The whole engine is composed from the blocks'
+mapped netlists (or `--engine flat`: one run on the top module, flattened).
 """
 import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -74,21 +81,28 @@ tee -q -o {tag}.{kind}.txt ltp -noff
 write_rtlil {tag}.{kind}.il
 """
 
-# The whole engine, composed: the wiring modules (top, path components) with the blocks'
-# already-mapped netlists as their submodules; only the wiring's own glue is mapped here,
-# then everything is flattened and ltp walks paths across the block boundaries. A flat
+# The whole engine, composed: the wiring modules (top, path components), mapped on their
+# own at the start (the blocks as blackboxes), with the blocks' mapped netlists as their
+# submodules; everything is flattened and ltp walks paths across the block boundaries. A flat
 # run of ABC over the whole engine instead takes >10 minutes and GBs (see --engine flat).
-ENGINE_SCRIPT = """read_rtlil {glue}
-{reads}
+GLUE_SCRIPT = """read_rtlil {glue}
+{libs}
 hierarchy -top {top}
 proc
-opt -fast {sel}
-memory -nomap {sel}
-techmap {sel}
-opt -fast {sel}
-abc {abc} -script {tag}.{kind}.abc {sel}
-flatten
+opt -fast
+memory -nomap
+techmap
+opt -fast
+abc {abc} -script {tag}.{kind}.abc
 opt_clean
+select {sel}
+write_rtlil -selected {tag}.{kind}.il
+"""
+
+ENGINE_SCRIPT = """read_rtlil engine_glue.{kind}.il
+{reads}
+hierarchy -top {top}
+flatten
 tee -q -o {tag}.mems.txt select -list t:$mem_v2 t:$mem
 tee -q -o {tag}.inputs.txt select -list i:*
 tee -q -o {tag}.{kind}.txt ltp -noff
@@ -224,14 +238,21 @@ def run_map(yosys, job, kind):
     return _ltp(tag, kind, job), seconds
 
 
+def run_glue(yosys, job, kind, block_tags):
+    """The wiring's own logic (top, path components), one mapping, the blocks as blackboxes."""
+    tag = f"engine_glue"
+    (OUT / "work" / f"{tag}.{kind}.abc").write_text(ABC_SCRIPTS[kind][job["abc"]] + "\n")
+    script = GLUE_SCRIPT.format(glue=job["il"], top=job["module"], tag=tag, kind=kind, sel=" ".join(job["glue"]),
+                                libs="\n".join(f"read_rtlil -lib {t}.il" for t in block_tags),
+                                abc="-lut 6" if kind == "lut" else f"-g {GATES}")
+    return None, _yosys(yosys, script, f"{tag}.{kind}", job["name"])
+
+
 def run_engine_part(yosys, job, kind, block_tags):
-    """The composed engine, one mapping (`kind` lut or gate): glue mapped, blocks reused."""
-    tag, work = f"{job['tag']}_{kind}", OUT / "work"
-    (work / f"{tag}.{kind}.abc").write_text(ABC_SCRIPTS[kind][job["abc"]] + "\n")
-    sel = " ".join(job["glue"])
-    script = ENGINE_SCRIPT.format(glue=job["il"], top=job["module"], tag=tag, kind=kind, sel=sel,
-                                  reads="\n".join(f"read_rtlil {t}.{kind}.il" for t in block_tags),
-                                  abc="-lut 6" if kind == "lut" else f"-g {GATES}")
+    """The composed engine, one mapping (`kind` lut or gate): mapped glue and blocks, flattened."""
+    tag = f"{job['tag']}_{kind}"
+    script = ENGINE_SCRIPT.format(top=job["module"], tag=tag, kind=kind,
+                                  reads="\n".join(f"read_rtlil {t}.{kind}.il" for t in block_tags))
     seconds = _yosys(yosys, script, tag, job["name"])
     return _ltp(tag, kind, job), seconds
 
@@ -342,8 +363,10 @@ def main():
     # what they start from is done (front end; gate mapping for --abc choices), the composed
     # engine last.
     ready = [(-job["cost"], job["tag"], "front", job) for job in jobs]
+    if args.engine == "composed":
+        ready += [(-float("inf"), "engine", "glue", kind) for kind in ABC_SCRIPTS]
     part = {job["tag"]: {"seconds": 0.0} for job in jobs}
-    done = 0
+    done, glued = 0, set()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         running = {}
         while ready or running:
@@ -352,6 +375,8 @@ def main():
                 _, tag, step, job = ready.pop(0)
                 if step == "front":
                     future = pool.submit(run_front, yosys, job)
+                elif step == "glue":
+                    future = pool.submit(run_glue, yosys, engine_job, job, [j["tag"] for j in jobs])
                 elif step == "engine":
                     future = pool.submit(run_engine_part, yosys, engine_job, job, [j["tag"] for j in jobs])
                 else:
@@ -361,6 +386,11 @@ def main():
             for future in finished:
                 tag, step, job = running.pop(future)
                 r, seconds = future.result()
+                if step == "glue":
+                    glued.add(job)
+                    if all(("lut6" if job == "lut" else "gates") in part[j["tag"]] for j in jobs):
+                        ready.append((-float("inf"), "engine", "engine", job))
+                    continue
                 if step == "engine":
                     part.setdefault("engine", {"seconds": 0.0})
                     part["engine"]["lut6" if job == "lut" else "gates"] = r
@@ -373,17 +403,23 @@ def main():
                 p["seconds"] = round(p["seconds"] + seconds, 1)
                 if step == "front":
                     p.update(r)
-                ready += [(-job["cost"], tag, kind, job) for kind in ABC_SCRIPTS
+                # a LUT6 mapping from the gate netlist is short: after every front end and
+                # gate mapping, so that the composed engine's (long) gate part starts early
+                ready += [(-job["cost"] / (1000 if job["abc"] in MAP_FROM and kind == "lut" else 1), tag, kind, job)
+                          for kind in ABC_SCRIPTS
                           if MAP_FROM.get(job["abc"], {}).get(kind, "fine") == {"front": "fine"}.get(step, step)]
-                if step != "front":
-                    p["lut6" if step == "lut" else "gates"] = r
-                    if "lut6" in p and "gates" in p:
-                        results[tag] = {k: p[k] for k in ("lut6", "gates", "gate_cells", "ff_bits",
-                                                          "memories", "seconds")}
-                        done += 1
-                        progress(done, job["name"], results[tag])
-                        if done == len(jobs) and args.engine == "composed":
-                            ready += [(0, "engine", "engine", kind) for kind in ABC_SCRIPTS]
+                if step == "front":
+                    continue
+                p["lut6" if step == "lut" else "gates"] = r
+                if "lut6" in p and "gates" in p:
+                    results[tag] = {k: p[k] for k in ("lut6", "gates", "gate_cells", "ff_bits",
+                                                      "memories", "seconds")}
+                    done += 1
+                    progress(done, job["name"], results[tag])
+                # the composed engine's mapping of a kind as soon as every block has its netlist
+                key = "lut6" if step == "lut" else "gates"
+                if args.engine == "composed" and step in glued and all(key in part[j["tag"]] for j in jobs):
+                    ready.append((-float("inf"), "engine", "engine", step))     # the longest left
 
     rows = [{k: job[k] for k in ("name", "path", "class", "folder", "abc")} | results[job["tag"]]
             for job in jobs if job is not engine_job]
@@ -400,20 +436,23 @@ def main():
         print(f"{_short(row['name'], 26):26} {_short(row['class'], 20):20} {row['folder']:9} {l['levels']:>4} "
               f"{row['gates']['levels']:>5}  {_short(_end(l, 'from'), 36)} -> {_short(_end(l, 'to'), 36)}")
     seconds = round(time.time() - t0, 1)
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = round(sum(u.ru_utime + u.ru_stime for u in usage), 1)
     report = {
-        "num_qps": top.num_qps, "num_cqs": top.num_cqs, "seconds": seconds,
+        "num_qps": top.num_qps, "num_cqs": top.num_cqs, "seconds": seconds, "cpu_seconds": cpu,
         "yosys": subprocess.run([yosys, "-V"], capture_output=True, text=True).stdout.strip(),
         "flow": {"yosys": (FRONT_SCRIPT.replace("{arith}", ARITH) + MAP_SCRIPT).replace("{tag}.", "").splitlines(),
-                 "abc_blocks": {k: ABC_SCRIPTS[k][args.abc] for k in ABC_SCRIPTS},
+                 "abc": args.abc, "abc_blocks": {k: ABC_SCRIPTS[k][args.abc] for k in ABC_SCRIPTS},
+                 "abc_maps_from": {k: MAP_FROM.get(args.abc, {}).get(k, "fine") for k in ABC_SCRIPTS},
                  "engine": args.engine,
-                 "engine_yosys": ENGINE_SCRIPT.splitlines() if args.engine == "composed" else None,
+                 "engine_yosys": (GLUE_SCRIPT + ENGINE_SCRIPT).splitlines() if args.engine == "composed" else None,
                  "abc_engine": {k: ABC_SCRIPTS[k][engine_job["abc"]] for k in ABC_SCRIPTS} if engine_job else None},
         "note": "levels = cells on the longest combinational path (ltp -noff) after ABC mapping to "
                 "LUT6 / two-input gates; ends are flip-flops, memory ports ($mem_v2 kept) or ports",
         "blocks": rows, "engine": engine,
     }
     (OUT / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nreport: {OUT.relative_to(ROOT) / 'report.json'} ({seconds} s)")
+    print(f"\nreport: {OUT.relative_to(ROOT) / 'report.json'} ({seconds:.0f} s wall, {cpu:.0f} s CPU)")
 
 
 if __name__ == "__main__":
