@@ -150,16 +150,12 @@ def _generate_once(top):
     return verilog
 
 
-def _say(msg):
-    """One line for the person running the build (``announce`` replaces it under pytest)."""
-    announce(msg)
-
-
 def announce(msg):
+    """One line for the person running the build."""
     print(msg, file=sys.stderr, flush=True)
 
 
-def build(sim, *, waves=False, top=TOP_NAME):
+def build(sim, *, waves=False, top=TOP_NAME, say=announce):
     """Generate the Verilog of ``top`` and compile it for ``sim``, unless an up-to-date
     build exists. Says in one line what it builds and how long that took; the tools'
     output goes to ``build.log`` in the build folder (its tail is shown when it fails)."""
@@ -190,7 +186,7 @@ def build(sim, *, waves=False, top=TOP_NAME):
         target = bdir / (top if sim == "verilator" else "sim.vvp")
         if not (stamp.exists() and stamp.read_text() == key and target.exists()):
             what = f"{'Verilator' if sim == 'verilator' else 'Icarus'} model of {top}{' with waves' if waves else ''}"
-            _say(f"building the {what} (log: {log.relative_to(ROOT)}) ...")
+            say(f"building the {what} (log: {log.relative_to(ROOT)}) ...")
             t0 = time.monotonic()
             stamp.unlink(missing_ok=True)
             try:
@@ -200,7 +196,7 @@ def build(sim, *, waves=False, top=TOP_NAME):
                 tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else []
                 raise RuntimeError(f"building the {what} failed; the end of {log}:\n" + "\n".join(tail)) from None
             stamp.write_text(key)
-            _say(f"built the {what} in {time.monotonic() - t0:.0f} s")
+            say(f"built the {what} in {time.monotonic() - t0:.0f} s")
         else:
             # up to date: the runner still needs its build call (it keeps the sources and
             # settings for test()); Icarus sees sim.vvp newer than the source, Verilator
@@ -244,11 +240,9 @@ def designs_for(paths):
 
 
 def _build_job(sim, top):
-    """One build of :func:`prebuild`, in its own process: what it was and whether it ran."""
-    global announce
+    """One build of :func:`prebuild`, in its own process: the lines it said."""
     said = []
-    announce = said.append
-    build(sim, top=top)
+    build(sim, top=top, say=said.append)
     return said
 
 
@@ -261,7 +255,7 @@ def prebuild(designs, jobs=2, say=None):
     say = say or announce
     if not designs:
         return
-    if sum(1 for sim, _ in designs if sim == "verilator"):
+    if any(sim == "verilator" for sim, _ in designs):
         require("verilator")            # fail before starting anything
     say(f"checking {len(designs)} simulation models, building those out of date, {jobs} at a time "
         f"(logs: build/sim_*/build.log) ...")
