@@ -6,6 +6,7 @@ import re
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from cocotb_tools.runner import get_runner
@@ -107,7 +108,103 @@ _KICK = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\S+)\s+= 0;$", re.M)
 _CONST_ALWAYS = re.compile(r"^(\s*)always @\*\n\s*(\S[^=\n]*?) = (\d+'[hbd][0-9a-fA-FxXzZ_]+);$", re.M)
 
 
-def icarus_kick(path):
+_ZERO_INIT = re.compile(r"^(\s*)initial begin\n((?:\s*[^\s\[]+ ?\[\d+\] = \d+'h0+;\n)+)\s*end\n", re.M)
+_ZERO_WORD = re.compile(r"\s*([^\s\[]+) ?\[(\d+)\] = (\d+)'h0+;")
+
+
+def compact_zero_init(text):
+    """The same Verilog with each memory that Yosys initialises word by word to zero
+    (``initial begin mem[0] = 0; mem[1] = 0; ... end``, 16,384 words for the completion
+    queue) initialised by one loop instead. Half of the C++ Verilator wrote for the engine
+    was those stores, one per 32-bit chunk of every word; the memories start the same."""
+    count = 0
+
+    def loop(m):
+        nonlocal count
+        words = [_ZERO_WORD.match(line).groups() for line in m.group(2).splitlines() if line.strip()]
+        names = {name for name, _, _ in words}
+        if len(names) != 1 or [int(i) for _, i, _ in words] != list(range(len(words))):
+            return m.group(0)
+        name, width, ind = names.pop(), words[0][2], m.group(1)
+        count += 1
+        gap = " " if name.startswith("\\") else ""     # an escaped name ends at white space
+        return (f"{ind}initial begin : zero_init_{count}\n{ind}  integer i;\n"
+                f"{ind}  for (i = 0; i < {len(words)}; i = i + 1) {name}{gap}[i] = {width}'h0;\n{ind}end\n")
+    return _ZERO_INIT.sub(loop, text)
+
+
+def sim_source(verilog, sim):
+    """The Verilog ``sim`` compiles: the generated file with compact memory zeroing
+    (:func:`compact_zero_init`), and for Icarus its start-up kick (:func:`icarus_kick`).
+    Written next to the generated file only when its text changes."""
+    text = compact_zero_init(verilog.read_text())
+    if sim == "icarus":
+        text = icarus_kick(icarus_parity(text))
+    out = verilog.with_name(f"{verilog.stem}_{sim}.v")
+    if not out.exists() or out.read_text() != text:
+        out.write_text(text)
+    return out
+
+
+_NAME = r"(?:\\\S+ |[A-Za-z_][\w$]*)"      # a plain or an escaped (ends at a space) identifier
+_DECL = re.compile(rf"^\s*(?:wire|reg|input|output|inout)\s+(?:signed\s+)?(?:\[(\d+):0\]\s*)?({_NAME})\s*[;=]", re.M)
+_PARITY = re.compile(rf"^\s*assign\s+({_NAME})\s*= \^ \{{ ([^{{}};]*) \}};\n", re.M)
+_WIRE = re.compile(rf"^\s*wire (?:\[\d+:0\] )?({_NAME}) ?;$", re.M)
+_PART = re.compile(rf"^({_NAME})\s*\[(\d+)(?::(\d+))?\]$")
+_PARITY_KICK = "icarus_parity_kick"
+
+
+def icarus_parity(text):
+    """The same Verilog with each parity over a concatenation of bit selects
+    (``assign p = ^ { d[3], d[17:15], ... };``, how the CRC matrices of the ICRC blocks
+    come out) computed in one ``always @*`` block per module as the parity of the whole
+    vector under a constant mask (``p = ^ (d & 1024'h...);``): the same value, bit for
+    bit and for X and Z too. Icarus re-sends a concatenation each time one of its parts
+    changes and recomputes the reduction each time, so a 1024-bit beat cost it hundreds
+    of thousands of bit operations per CRC bit, half of its run time on a streaming test;
+    a procedure works a word at a time, once per change. (Amaranth folds an AND with a
+    constant back into bit selects, so the gateware cannot say it this way.) Only a
+    whole ``wire`` of the module is moved; the block runs at 1 ns like the others
+    (:func:`icarus_kick`)."""
+    out = []
+    for module in re.split(r"(?=^module )", text, flags=re.M):
+        widths = {m.group(2).strip(): int(m.group(1) or 0) + 1 for m in _DECL.finditer(module)}
+        wires = Counter(m.group(1).strip() for m in _WIRE.finditer(module))
+        moved, stores = set(), {}
+
+        def move(m):
+            lhs = m.group(1).strip()
+            if wires[lhs] != 1:
+                return m.group(0)
+            masks = {}
+            for part in m.group(2).split(", "):
+                pm = _PART.match(part.strip())
+                name = pm and pm.group(1).strip()
+                if not pm or name not in widths:
+                    return m.group(0)
+                hi = int(pm.group(2))
+                lo = hi if pm.group(3) is None else int(pm.group(3))
+                # a bit selected twice cancels in a parity, as the XOR toggle does
+                masks[name] = masks.get(name, 0) ^ (((1 << (hi - lo + 1)) - 1) << lo)
+            sp = lambda n: " " if n.startswith("\\") else ""        # an escaped name ends at a space
+            terms = [f"^ ({n}{sp(n)} & {widths[n]}'h{k:x})" for n, k in masks.items() if k]
+            moved.add(lhs)
+            stores.setdefault(tuple(sorted(masks)), []).append(f"    {lhs}{sp(lhs)} = {' ^ '.join(terms) if terms else chr(48)};\n")
+            return ""
+        module = _PARITY.sub(move, module)
+        if stores:
+            module = _WIRE.sub(lambda d: d.group(0).replace("wire ", "reg ", 1) if d.group(1).strip() in moved
+                               else d.group(0), module)
+            end = module.rindex("endmodule")
+            blocks = "".join(f"  always @* begin\n    if ({_PARITY_KICK}) begin end\n" + "".join(group) + "  end\n"
+                             for group in stores.values())
+            module = (module[:end] + f"  reg {_PARITY_KICK} = 0;\n  initial #1 {_PARITY_KICK} = 1;\n"
+                      + blocks + module[end:])
+        out.append(module)
+    return "".join(out)
+
+
+def icarus_kick(text):
     """Make Icarus run every combinational block once at start-up.
 
     Yosys guards each ``always @*`` with a dummy register initialised to 0 so that
@@ -115,15 +212,10 @@ def icarus_kick(path):
     such outputs X until an input changes. Toggling the register at 1 ns wakes them.
     A block that only stores a constant has no input at all: it becomes ``initial``.
     """
-    text = path.read_text()
     text = _KICK.sub(lambda m: f"{m.group(1)}reg {m.group(2)}  = 0;\n"
                                f"{m.group(1)}initial #1 {m.group(2)}  = 1;", text)
     # and a block that only stores a constant becomes an initial store
-    text = _CONST_ALWAYS.sub(lambda m: f"{m.group(1)}initial {m.group(2)} = {m.group(3)};", text)
-    out = path.with_name(path.stem + "_icarus.v")
-    if not out.exists() or out.read_text() != text:
-        out.write_text(text)
-    return out
+    return _CONST_ALWAYS.sub(lambda m: f"{m.group(1)}initial {m.group(2)} = {m.group(3)};", text)
 
 
 def _source_hash():
@@ -134,7 +226,7 @@ def _source_hash():
     return h.hexdigest()
 
 
-def _generate_once(top):
+def generated_verilog(top):
     """The Verilog of ``top``, elaborated only when a source under rtl/ or spec/ changed
     (elaboration takes tens of seconds): one copy in build/rtl/<top>/ for every simulator."""
     outdir = ROOT / "build" / "rtl" / top
@@ -164,14 +256,17 @@ def build(sim, *, waves=False, top=TOP_NAME, say=announce):
     bdir.mkdir(parents=True, exist_ok=True)
     with open(bdir.parent / f".{bdir.name}.lock", "w") as lock:   # pytest-xdist workers build once
         fcntl.flock(lock, fcntl.LOCK_EX)
-        verilog = _generate_once(top)
-        if sim == "icarus":
-            verilog = icarus_kick(verilog)
+        verilog = sim_source(generated_verilog(top), sim)
         runner = get_runner(sim)
         args = []
         if sim == "verilator":
+            # --no-public-flat-rw undoes the runner's --public-flat-rw: the testbench reaches
+            # only the top's ports (made visible by ports.vlt), and public internals doubled
+            # the C++ and its compile time
+            ports = bdir / "ports.vlt"
+            ports.write_text(f'`verilator_config\npublic_flat_rw -module "{top}" -var "*"\n')
             args = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O3", "--x-assign", "fast",
-                    "--x-initial", "fast"]
+                    "--x-initial", "fast", "--no-public-flat-rw", str(ports)]
             if waves:
                 args += ["--trace-fst", "--trace-structs"]
             elif top != TOP_NAME:
@@ -244,6 +339,29 @@ def _build_job(sim, top):
     said = []
     build(sim, top=top, say=said.append)
     return said
+
+
+class BackgroundBuild:
+    """:func:`prebuild` of ``designs`` in a thread, so that tests that need none of them
+    run meanwhile; a test that needs one waits for its build (the build lock) and then
+    finds it up to date. ``wait()`` returns when every build is done (and raises the
+    first failure)."""
+    def __init__(self, designs, jobs=2, say=None):
+        import threading
+        self.error = None
+        self.thread = threading.Thread(target=self._run, args=(designs, jobs, say), daemon=True)
+        self.thread.start()
+
+    def _run(self, designs, jobs, say):
+        try:
+            prebuild(designs, jobs=jobs, say=say)
+        except BaseException as exc:        # reported by wait(), in the main thread
+            self.error = exc
+
+    def wait(self):
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def prebuild(designs, jobs=2, say=None):

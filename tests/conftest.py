@@ -1,36 +1,56 @@
 """Test order and the simulation builds of ``make test``."""
 import os
 
-from tb.runner import designs_for, prebuild
+from tb.runner import BackgroundBuild, designs_for, prebuild
+
+_background = None
 
 
 def pytest_sessionstart(session):
-    """Build every simulation model the selected system tests need before they start,
-    two at a time, each announced in one line (the tools' output goes to build logs).
-    Runs once, in the process that runs or distributes the tests; set IBGDA_PREBUILD=0
-    to leave the builds to the first test of each design."""
+    """Build the simulation models the selected system tests need, each announced in one
+    line (the tools' output goes to build logs): the Icarus ones (seconds) before any
+    test starts, the Verilator ones (about a minute each) in the background while the
+    block, model and Icarus tests run (the Verilator tests come last: ``rank``). Runs
+    once, in the process that runs or distributes the tests; set IBGDA_PREBUILD=0 to
+    leave the builds to the first test of each design."""
+    global _background
     if hasattr(session.config, "workerinput") or os.environ.get("IBGDA_PREBUILD") == "0":
         return
     designs = designs_for(session.config.args)
     if designs:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         say = (lambda msg: reporter.write_line(msg)) if reporter else None
-        prebuild(designs, jobs=int(os.environ.get("IBGDA_BUILD_JOBS", "2")), say=say)
+        jobs = int(os.environ.get("IBGDA_BUILD_JOBS", "2"))
+        prebuild([d for d in designs if d[0] == "icarus"], jobs=jobs, say=say)
+        later = [d for d in designs if d[0] == "verilator"]
+        if later:
+            _background = BackgroundBuild(later, jobs=jobs, say=say)
 
+
+def pytest_sessionfinish(session):
+    if _background is not None:
+        _background.wait()
 
 
 # Longest tests first, so that neither pytest-xdist worker is left with a long one at
 # the end: the Makefile runs pytest-xdist with --maxschedchunk=1, which deals each worker
-# two tests and then hands out one test at a time from one queue in this order (the
-# builds are done by then, in pytest_sessionstart). The Icarus system runs are the longest
-# (weighted_share about 400 s, back_to_back_stream 330 s on a loaded machine).
-FIRST = ["test_nic[icarus-weighted_share", "test_nic[icarus-back_to_back_stream", "test_default_scenario[icarus",
-         "test_rc[icarus-rx_every", "test_switch[icarus", "test_bench_small", "test_pair[icarus", "test_nic[icarus",
-         "test_pair[", "test_pair_faults[", "test_switch[", "test_rc[", "test_nic[", "test_default_scenario"]
+# two tests and then hands out one test at a time from one queue in this order. The
+# Verilator tests come after all others, so that their models build meanwhile
+# (pytest_sessionstart).
+FIRST = ["test_nic[icarus-weighted_share", "test_rc[icarus-rx_every", "test_switch[icarus-all_to_all_faults",
+         "test_default_scenario[icarus", "test_switch[icarus", "test_nic[icarus-back_to_back_stream",
+         "test_pair[icarus", "test_nic[icarus", "test_rc[icarus", "tests/blocks"]
+VERILATOR = ["test_bench_small", "test_nic[verilator-weighted_share", "test_pair_faults[", "test_switch[verilator",
+             "test_rc[verilator-rx_every", "[verilator-"]
+
+
+def rank(nodeid):
+    """Position of a test in the queue: the Verilator tests after the rest, each group
+    in the order of its pattern list (first matching pattern), then collection order."""
+    late = any(pat in nodeid for pat in VERILATOR)
+    patterns = VERILATOR if late else FIRST
+    return late, next((k for k, pat in enumerate(patterns) if pat in nodeid), len(patterns))
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Order the tests by ``FIRST`` (first matching pattern), the rest as collected."""
-    def rank(item):
-        return next((k for k, pat in enumerate(FIRST) if pat in item.nodeid), len(FIRST))
-    items.sort(key=rank)            # stable: collection order within a rank
+    items.sort(key=lambda item: rank(item.nodeid))       # stable: collection order within a rank
