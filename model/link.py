@@ -1,11 +1,14 @@
 """Two RC endpoints of the golden model over a lossy link: ``simulate`` with an explicit fault pattern.
 
-The fault kinds (``FAULT_KINDS``) and the corrupt rule (one bit flips: ``flip_bit``) are
-``model.network``'s, whose ``Link`` the cocotb pair environments drive; this link keeps its
-own time base (ns) and its drop/duplicate/reorder/delay timing (see ``simulate``).
+The link is ``model.network.Link``, the one link and fault model of the project (the
+cocotb pair environments drive the same class): one ``Link`` per direction, 2 ns cycles,
+100 wire bytes a cycle, serialisation by ``spec.params.wire_bytes``, the fault pattern a
+``FaultSpec(pattern=...)``. This module only runs the endpoints around it (their events
+in ns, the links polled at their ``next_event_cycle``); it has no timing rule of its own.
 
 Contents:
     FAULT_KINDS                 fault kinds a pattern may name (model.network's)
+    CORRUPT_BIT                 the bit a "corrupt" entry without an argument flips
     LinkRecord, SimResult
     simulate                    a requester and a responder back to back over a lossy link
 """
@@ -14,17 +17,22 @@ from collections import Counter
 from dataclasses import dataclass
 import heapq
 
-from spec.formats import ICRC_LEN
-from spec.params import WIRE_GBPS, wire_bytes
+from spec.formats import BTH_LEN, OFF_BTH
+from spec.params import CLOCK_PERIOD_NS, wire_bytes
 from model.memory import SparseMemory
-from model.network import FAULT_KINDS, flip_bit
+from model.network import BYTES_PER_CYCLE, FAULT_KINDS, FaultSpec, Link, cycle_of_bytes
 from model.requester import RcRequester
 from model.responder import RcResponder
 
-__all__ = ["FAULT_KINDS", "LinkRecord", "SimResult", "simulate"]
+__all__ = ["CORRUPT_BIT", "FAULT_KINDS", "LinkRecord", "SimResult", "simulate"]
 
 
-_BYTES_PER_NS = WIRE_GBPS // 8          # 50 bytes per ns at 400 Gb/s
+NS_PER_CYCLE = int(CLOCK_PERIOD_NS)               # 2: the Link's cycle (500 MHz core clock)
+_BYTES_PER_NS = BYTES_PER_CYCLE // NS_PER_CYCLE   # 50 wire bytes per ns at 400 Gb/s
+# The last bit of the BTH (the PSN's least significant bit): in every RoCEv2 frame, covered
+# by the ICRC only, so the receiver drops a frame corrupted there as bad_icrc (a random bit,
+# the Link's default, may hit the IPv4 header or a UDP field and be dropped for another reason).
+CORRUPT_BIT = 8 * (OFF_BTH + BTH_LEN) - 1
 
 
 @dataclass
@@ -33,9 +41,12 @@ class LinkRecord:
 
     Members:
         direction: "req" (requester to responder) or "resp"; index: its number on that
-        link (what a fault pattern names); time: start of transmission (ns); arrival: when
-        it arrives without a delay or reorder fault (ns), None if dropped; frame: the bytes
-        as sent (before a corruption); fault: the fault kind applied, or None.
+        link (what a fault pattern names); time: when the endpoint put it on the link, the
+        start of its transmission unless earlier frames still hold the wire (ns);
+        arrival: when it (its first copy, for a duplicate) arrived at the far end, faults
+        included (ns, an even number: the Link's arrival cycle x 2), None if it was dropped
+        or had not arrived when the run stopped; frame: the bytes as sent (before a
+        corruption); fault: the fault kind applied, or None.
     """
     direction: str
     index: int
@@ -51,12 +62,14 @@ class SimResult:
 
     Members:
         end_time: time of the last event (ns); hung: the run hit max_events/max_time_ns or
-        ended with work left; events: events processed.
+        ended with work left; events: loop steps (a post, a poll of the links at one
+        cycle, an ACK-timer firing).
         records: every LinkRecord in transmission order (both directions).
         writes: ``[(time, qpn, psn, addr, bytes)]`` performed in the responder's memory.
-        faults: {"req"/"resp": Counter of the fault kinds applied}.
+        faults: {"req"/"resp": Counter of the fault kinds applied (the Links' fault logs)}.
         memory: the responder's memory (SparseMemory or the object passed in).
         rx: every RxResult of the responder, in arrival order.
+        links: {"req"/"resp": the model.network.Link of that direction (counters, log)}.
     """
     end_time: int
     hung: bool
@@ -66,184 +79,191 @@ class SimResult:
     faults: dict
     memory: object
     rx: list
+    links: dict = None
 
 
-def _fault_map(faults, name):
-    m = {}
+def _pattern(faults, name):
+    """``faults`` as FaultSpec pattern entries; a "corrupt" without its bit gets CORRUPT_BIT."""
+    out, seen = [], {}
     for item in faults:
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise ValueError(f"{name}: each fault must be (frame index, kind), got {item!r}")
-        idx, kind = item
-        if not isinstance(idx, int) or idx < 0:
+        if not (isinstance(item, (tuple, list)) and len(item) in (2, 3)):
+            raise ValueError(f"{name}: each fault must be (frame index, kind) or (frame index, kind, arg), "
+                             f"got {item!r}")
+        idx, kind = item[0], item[1]
+        if isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
             raise ValueError(f"{name}: frame index must be an int >= 0, got {idx!r}")
         if kind not in FAULT_KINDS:
             raise ValueError(f"{name}: fault kind must be one of {FAULT_KINDS}, got {kind!r}")
-        if idx in m:
-            raise ValueError(f"{name}: frame {idx} has two faults ({m[idx]}, {kind})")
-        m[idx] = kind
-    return m
+        if idx in seen:
+            raise ValueError(f"{name}: frame {idx} has two faults ({seen[idx]}, {kind})")
+        seen[idx] = kind
+        if kind == "corrupt" and (len(item) == 2 or item[2] is None):
+            item = (idx, kind, CORRUPT_BIT)
+        out.append(tuple(item))
+    return out
 
 
-class _Link:
-    """One direction of the wire: 400 Gb/s serialisation, fixed latency, faults by index."""
+def _ns_to_cycles(name, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v % NS_PER_CYCLE:
+        raise ValueError(f"{name} must be an even int >= 0 (ns, a whole number of {NS_PER_CYCLE} ns cycles), "
+                         f"got {v!r}")
+    return v // NS_PER_CYCLE
 
-    def __init__(self, direction, faults, latency, delay, window, sim):
-        self.direction, self.faults, self.latency, self.delay, self.window = direction, faults, latency, delay, window
-        self.sim = sim
-        self.count = 0
-        self.free_at = 0
-        self.held = None           # (token, frame) of a "reorder" frame waiting for the next one
+
+class _Side:
+    """One direction: the Link and the records of the frames put on it."""
+
+    def __init__(self, direction, link, records):
+        self.direction, self.link, self.records = direction, link, records
+        self.by_index = {}
 
     def send(self, now, frame):
-        idx = self.count
-        self.count += 1
-        start = max(now, self.free_at)
-        self.free_at = start + -(-wire_bytes(len(frame)) // _BYTES_PER_NS)
-        arrival = self.free_at + self.latency
-        kind = self.faults.get(idx)
-        rec = LinkRecord(self.direction, idx, start, None if kind == "drop" else arrival, frame, kind)
-        self.sim.records.append(rec)
-        if kind:
-            self.sim.fault_counts[self.direction][kind] += 1
-        # A held frame arrives right after the frame sent behind it: the two swap.
-        if self.held is not None:
-            self.sim.deliver(self.direction, arrival + 1, self.held[1])
-            self.held = None
-        if kind == "drop":
-            return
-        if kind == "corrupt":
-            # model.network's rule (one bit flips, ``flip_bit``), at the first bit of the last
-            # byte before the ICRC: covered by the ICRC only, so the receiver's drop reason is
-            # bad_icrc for every frame (all frames are >= 62 bytes, headers 54).
-            frame = flip_bit(frame, 8 * (len(frame) - ICRC_LEN - 1))
-        if kind == "delay":
-            arrival += self.delay
-        if kind == "reorder":
-            token = object()
-            self.held = (token, frame)
-            # No frame follows within the window: it arrives late, alone.
-            self.sim.schedule(arrival + self.window, "release", (self, token))
-            return
-        self.sim.deliver(self.direction, arrival, frame)
-        if kind == "duplicate":
-            self.sim.deliver(self.direction, arrival + 1, frame)
+        # The endpoint starts the frame at ``now``: its last wire byte leaves at
+        # 50 * now + wire_bytes; the Link keeps frames back to back and applies the
+        # faults. A send may not go behind the Link's current cycle (a longer frame
+        # handed over earlier may still be on the wire): the hand-over cycle is then the
+        # Link's, the wire end stays exact.
+        end = _BYTES_PER_NS * now + wire_bytes(len(frame))
+        log = self.link.log
+        n = len(log)
+        idx = self.link.send(frame, max(cycle_of_bytes(end), self.link.now), end_bytes=end)
+        kind = log[n].kind if len(log) > n else None
+        rec = LinkRecord(self.direction, idx, now, None, frame, kind)
+        self.records.append(rec)
+        self.by_index[idx] = rec
 
-    def release(self, token, now):
-        if self.held is not None and self.held[0] is token:
-            self.sim.deliver(self.direction, now, self.held[1])
-            self.held = None
-
-
-class _Sim:
-    def __init__(self):
-        self.heap = []
-        self.seq = 0
-        self.records = []
-        self.fault_counts = {"req": Counter(), "resp": Counter()}
-
-    def schedule(self, t, kind, data):
-        heapq.heappush(self.heap, (t, self.seq, kind, data))
-        self.seq += 1
-
-    def deliver(self, direction, t, frame):
-        self.schedule(t, "to_resp" if direction == "req" else "to_req", frame)
+    def deliver(self, cycle):
+        out = self.link.deliver(cycle)
+        for d in out:
+            if not d.copy:
+                self.by_index[d.index].arrival = NS_PER_CYCLE * d.cycle
+        return out
 
 
 def simulate(requester, responder, posts, faults=(), response_faults=(), *, latency_ns=1000, delay_ns=None,
              reorder_window_ns=None, memory=None, max_events=1_000_000, max_time_ns=10 ** 12):
     """Run a requester and a responder back to back over a lossy link.
 
+    The link is ``model.network.Link``, one per direction, with a
+    ``FaultSpec(pattern=...)`` built from ``faults`` / ``response_faults``.
+
     Parameters:
         requester: RcRequester; responder: RcResponder (QPs paired by the contexts:
             requester ctx.remote_qpn = responder ctx.qpn and the reverse).
         posts: iterable of ``(qpn, wqe_bytes)`` (posted at time 0, in order) or
             ``(time_ns, qpn, wqe_bytes)``.
-        faults: fault pattern of the requester-to-responder link, ``[(frame index, kind)]``;
-            the index counts every frame put on that link (first transmissions and
-            retransmissions) from 0. Kinds (``FAULT_KINDS``):
-              drop       the frame never arrives;
-              corrupt    the first bit of the byte before the ICRC flips (model.network.flip_bit;
-                         the receiver drops it: bad_icrc);
-              duplicate  a second copy arrives 1 ns after the first;
-              reorder    it arrives 1 ns after the next frame of that link (or
-                         reorder_window_ns late if none is sent by then);
-              delay      it arrives delay_ns late.
+        faults: fault pattern of the requester-to-responder link, entries
+            ``(frame index, kind)`` or ``(frame index, kind, arg)`` as in
+            ``model.network.FaultSpec.pattern`` (so the pattern of a cocotb pair run can
+            be passed unchanged); the index counts every frame put on that link (first
+            transmissions and retransmissions) from 0. Kinds (``FAULT_KINDS``; the rules
+            are ``model.network.Link``'s):
+              drop       the frame takes its wire time and never arrives;
+              corrupt    bit ``arg`` flips (``model.network.flip_bit``); without ``arg``,
+                         ``CORRUPT_BIT`` (the last bit of the BTH: the receiver drops it
+                         as bad_icrc);
+              duplicate  a second copy follows right behind the first (one frame time later);
+              reorder    held until ``arg`` (default 1) later frames of that link were
+                         sent, then sent right behind the last of them; if fewer are sent
+                         within reorder_window_ns, sent alone when the window ends;
+              delay      held ``arg`` cycles (default delay_ns / 2) and then sent; frames
+                         sent meanwhile overtake it.
         response_faults: the same for the responder-to-requester link (ACKs, NAKs).
-        latency_ns: one-way latency of each link (after serialisation at 400 Gb/s, with
-            preamble, FCS and gap: ``spec.params.wire_bytes``).
-        delay_ns: extra latency of a "delay" fault (default 4 x latency_ns).
-        reorder_window_ns: how long a "reorder" frame waits for a follower (default delay_ns).
+        latency_ns: one-way latency of each link after serialisation (the Link's
+            ``latency_cycles`` = latency_ns / 2).
+        delay_ns: hold time of a "delay" fault without its own ``arg`` (default
+            4 x latency_ns).
+        reorder_window_ns: how long a "reorder" frame waits for its followers (default
+            delay_ns; the Link's ``reorder_timeout_cycles`` = reorder_window_ns / 2).
         memory: object with ``write(addr, bytes)`` for the responder's writes (default a new
             SparseMemory).
         max_events, max_time_ns: stop and report ``hung`` beyond these.
+        latency_ns, delay_ns and reorder_window_ns must be even (whole 2 ns cycles).
 
-    Time model: frames go out in order on each link, back to back at 400 Gb/s; the
-    endpoints take no time (a response or retransmission leaves when its cause arrives);
-    the requester's ACK timers fire at their deadlines (an arrival at the same instant is
-    handled first). The run ends when no frame is in flight and no timer is armed.
+    Time model: every time reported (records, writes, end_time) and every endpoint time
+    (posts, ACK timers: ``timeout_ns``) is in ns; the links run in cycles of 2 ns, so a
+    frame arrives at an even ns (its Link arrival cycle x 2). A frame put on a link at
+    ``t`` ns starts at wire byte 50 * t and costs ``wire_bytes(len)`` bytes of wire
+    (400 Gb/s with preamble, FCS and gap); frames go out in order on each link, back to
+    back. The endpoints take no time (a response or retransmission leaves when its cause
+    arrives). At one instant: posts first, then the frames arriving in that cycle
+    (responder side, then requester side), then the requester's ACK timers due then.
+    The run ends when no frame is in flight or held and no timer is armed.
 
-    Returns a SimResult; counters are on the endpoints.
+    Returns a SimResult; counters are on the endpoints and the Links.
     """
     if not isinstance(requester, RcRequester) or not isinstance(responder, RcResponder):
         raise ValueError("simulate needs an RcRequester and an RcResponder")
-    for name, v in (("latency_ns", latency_ns), ("max_events", max_events), ("max_time_ns", max_time_ns)):
-        if not isinstance(v, int) or v < 0:
+    for name, v in (("max_events", max_events), ("max_time_ns", max_time_ns)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name} must be an int >= 0, got {v!r}")
-    delay = 4 * latency_ns if delay_ns is None else delay_ns
-    window = delay if reorder_window_ns is None else reorder_window_ns
-    for name, v in (("delay_ns", delay), ("reorder_window_ns", window)):
-        if not isinstance(v, int) or v < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+    latency = _ns_to_cycles("latency_ns", latency_ns)
+    delay_ns = 4 * latency_ns if delay_ns is None else delay_ns
+    delay = _ns_to_cycles("delay_ns", delay_ns)
+    window = _ns_to_cycles("reorder_window_ns", delay_ns if reorder_window_ns is None else reorder_window_ns)
     mem = SparseMemory() if memory is None else memory
-    sim = _Sim()
-    fwd = _Link("req", _fault_map(faults, "faults"), latency_ns, delay, window, sim)
-    rev = _Link("resp", _fault_map(response_faults, "response_faults"), latency_ns, delay, window, sim)
-    for item in posts:
+    records = []
+    sides = {}
+    for direction, name, pattern in (("req", "faults", faults), ("resp", "response_faults", response_faults)):
+        entries = _pattern(pattern, name)
+        try:
+            spec = FaultSpec(pattern=entries, delay_cycles=delay, reorder_depth=1, reorder_timeout_cycles=window)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+        sides[direction] = _Side(direction, Link(latency, spec, name=direction), records)
+    fwd, rev = sides["req"], sides["resp"]
+    pending = []
+    for seq, item in enumerate(posts):
         if len(item) == 2:
             t, (qpn, wqe) = 0, item
         elif len(item) == 3:
             t, qpn, wqe = item
         else:
             raise ValueError(f"a post must be (qpn, wqe_bytes) or (time_ns, qpn, wqe_bytes), got {item!r}")
-        if not isinstance(t, int) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise ValueError(f"post time must be an int >= 0, got {t!r}")
-        sim.schedule(t, "post", (qpn, bytes(wqe)))
+        heapq.heappush(pending, (t, seq, qpn, bytes(wqe)))
     writes, rx = [], []
     now = events = 0
     hung = False
     while True:
-        t_ev = sim.heap[0][0] if sim.heap else None
+        t_post = pending[0][0] if pending else None
+        cycles = [c for c in (fwd.link.next_event_cycle(), rev.link.next_event_cycle()) if c is not None]
+        t_link = NS_PER_CYCLE * min(cycles) if cycles else None
         t_to = requester.next_deadline()
-        if t_ev is None and t_to is None:
+        times = [t for t in (t_post, t_link, t_to) if t is not None]
+        if not times:
             break
-        if events >= max_events or min(t for t in (t_ev, t_to) if t is not None) > max_time_ns:
+        t = min(times)
+        if events >= max_events or t > max_time_ns:
             hung = True
             break
         events += 1
-        if t_ev is not None and (t_to is None or t_ev <= t_to):
-            now, _, kind, data = heapq.heappop(sim.heap)
-            if kind == "post":
-                for pkt in requester.post(data[0], data[1], now):
-                    fwd.send(now, pkt.frame)
-            elif kind == "to_resp":
-                r = responder.receive(data)
+        now = max(now, t)
+        if t_post == t:
+            _, _, qpn, wqe = heapq.heappop(pending)
+            for pkt in requester.post(qpn, wqe, now):
+                fwd.send(now, pkt.frame)
+        elif t_link == t:
+            cycle = t // NS_PER_CYCLE
+            # Both links polled at the cycle first: a frame sent in answer arrives later.
+            to_resp, to_req = fwd.deliver(cycle), rev.deliver(cycle)
+            for d in to_resp:
+                r = responder.receive(d.frame)
                 rx.append(r)
                 for addr, chunk in r.writes:
                     mem.write(addr, chunk)
                     writes.append((now, r.qpn, r.psn, addr, chunk))
                 if r.response is not None:
                     rev.send(now, r.response)
-            elif kind == "to_req":
-                for pkt in requester.on_response(data, now).retransmit:
+            for d in to_req:
+                for pkt in requester.on_response(d.frame, now).retransmit:
                     fwd.send(now, pkt.frame)
-            else:  # release of a held "reorder" frame
-                link, token = data
-                link.release(token, now)
         else:
-            now = t_to
             tx, _ = requester.on_timeout(now)
             for pkt in tx:
                 fwd.send(now, pkt.frame)
     hung = hung or not requester.idle()
-    return SimResult(end_time=now, hung=hung, events=events, records=sim.records, writes=writes,
-                     faults=sim.fault_counts, memory=mem, rx=rx)
+    counts = {d: Counter(e.kind for e in s.link.log) for d, s in sides.items()}
+    return SimResult(end_time=now, hung=hung, events=events, records=records, writes=writes,
+                     faults=counts, memory=mem, rx=rx, links={d: s.link for d, s in sides.items()})

@@ -19,8 +19,9 @@ from model.engine import EngineModel
 from model.frames import QpContext, Port, build_ctrl, build_nop_wqe, build_write_wqe, split_message
 from model.icrc import icrc, ipv4_checksum
 from model.mr import MemoryRegion
-from model.link import FAULT_KINDS, simulate
+from model.link import CORRUPT_BIT, FAULT_KINDS, simulate
 from model.memory import SparseMemory
+from model.network import FaultEvent, Link
 from model.parse import WRITE_OPCODES, Aeth, CqeSyndrome, build_rc_packet, build_response, parse_frame
 from model.requester import RcRequester
 from model.responder import RcResponder
@@ -702,3 +703,48 @@ def test_fault_pattern_checks():
         env.req.add_qp(contexts(0x300, 0x400)[0], retry_cnt=8)
     with pytest.raises(ValueError, match="ack_every"):
         RcResponder(B_PORT, ack_every=0)
+
+
+def test_simulate_runs_over_network_links():
+    """``simulate``'s links are model.network.Link (cycles of 2 ns, 100 wire bytes a cycle)
+    and its faults FaultSpec pattern entries, (index, kind) or (index, kind, arg). One 8-byte
+    WRITE: an 82-byte frame, 106 wire bytes; an ACK: 62 bytes, 86 wire bytes; latency 200 ns =
+    100 cycles = 10000 wire bytes. Times in ns (cycle x 2)."""
+    def one(faults):
+        env = Env(ack_every=1)
+        env.write(0, DST, 8)
+        res = env.run(faults=faults, latency_ns=200)
+        assert not res.hung and isinstance(res.links["req"], Link) and isinstance(res.links["resp"], Link)
+        return env, res
+
+    # No fault: the frame's wire end is byte 106 (cycle 2), in at byte 10106: cycle 102, 204 ns.
+    # The ACK leaves at 204 ns = byte 10200, ends at 10286, in at 20286: cycle 203, 406 ns.
+    _, res = one(())
+    assert [(r.direction, r.time, r.arrival) for r in res.records] == [("req", 0, 204), ("resp", 204, 406)]
+    assert res.end_time == 406 and res.links["req"].log == [] and res.links["req"].latency_cycles == 100
+
+    # Delay by 10 cycles (the pattern's arg): held from cycle 2 to 12, leaves with its wire end at
+    # byte 1200, in at 11200: cycle 112, 224 ns. The ACK: bytes 11200..11286, in at 21286: 426 ns.
+    _, res = one([(0, "delay", 10)])
+    assert [(r.direction, r.time, r.arrival, r.fault) for r in res.records] == [
+        ("req", 0, 224, "delay"), ("resp", 224, 426, None)]
+    assert res.links["req"].log == [FaultEvent(0, "delay", 2, 10)] and res.faults["req"] == {"delay": 1}
+
+    # Duplicate: the copy right behind the frame (wire end 212, in at 10212: cycle 103, 206 ns);
+    # its re-ACK leaves at 206 ns = byte 10300, ends 10386, in at 20386: cycle 204, 408 ns.
+    env, res = one([(0, "duplicate")])
+    assert [(r.psn, r.reason) for r in res.rx] == [(0, None), (0, "psn_duplicate")]
+    assert [w[0] for w in res.writes] == [204]
+    assert [(r.direction, r.time, r.arrival) for r in res.records] == [
+        ("req", 0, 204), ("resp", 204, 406), ("resp", 206, 408)]
+
+    # Corrupt with its bit (byte 60, in the RETH) or without (CORRUPT_BIT, the last bit of the
+    # BTH): bad ICRC, nothing else shows the loss, the ACK timer resends at TIMEOUT.
+    for faults, bit in (([(0, "corrupt", 8 * 60)], 480), ([(0, "corrupt")], 8 * (42 + 12) - 1)):
+        env, res = one(faults)
+        assert CORRUPT_BIT == 431 and res.links["req"].log == [FaultEvent(0, "corrupt", 2, bit)]
+        assert res.rx[0].reason == "bad_icrc" and env.req.counters.timeouts == 1
+        assert [r.time for r in res.records if r.direction == "req"] == [0, TIMEOUT]
+
+    with pytest.raises(ValueError, match="latency_ns must be an even int"):
+        Env().run(latency_ns=201)             # 100.5 cycles: no rounding
