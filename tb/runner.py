@@ -341,20 +341,56 @@ def _build_job(sim, top):
     return said
 
 
+def start_builds(designs, jobs=2, say=None):
+    """Start building ``designs`` (from :func:`designs_for`), ``jobs`` at a time in
+    separate processes (elaboration is Python, the compilers are not). The processes are
+    started here, in the calling thread (a process started from a second thread while
+    pytest-xdist starts its workers from the first can fail to start). Returns a
+    function that waits for the builds, saying one line for each build that ran, and
+    raises the first failure."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    say = say or announce
+    if not designs:
+        return lambda: None
+    if any(sim == "verilator" for sim, _ in designs):
+        require("verilator")            # fail before starting anything
+    say(f"checking {len(designs)} simulation models, building those out of date, {jobs} at a time "
+        f"(logs: build/sim_*/build.log) ...")
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(designs)), mp_context=multiprocessing.get_context("spawn"))
+    futures = [pool.submit(_build_job, sim, top) for sim, top in designs]
+
+    def wait():
+        try:
+            for f in as_completed(futures):
+                for line in f.result():
+                    if line.startswith("built"):
+                        say(line)
+        finally:
+            pool.shutdown()
+    return wait
+
+
+def prebuild(designs, jobs=2, say=None):
+    """Build ``designs`` before going on (:func:`start_builds`); the tests then find them
+    up to date."""
+    start_builds(designs, jobs, say)()
+
+
 class BackgroundBuild:
-    """:func:`prebuild` of ``designs`` in a thread, so that tests that need none of them
-    run meanwhile; a test that needs one waits for its build (the build lock) and then
-    finds it up to date. ``wait()`` returns when every build is done (and raises the
-    first failure)."""
+    """:func:`start_builds` of ``designs``, waited for in a thread, so that tests that
+    need none of them run meanwhile; a test that needs one waits for its build (the build
+    lock) and then finds it up to date. ``wait()`` returns when every build is done (and
+    raises the first failure)."""
     def __init__(self, designs, jobs=2, say=None):
         import threading
         self.error = None
-        self.thread = threading.Thread(target=self._run, args=(designs, jobs, say), daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(start_builds(designs, jobs, say),), daemon=True)
         self.thread.start()
 
-    def _run(self, designs, jobs, say):
+    def _run(self, wait):
         try:
-            prebuild(designs, jobs=jobs, say=say)
+            wait()
         except BaseException as exc:        # reported by wait(), in the main thread
             self.error = exc
 
@@ -362,23 +398,3 @@ class BackgroundBuild:
         self.thread.join()
         if self.error is not None:
             raise self.error
-
-
-def prebuild(designs, jobs=2, say=None):
-    """Build ``designs`` (from :func:`designs_for`), ``jobs`` at a time in separate
-    processes (elaboration is Python, the compilers are not), before any test runs. Each
-    build that runs says one line when it is done; the tests then find them up to date."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    say = say or announce
-    if not designs:
-        return
-    if any(sim == "verilator" for sim, _ in designs):
-        require("verilator")            # fail before starting anything
-    say(f"checking {len(designs)} simulation models, building those out of date, {jobs} at a time "
-        f"(logs: build/sim_*/build.log) ...")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for f in as_completed([pool.submit(_build_job, sim, top) for sim, top in designs]):
-            for line in f.result():
-                if line.startswith("built"):
-                    say(line)
