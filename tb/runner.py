@@ -112,6 +112,12 @@ _ZERO_INIT = re.compile(r"^(\s*)initial begin\n((?:\s*[^\s\[]+ ?\[\d+\] = \d+'h0
 _ZERO_WORD = re.compile(r"\s*([^\s\[]+) ?\[(\d+)\] = (\d+)'h0+;")
 
 
+def _ref(name):
+    """``name`` as it is written before ``[``, ``,`` or ``=``: an escaped Verilog name
+    ends at white space."""
+    return f"{name} " if name.startswith("\\") else name
+
+
 def compact_zero_init(text):
     """The same Verilog with each memory that Yosys initialises word by word to zero
     (``initial begin mem[0] = 0; mem[1] = 0; ... end``, 16,384 words for the completion
@@ -127,22 +133,29 @@ def compact_zero_init(text):
             return m.group(0)
         name, width, ind = names.pop(), words[0][2], m.group(1)
         count += 1
-        gap = " " if name.startswith("\\") else ""     # an escaped name ends at white space
         return (f"{ind}initial begin : zero_init_{count}\n{ind}  integer i;\n"
-                f"{ind}  for (i = 0; i < {len(words)}; i = i + 1) {name}{gap}[i] = {width}'h0;\n{ind}end\n")
+                f"{ind}  for (i = 0; i < {len(words)}; i = i + 1) {_ref(name)}[i] = {width}'h0;\n{ind}end\n")
     return _ZERO_INIT.sub(loop, text)
 
 
 def sim_source(verilog, sim):
     """The Verilog ``sim`` compiles: the generated file with compact memory zeroing
-    (:func:`compact_zero_init`), and for Icarus its start-up kick (:func:`icarus_kick`).
-    Written next to the generated file only when its text changes."""
-    text = compact_zero_init(verilog.read_text())
+    (:func:`compact_zero_init`), and for Icarus single drivers, masked parities and the
+    start-up kick. Written next to the generated file; rewritten only when that file or
+    these rules changed (every test's build check comes here: the rewrites take most of a
+    second)."""
+    source = verilog.read_bytes()
+    key = hashlib.sha256(source + sim.encode() + Path(__file__).read_bytes()).hexdigest()
+    out = verilog.with_name(f"{verilog.stem}_{sim}.v")
+    stamp = out.with_name(out.name + ".key")
+    if out.exists() and stamp.exists() and stamp.read_text() == key:
+        return out
+    text = compact_zero_init(source.decode())
     if sim == "icarus":
         text = icarus_kick(icarus_parity(icarus_single_drivers(text)))
-    out = verilog.with_name(f"{verilog.stem}_{sim}.v")
-    if not out.exists() or out.read_text() != text:
+    if not out.exists() or out.read_text() != text:      # keep the mtime: simulators rebuild on change
         out.write_text(text)
+    stamp.write_text(key)
     return out
 
 
@@ -157,7 +170,7 @@ _PARITY_KICK = "icarus_parity_kick"
 def icarus_parity(text):
     """The same Verilog with each parity over a concatenation of bit selects
     (``assign p = ^ { d[3], d[17:15], ... };``, how the CRC matrices of the ICRC blocks
-    come out) computed in one ``always @*`` block per module as the parity of the whole
+    come out) computed in ``always @*`` blocks (one per set of source vectors) as the parity of the whole
     vector under a constant mask (``p = ^ (d & 1024'h...);``): the same value, bit for
     bit and for X and Z too. Icarus re-sends a concatenation each time one of its parts
     changes and recomputes the reduction each time, so a 1024-bit beat cost it hundreds
@@ -186,10 +199,9 @@ def icarus_parity(text):
                 lo = hi if pm.group(3) is None else int(pm.group(3))
                 # a bit selected twice cancels in a parity, as the XOR toggle does
                 masks[name] = masks.get(name, 0) ^ (((1 << (hi - lo + 1)) - 1) << lo)
-            sp = lambda n: " " if n.startswith("\\") else ""        # an escaped name ends at a space
-            terms = [f"^ ({n}{sp(n)} & {widths[n]}'h{k:x})" for n, k in masks.items() if k]
+            terms = [f"^ ({_ref(n)} & {widths[n]}'h{k:x})" for n, k in masks.items() if k]
             moved.add(lhs)
-            stores.setdefault(tuple(sorted(masks)), []).append(f"    {lhs}{sp(lhs)} = {' ^ '.join(terms) if terms else chr(48)};\n")
+            stores.setdefault(tuple(sorted(masks)), []).append(f"    {_ref(lhs)} = {' ^ '.join(terms) or '0'};\n")
             return ""
         module = _PARITY.sub(move, module)
         if stores:
@@ -219,40 +231,28 @@ def icarus_single_drivers(text):
     out = []
     for module in re.split(r"(?=^module )", text, flags=re.M):
         widths = {m.group(2).strip(): int(m.group(1)) + 1 for m in _WIRE_RANGE.finditer(module)}
-        pieces, other = {}, set()
+        pieces, other = {}, set()             # wire -> [(assignment, [(hi, lo), ...] top first)]
         for m in _PART_ASSIGN.finditer(module):
             lhs = m.group(2)
-            parts = [p.strip() for p in lhs.strip("{} ").split(", ")] if lhs.startswith("{") else [lhs.strip()]
-            matched = [_LHS_PART.match(p) for p in parts]
-            names = {pm.group(1).strip() if pm else None for pm in matched}
+            parts = [_LHS_PART.match(p.strip()) for p in (lhs.strip("{} ").split(", ") if lhs.startswith("{") else [lhs])]
+            names = {pm.group(1).strip() if pm else None for pm in parts}
             if None in names or len(names) != 1:
-                other |= {n for n in names if n}
+                other |= names - {None}
                 continue
-            pieces.setdefault(names.pop(), []).append(m)
+            ranges = [(int(pm.group(2)), int(pm.group(3) or pm.group(2))) for pm in parts]
+            pieces.setdefault(names.pop(), []).append((m, ranges))
         # only wires driven by pieces alone: no whole assignment, no instance port
-        candidates = {w for w, ms in pieces.items() if w in widths and w not in other and len(ms) > 1}
-        for w in list(candidates):
-            esc = re.escape(w)
-            if re.search(rf"^\s*assign {esc} ?= ", module, re.M) or re.search(rf"^\s*\.[^(]+\([^;]*{esc}", module, re.M):
-                candidates.discard(w)
+        candidates = {w for w, ps in pieces.items() if w in widths and w not in other and len(ps) > 1
+                      and not re.search(rf"^\s*assign {re.escape(w)} ?= |^\s*\.[^(]+\([^;]*{re.escape(w)}", module, re.M)}
         if not candidates:
             out.append(module)
             continue
-        drop, adds, k = set(), [], 0
+        drop, adds = set(), []
         for w in sorted(candidates):
-            sp = " " if w.startswith("\\") else ""
             source = [None] * widths[w]          # bit -> (piece wire, bit)
-            for m in pieces[w]:
-                lhs = m.group(2)
-                parts = [p.strip() for p in lhs.strip("{} ").split(", ")] if lhs.startswith("{") else [lhs.strip()]
-                ranges = []
-                for p in parts:
-                    pm = _LHS_PART.match(p)
-                    hi = int(pm.group(2))
-                    ranges.append((hi, hi if pm.group(3) is None else int(pm.group(3))))
+            for m, ranges in pieces[w]:
                 n = sum(hi - lo + 1 for hi, lo in ranges)
-                k += 1
-                tmp = f"icarus_piece_{k}"
+                tmp = f"icarus_piece_{len(drop) + 1}"
                 adds.append(f"  wire [{n - 1}:0] {tmp};\n  assign {tmp} = {m.group(3)};\n")
                 bit = n
                 for hi, lo in ranges:            # the concatenation's first part is its top
@@ -260,26 +260,17 @@ def icarus_single_drivers(text):
                         bit -= 1
                         source[b] = (tmp, bit)
                 drop.add(m.start())
-            # runs of consecutive bits of one piece, from the top bit down
+            # runs of consecutive bits of one piece (or undriven), from the top bit down
             terms, b = [], widths[w] - 1
             while b >= 0:
-                src = source[b]
                 top = b
-                while b - 1 >= 0 and (src is None and source[b - 1] is None or src is not None and source[b - 1]
-                                      is not None and source[b - 1][0] == src[0] and source[b - 1][1] == source[b][1] - 1):
+                while b > 0 and source[b - 1] == (source[b] and (source[b][0], source[b][1] - 1)):
                     b -= 1
-                n = top - b + 1
+                n, src = top - b + 1, source[top]
                 terms.append(f"{n}'bz" if src is None else f"{src[0]}[{src[1]}:{src[1] - n + 1}]")
                 b -= 1
-            adds.append(f"  assign {w}{sp} = {{ {', '.join(terms)} }};\n")
-        kept = []
-        last = 0
-        for m in _PART_ASSIGN.finditer(module):
-            if m.start() in drop:
-                kept.append(module[last:m.start()])
-                last = m.end()
-        kept.append(module[last:])
-        module = "".join(kept)
+            adds.append(f"  assign {_ref(w)} = {{ {', '.join(terms)} }};\n")
+        module = _PART_ASSIGN.sub(lambda m: "" if m.start() in drop else m.group(0), module)
         end = module.rindex("endmodule")
         out.append(module[:end] + "".join(adds) + module[end:])
     return "".join(out)
