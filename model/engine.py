@@ -8,6 +8,8 @@ scheduler, so compare per QP (``EngineResult.frames[qpn]``) or as a multiset
 expected CQ for the interleaving actually observed with ``EngineModel.cq_for_order``.
 
 Rules modelled (see the brief / SPEC):
+    - A CQE's wqe_counter is the WQE's position in the send queue (the engine's consumer
+      index, in WQEBBs mod 2^16), as mlx5 reports it; the ctrl segment's index is not read.
     - NOP: no packet; CQE (REQ, byte_cnt 0) if CQ_UPDATE.
     - RDMA_WRITE (one pointer or inline segment, or none with ds=2): packets per
       ``model.frames.split_message``, consecutive PSNs (24-bit wrap) from the QP's
@@ -131,6 +133,12 @@ class EngineModel:
         self.cqs = {cqn: CqModel(ctx) for cqn, ctx in cqs.items()}
         self.read_memory = read_memory
         self.next_psn = {qpn: ctx.start_psn for qpn, ctx in self.qps.items()}
+        # Each QP's consumer index: the position (in WQEBBs, mod 2^16) of its next WQE.
+        # A CQE's wqe_counter is this position, not the ctrl segment's wqe_index field:
+        # mlx5 reports its own send-queue counter (NVSHMEM's ibgda_poll_cq reads
+        # wqe_counter as "the HW consumer index"); the two are equal when software fills
+        # the field as rdma-core and NVSHMEM do.
+        self.ci = {qpn: 0 for qpn in self.qps}
         self.qp_error = {qpn: ctx.state == QpState.ERR for qpn, ctx in self.qps.items()}
         self.frames = {qpn: [] for qpn in self.qps}
         self.results = []
@@ -163,16 +171,18 @@ class EngineModel:
             raise ValueError(f"unknown QP {qpn}")
         qp = self.qps[qpn]
         wqe = parse_wqe(wqe_bytes)
+        pos = self.ci[qpn]
+        self.ci[qpn] = (pos + wqe.num_wqebbs) & 0xFFFF
         if self.qp_error[qpn] or qp.state != QpState.RTS:
             res = WqeResult(qpn, wqe, "dropped")
         elif not wqe.valid:
             self.qp_error[qpn] = True
             qp.state = QpState.ERR
-            cqe = self._complete(qp, CqeOp.REQ_ERR, wqe.index, 0, Syndrome.LOCAL_QP_OP_ERR)
+            cqe = self._complete(qp, CqeOp.REQ_ERR, pos, 0, Syndrome.LOCAL_QP_OP_ERR)
             res = WqeResult(qpn, wqe, "error", cqe=cqe)
         elif wqe.opcode == WqeOp.NOP:
             self.totals.wqes_executed += 1
-            cqe = self._complete(qp, CqeOp.REQ, wqe.index, 0) if wqe.cq_update else None
+            cqe = self._complete(qp, CqeOp.REQ, pos, 0) if wqe.cq_update else None
             res = WqeResult(qpn, wqe, "nop", cqe=cqe)
         else:  # RDMA_WRITE
             if wqe.kind == "pointer":
@@ -184,7 +194,7 @@ class EngineModel:
             psn0 = self.next_psn[qpn]
             raw = build_write_frames(qp, self.port, wqe.raddr, wqe.rkey, payload, psn0)
             ops = split_message(len(payload), qp.mtu)
-            recs = [FrameRecord(qpn, (psn0 + i) & PSN_MASK, op, wqe.index, f)
+            recs = [FrameRecord(qpn, (psn0 + i) & PSN_MASK, op, pos, f)
                     for i, ((op, _, _), f) in enumerate(zip(ops, raw))]
             self.next_psn[qpn] = (psn0 + len(raw)) & PSN_MASK
             self.frames[qpn].extend(recs)
@@ -195,7 +205,7 @@ class EngineModel:
             t.frame_bytes += sum(len(f) for f in raw)
             t.wire_bytes += sum(wire_bytes(len(f)) for f in raw)
             t.wqes_executed += 1
-            cqe = self._complete(qp, CqeOp.REQ, wqe.index, len(payload)) if wqe.cq_update else None
+            cqe = self._complete(qp, CqeOp.REQ, pos, len(payload)) if wqe.cq_update else None
             res = WqeResult(qpn, wqe, "sent", recs, cqe)
         self.results.append(res)
         return res

@@ -295,10 +295,10 @@ def parse_wqe(wqe_bytes):
             (at least the 16-byte control segment, and at least ds*16 bytes for
             an RDMA WRITE with a plausible ds).
 
-    Returns a ``Wqe``. Malformed WQEs (opcode other than NOP/RDMA_WRITE, WRITE
-    with ds < 2, ds beyond MAX_WQEBBS, more than one data segment, inline data
-    overrunning ds) are returned with ``error`` set, not raised: the engine
-    reports them with an error CQE. ValueError is raised only when the bytes
+    Returns a ``Wqe``. Malformed WQEs (ds 0 or beyond MAX_WQEBBS WQEBBs for any
+    opcode; an opcode other than NOP/RDMA_WRITE; a WRITE with ds < 2, more than one
+    data segment or inline data overrunning ds) are returned with ``error`` set, not
+    raised: the engine reports them with an error CQE. A NOP of ds 1..16 is valid. ValueError is raised only when the bytes
     given are too short to decode.
     """
     b = bytes(wqe_bytes)
@@ -308,6 +308,13 @@ def parse_wqe(wqe_bytes):
     w = Wqe(opcode=c["opmod_idx_opcode"] & 0xFF, opmod=c["opmod_idx_opcode"] >> 24,
             index=(c["opmod_idx_opcode"] >> 8) & 0xFFFF, qpn=c["qpn_ds"] >> 8,
             ds=c["qpn_ds"] & 0x3F, fm_ce_se=c["fm_ce_se"], signature=c["signature"], imm=c["imm"])
+    max_ds = MAX_WQEBBS * WQEBB // DS_UNIT
+    if w.ds == 0:
+        w.error = "ds=0: a WQE holds at least its control segment"
+        return w
+    if w.ds > max_ds:
+        w.error = f"ds={w.ds} exceeds {MAX_WQEBBS} WQEBBs ({max_ds})"
+        return w
     if w.opcode == WqeOp.NOP:
         return w
     if w.opcode != WqeOp.RDMA_WRITE:
@@ -315,10 +322,6 @@ def parse_wqe(wqe_bytes):
         return w
     if w.ds < 2:
         w.error = f"RDMA_WRITE with ds={w.ds} < 2 (needs ctrl + raddr segments)"
-        return w
-    max_ds = MAX_WQEBBS * WQEBB // DS_UNIT
-    if w.ds > max_ds:
-        w.error = f"ds={w.ds} exceeds {MAX_WQEBBS} WQEBBs ({max_ds})"
         return w
     if len(b) < w.ds * DS_UNIT:
         raise ValueError(f"WQE with ds={w.ds} needs {w.ds * DS_UNIT} bytes, got {len(b)}")

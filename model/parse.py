@@ -65,6 +65,7 @@ class ParsedFrame:
         reth: ``(va, rkey, dma_len)`` or None; imm: ImmDt (int) or None;
         aeth: ``(syndrome, msn)`` or None.
         payload: payload bytes (pad bytes and ICRC removed).
+        smac, sip: the Ethernet source MAC (6 bytes) and IPv4 source address (4 bytes).
     """
     opcode: int
     padcnt: int
@@ -76,6 +77,12 @@ class ParsedFrame:
     imm: object = None
     aeth: object = None
     payload: bytes = b""
+    smac: bytes = b""
+    sip: bytes = b""
+
+    def from_peer(self, ctx):
+        """True when the frame comes from QP context ``ctx``'s peer (its ``dmac`` and ``dip``)."""
+        return self.smac == mac_bytes(ctx.dmac) and self.sip == ip_bytes(ctx.dip)
 
 
 def parse_frame(frame, opcodes=None, port=None):
@@ -94,7 +101,7 @@ def parse_frame(frame, opcodes=None, port=None):
     fragment, destination port 4791 (else not_roce); destination MAC and IPv4 address
     the port's (bad_address); IPv4 total length and UDP length
     against the frame length (a 60-byte frame may carry Ethernet padding behind a shorter
-    IP packet: the padding is removed first); ICRC; P_Key 0xFFFF; known opcode; frame long enough for
+    IP packet: the padding is removed first); ICRC; P_Key 0xFFFF; BTH TVer 0 (else bad_version); known opcode; frame long enough for
     the opcode's extension headers and pad count (an ACK carries no payload).
     """
     f = bytes(frame)
@@ -127,6 +134,8 @@ def parse_frame(frame, opcodes=None, port=None):
     b = unpack(BTH, f, OFF_BTH)
     if b["pkey"] != DEFAULT_PKEY:
         return None, "bad_pkey"
+    if b["flags"] & 0x0F:
+        return None, "bad_version"         # BTH TVer (flags bits 3:0) must be 0
     op = b["opcode"]
     allowed = _EXT if opcodes is None else opcodes
     if op not in _EXT or op not in allowed:
@@ -139,7 +148,7 @@ def parse_frame(frame, opcodes=None, port=None):
     if pos + ext > end or (has_aeth and pos + ext != end):
         return None, "bad_length"
     p = ParsedFrame(opcode=op, padcnt=padcnt, pkey=b["pkey"], dqpn=b["dqpn"], ackreq=bool(b["ackreq"] & 0x80),
-                    psn=b["psn"])
+                    psn=b["psn"], smac=f[6:12], sip=f[OFF_IP + 12:OFF_IP + 16])
     if has_reth:
         r = unpack(RETH, f, pos)
         p.reth = (r["va"], r["rkey"], r["dma_len"])

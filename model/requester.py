@@ -15,7 +15,10 @@ Decisions (the RTL must follow them; the tests hold the model to them):
       implicit acknowledgment that is the NAK's PSN) and resends every outstanding packet.
       Both use the QP's retry counter, which an ACK with progress resets (IBA retry rules);
       retry ``retry_cnt + 1`` fails the WQE with TRANSPORT_RETRY_EXC_ERR. A second NAK for
-      the same PSN without progress in between is ignored (a duplicated NAK frame).
+      the same PSN without progress in between is ignored (a duplicated NAK frame), also
+      after a timeout: only an acknowledgment of something new clears it.
+    - A response changes nothing unless it belongs (``on_response``): the QP, its state,
+      its peer, the AETH kind and the PSN window are checked first.
     - On an error the failing WQE gets REQ_ERR with its syndrome, whether signalled or not,
       the QP goes to ERR and every later WQE (also those posted afterwards) completes with
       REQ_ERR / WR_FLUSH_ERR, as verbs flushes every outstanding work request.
@@ -28,7 +31,7 @@ from spec.formats import CqeOp, Op, QpState, WqeOp
 from model.cqe import CqContext, CqModel
 from model.frames import (PSN_MASK, Port, QpContext, build_packet, build_write_frames, parse_wqe,
                           split_message)
-from model.parse import MSN_MASK, Aeth, CqeSyndrome, _NAK_NAMES, _NAK_SYNDROMES, parse_frame
+from model.parse import MSN_MASK, PSN_HALF, Aeth, CqeSyndrome, _NAK_NAMES, _NAK_SYNDROMES, parse_frame
 
 __all__ = ["TxPacket", "ResponseOutcome", "RequesterCounters", "RcRequester", "ib_timeout_ns",
            "DEFAULT_TIMEOUT_NS", "DEFAULT_RETRY_CNT"]
@@ -65,8 +68,8 @@ class ResponseOutcome:
 
     Members:
         kind: "ack", "nak_psn_seq", "nak_<name>", "rnr" or None when dropped.
-        reason: None, or why the frame was dropped / ignored ("bad_icrc", ..., "unknown_qp",
-            "qp_not_rts", "stale", "duplicate_nak", "bad_aeth").
+        reason: None, or why the frame was dropped: a frame-level reason ("bad_icrc", ...)
+            or one of ``spec.formats.RESPONSE_DROP_NAMES``.
         retransmit: TxPackets to send now (go-back-N).
         cqes: CqeRecords written while handling it.
     """
@@ -85,8 +88,9 @@ class RequesterCounters:
         packets_sent (first transmissions), retransmitted_packets, go_back_n (restarts),
         timeouts, payload_reread_bytes (pointer payload read again for retransmissions);
         acks_received, naks_received (Counter: psn_seq, invalid_request, remote_access,
-        remote_op, rnr, ...), stale_responses (ACK/NAK naming no outstanding PSN),
-        duplicate_naks, dropped_responses (Counter by reason);
+        remote_op, rnr, ...; a dropped NAK is not counted), stale_responses (ACK/NAK of
+        an acknowledged PSN), duplicate_naks, dropped_responses (Counter by reason: every
+        response dropped, frame-level or ``spec.formats.RESPONSE_DROP_NAMES``);
         msn_mismatches (AETH.MSN differing from the messages acknowledged), retry_exceeded;
         cqes, error_cqes, flushed_wqes.
     """
@@ -148,6 +152,7 @@ class _ReqQp:
     blocked: bool = False      # an invalid WQE is queued: nothing after it is sent
     last_nak_psn: object = None
     msn_acked: int = 0         # WRITE messages fully acknowledged
+    ci: int = 0                # consumer index: the next WQE's position (WQEBBs, mod 2^16) = its CQE's wqe_counter
 
     @property
     def una(self):
@@ -303,6 +308,7 @@ class RcRequester:
         """
         q = self._qp(qpn)
         w = parse_wqe(wqe_bytes)
+        w.index, q.ci = q.ci, (q.ci + w.num_wqebbs) & 0xFFFF     # mlx5 reports the position, not the field
         self.counters.posted_wqes += 1
         if q.state == QpState.ERR:
             self.counters.flushed_wqes += 1
@@ -368,44 +374,67 @@ class RcRequester:
             if q.deadline is None or q.deadline > now or q.state != QpState.RTS:
                 continue
             self.counters.timeouts += 1
-            q.last_nak_psn = None
             tx += self._retry(q, now, cqes)
         return tx, cqes
 
+    def modify(self, qpn, state):
+        """Move QP ``qpn`` to ``state`` through the control path (QP_MODIFY): outside RTS
+        it takes no response (``qp_state``)."""
+        if state not in range(QpState.ERR + 1):
+            raise ValueError(f"unknown QP state {state!r}")
+        self._qp(qpn).state = state
+
+    def _drop_response(self, res, reason):
+        self.counters.dropped_responses[reason] += 1
+        res.reason = reason
+        return res
+
     def on_response(self, frame, now):
         """Handle one ACK/NAK frame received at ``now`` (ns); returns a ResponseOutcome.
+
+        A response changes the QP only when it belongs (``spec.formats.RESPONSE_DROPS``,
+        checked in that order): its destination QPN is a QP of this requester (all 24
+        bits); the QP is in RTS; it comes from the QP's peer (source IPv4 and MAC address
+        the context's ``dip`` and ``dmac``); its AETH is not of the reserved kind; its PSN
+        is not after the last PSN sent (``psn_ahead``) and not already acknowledged
+        (``stale``: an ACK that acknowledges nothing new, a NAK of an acknowledged PSN);
+        a PSN-sequence NAK is not a repeat of the last one with no progress in between
+        (``duplicate_nak``). Anything else is dropped, counted in
+        ``counters.dropped_responses`` by reason, and changes nothing.
 
         ACK: acknowledges every outstanding packet through its PSN. NAK: acknowledges every
         packet before its PSN, then PSN sequence error -> go-back-N from that PSN; invalid
         request / remote access / remote operational error -> REQ_ERR with 0x12 / 0x13 /
         0x14 (another code: BAD_RESP_ERR 0x10), QP to ERR, the rest flushed. RNR NAKs are
-        counted and ignored (this responder never sends one; the timer recovers). A
-        response whose PSN names no outstanding packet is stale and changes nothing.
+        counted and ignored (this responder never sends one; the timer recovers).
         """
         c = self.counters
         res = ResponseOutcome()
         p, reason = parse_frame(frame, (Op.ACK,), self.port)
         if p is None:
-            q = None
-        else:
-            q = self.qps.get(p.dqpn)
-            reason = "unknown_qp" if q is None else ("qp_not_rts" if q.state != QpState.RTS else None)
-        if reason:
-            c.dropped_responses[reason] += 1
-            res.reason = reason
-            return res
+            return self._drop_response(res, reason)
+        q = self.qps.get(p.dqpn)
+        if q is None:
+            return self._drop_response(res, "unknown_qp")
+        if q.state != QpState.RTS:
+            return self._drop_response(res, "qp_state")
+        if not p.from_peer(q.ctx):
+            return self._drop_response(res, "wrong_peer")
         syndrome, msn = p.aeth
         cls = syndrome >> 5
-        # The PSN must name an outstanding packet; anything else is stale (an ACK of
-        # something already acknowledged, a late or duplicated response) or bogus.
-        valid = ((p.psn - q.una) & PSN_MASK) < len(q.outstanding)
+        if cls == Aeth.KIND_RESERVED:
+            return self._drop_response(res, "bad_aeth")
+        # The window: PSNs sent and not yet acknowledged, (acked, last sent].
+        last = (q.next_psn - 1) & PSN_MASK
+        acked = (q.una - 1) & PSN_MASK
+        if ((last - p.psn) & PSN_MASK) >= PSN_HALF:
+            return self._drop_response(res, "psn_ahead")
+        if ((acked - p.psn) & PSN_MASK) < PSN_HALF:
+            c.stale_responses += 1
+            return self._drop_response(res, "stale")
         if cls == Aeth.KIND_ACK:
             c.acks_received += 1
             res.kind = "ack"
-            if not valid:
-                c.stale_responses += 1
-                res.reason = "stale"
-                return res
             self._ack_through(q, p.psn, now, res.cqes)
             self._check_msn(q, msn)
             return res
@@ -414,27 +443,18 @@ class RcRequester:
             c.naks_received["rnr"] += 1
             res.kind = "rnr"
             return res
-        if cls != Aeth.KIND_NAK:
-            c.dropped_responses["bad_aeth"] += 1
-            res.reason = "bad_aeth"
-            return res
         code = syndrome & 0x1F
         name = _NAK_NAMES.get(code, f"nak_code_{code}")
+        if code == 0 and p.psn == q.una and q.last_nak_psn == p.psn:
+            c.duplicate_naks += 1
+            return self._drop_response(res, "duplicate_nak")
         c.naks_received[name] += 1
         res.kind = "nak_" + name
-        if not valid:
-            c.stale_responses += 1
-            res.reason = "stale"
-            return res
         # A NAK acknowledges every packet before its PSN.
         if p.psn != q.una:
             self._ack_through(q, (p.psn - 1) & PSN_MASK, now, res.cqes)
         self._check_msn(q, msn)
         if code == 0:
-            if q.last_nak_psn == p.psn:
-                c.duplicate_naks += 1
-                res.reason = "duplicate_nak"
-                return res
             q.last_nak_psn = p.psn
             res.retransmit = self._retry(q, now, res.cqes)
             return res

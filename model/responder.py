@@ -121,8 +121,9 @@ class RcResponder:
         regions: {key index: ``model.mr.MemoryRegion``}.
         counters: ResponderCounters.
 
-    A QP accepts packets in RTR or RTS. ``receive`` runs the checks of ``parse_frame``,
-    then the QP, the PSN, the opcode sequence, the memory key (on FIRST/ONLY, for the
+    A QP accepts packets in RTR or RTS, from its peer only (source IPv4 and MAC address
+    the QP context's ``dip`` and ``dmac``). ``receive`` runs the checks of ``parse_frame``,
+    then the QP's state, its peer, the PSN, the opcode sequence, the memory key (on FIRST/ONLY, for the
     whole RETH range, with ``model.mr.check`` and right REMOTE_WRITE) and the payload
     length (FIRST/MIDDLE exactly one MTU, LAST/ONLY at most one and the message exactly
     RETH.dma_len); see the module docstring for the ACK, NAK and duplicate rules.
@@ -159,6 +160,13 @@ class RcResponder:
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"ack_every must be an int >= 1, got {every!r}")
         self.qps[ctx.qpn] = _RespQp(ctx=ctx, pd=pd, ack_every=every, epsn=ctx.start_psn, state=ctx.state)
+
+    def modify(self, qpn, state):
+        """Move QP ``qpn`` to ``state`` (``spec.formats.QpState``) through the control path
+        (QP_MODIFY): outside RTR and RTS it takes no request, from the next frame on."""
+        if state not in range(QpState.ERR + 1):
+            raise ValueError(f"unknown QP state {state!r}")
+        self._qp(qpn).state = state
 
     def qp_info(self, qpn):
         """Dict of QP ``qpn``'s state: epsn, msn, state, unacked, nak_sent, in_msg."""
@@ -215,6 +223,8 @@ class RcResponder:
         q = self.qps.get(p.dqpn)
         if q is None or q.state not in (QpState.RTR, QpState.RTS):
             return self._drop("qp_not_ready", p)
+        if not p.from_peer(q.ctx):
+            return self._drop("wrong_peer", p)     # an RC QP takes requests from its peer only
         d = (p.psn - q.epsn) & PSN_MASK
         if d >= PSN_HALF:
             # Duplicate: not executed again; the ACK names the last accepted PSN.

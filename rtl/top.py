@@ -13,6 +13,7 @@ from amaranth.hdl import *
 from amaranth.lib import wiring
 
 from spec import params as P
+from spec.formats import DOORBELL_DROP_NAMES, RESPONSE_DROP_NAMES
 from rtl.common.axi import (AxiLiteSignature, AxiWriteSignature, AxiReadSignature, AxiSignature, AxiStreamSignature,
                             flat_members, connect_flat)
 from rtl.common.axi_write_arbiter import AxiWriteArbiter
@@ -21,6 +22,7 @@ from rtl.host.control_registers import COUNTERS
 from rtl.host.path import HostPath
 from rtl.port.path import PortRx, PortTx
 from rtl.requester.path import RequesterPath
+from rtl.requester.qp_table import DoorbellDrop
 from rtl.responder.path import ResponderPath
 from rtl.responder.responder import RX_VERDICT_NAMES
 
@@ -124,17 +126,27 @@ class IbgdaNic(wiring.Component):
             req.tracker_commit.p.timeout.eq(host.qp_timeout), req.tracker_commit.p.retry_cnt.eq(host.qp_retry_cnt),
             req.parser_commit.p.qpn.eq(host.qp_num), req.parser_commit.p.psn.eq(host.qp_start_psn),
             host.qp_commit_ack.eq(qp_ready),
+            # every commit also tells the response checker the QP's peer, service and state
+            req.checker_commit.valid.eq(req.qp_commit.valid & qp_ready),
+            req.checker_commit.p.qpn.eq(host.qp_num), req.checker_commit.p.create.eq(host.qp_commit_reset),
+            req.checker_commit.p.start_psn.eq(host.qp_start_psn), req.checker_commit.p.dmac.eq(host.qp_cfg.dmac),
+            req.checker_commit.p.dip.eq(host.qp_cfg.dip), req.checker_commit.p.uc.eq(host.qp_cfg.uc),
+            req.checker_commit.p.state.eq(host.qp_cfg.state),
             req.cq_commit.valid.eq(host.cq_commit), req.cq_commit.p.cqn.eq(host.cq_num),
             req.cq_commit.p.cfg.eq(host.cq_cfg),
             host.cq_commit_ack.eq(req.cq_commit.ready),
             req.port_mac.eq(host.port_mac), req.port_ip.eq(host.port_ip),
             rsp.port_mac.eq(host.port_mac), rsp.port_ip.eq(host.port_ip),
             prx.port_mac.eq(host.port_mac), prx.port_ip.eq(host.port_ip),
-            # A create also sets up the QP's receive side (QP_MODIFY leaves it alone).
+            # A create also sets up the QP's receive side.
             rsp.commit.valid.eq(create & qp_ready & wp_ready & trk_ready),
             rsp.commit.p.qpn.eq(host.qp_num), rsp.commit.p.epsn.eq(host.qp_rq_psn),
             rsp.commit.p.cfg.state.eq(host.qp_cfg.state), rsp.commit.p.cfg.pd.eq(host.qp_pd),
             rsp.commit.p.cfg.ack_every.eq(host.qp_ack_every), rsp.commit.p.cfg.mtu.eq(host.qp_cfg.mtu),
+            rsp.commit.p.cfg.peer_mac.eq(host.qp_cfg.dmac), rsp.commit.p.cfg.peer_ip.eq(host.qp_cfg.dip),
+            # a QP_MODIFY moves the receive side's state too (a QP in ERR takes no request)
+            rsp.modify.valid.eq(host.qp_commit & ~host.qp_commit_reset & qp_ready),
+            rsp.modify.p.qpn.eq(host.qp_num), rsp.modify.p.state.eq(host.qp_cfg.state),
             rsp.peer_commit.valid.eq(rsp.commit.valid & rsp.commit.ready),
             rsp.peer_commit.p.qpn.eq(host.qp_num), rsp.peer_commit.p.addr.remote_qpn.eq(host.qp_cfg.remote_qpn),
             rsp.peer_commit.p.addr.dmac.eq(host.qp_cfg.dmac), rsp.peer_commit.p.addr.dip.eq(host.qp_cfg.dip),
@@ -161,7 +173,12 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, prx.acks, req.acks)
 
         # Counters.
-        incs = {"doorbells": host.db_accepted, "doorbells_dropped": host.db_dropped | req.db_dropped,
+        # A doorbell is counted once: dropped by the decoder (not a doorbell), dropped by the
+        # QP table (by reason), or applied by the QP table.
+        db_drop = {n: req.db_drop == DoorbellDrop[n.upper()] for n in DOORBELL_DROP_NAMES if n != "bad_write"}
+        db_drop["bad_write"] = host.db_dropped
+        incs = {"doorbells": req.db_accepted, "doorbells_dropped": host.db_dropped + (req.db_drop != DoorbellDrop.NONE),
+                **{f"db_{n}": v for n, v in db_drop.items()},
                 "wqes": req.wqes_done, "packets": req.packets_sent, "cqes": req.cqes_written,
                 "error_cqes": req.error_cqes}
         # Frame-level drops and ACKs are counted at the dispatch (up to two a cycle), the
@@ -176,6 +193,8 @@ class IbgdaNic(wiring.Component):
         incs["acks_sent"], incs["naks_sent"] = rsp.acks_sent, rsp.naks_sent
         incs.update({"naks_received": req.naks, "retransmits": req.retransmits, "timeouts": req.timeouts,
                      "retry_exceeded": req.retry_exceeded, "acks_merged": req.acks_merged})
+        for j, name in enumerate(RESPONSE_DROP_NAMES):
+            incs[f"resp_{name}"] = req.resp_dropped[j]
         for i, name in enumerate(COUNTERS):
             m.d.comb += host.counter_inc[i].eq(incs[name])
         return m

@@ -13,11 +13,11 @@ only), RW (written and read back) or WO (an action on any write; reads answer SL
 """
 from collections import namedtuple
 
-from spec.formats import RX_VERDICTS, RX_VERDICT_NAMES
+from spec.formats import DOORBELL_DROPS, RESPONSE_DROPS, RX_VERDICTS, RX_VERDICT_NAMES
 from spec.params import NUM_CQS, NUM_QPS, PD_BITS
 
 __all__ = ["Reg", "Counter", "RO", "RW", "WO", "ID_VALUE", "REGISTERS", "TX_COUNTERS", "RX_COUNTERS",
-           "REQ_COUNTERS", "COUNTERS", "COUNTER_NAMES", "ALL", "ADDR", "reg", "counter_address"]
+           "REQ_COUNTERS", "CHECK_COUNTERS", "COUNTERS", "COUNTER_NAMES", "ALL", "ADDR", "reg", "counter_address"]
 
 RO, RW, WO = "RO", "RW", "WO"
 ID_VALUE = 0x49424741              # the ID register: "IBGA"
@@ -51,7 +51,7 @@ REGISTERS = (
     Reg("QP_WEIGHT", 0x134, RW, 4, "scheduler weight 1..15 (0 counts as 1): a turn of the QP is up to "
         "weight x 128 WQEBBs"),
     Reg("QP_MODIFY", 0x138, WO, 0, "any write: store the staged context into QP_NUM, keep its indices and "
-        "PSN (weight or state changes on a live QP; the receive side keeps its state)"),
+        "PSN (weight or state changes on a live QP; the receive side takes the new state, nothing else)"),
     Reg("QP_RQ_PSN", 0x13C, RW, 24, "receive side: first expected PSN (the peer's start PSN)"),
     Reg("QP_PD", 0x140, RW, PD_BITS, "protection domain of the QP (24 bits): memory keys must belong to it"),
     Reg("QP_ACK_EVERY", 0x144, RW, 8, "ACK coalescing: one ACK per this many accepted packets (0 counts as "
@@ -85,8 +85,8 @@ def _block(base, rows):
 
 # Transmit counters (0x040).
 TX_COUNTERS = _block(0x040, (
-    ("doorbells", "doorbells accepted"),
-    ("doorbells_dropped", "doorbells dropped"),
+    ("doorbells", "doorbells applied (the QP's producer index set)"),
+    ("doorbells_dropped", "doorbells dropped (the sum of the db_<reason> counters)"),
     ("wqes", "WQEs executed"),
     ("packets", "data packets sent (ACK/NAK frames have their own counters)"),
     ("cqes", "CQEs written"),
@@ -95,10 +95,13 @@ TX_COUNTERS = _block(0x040, (
 # Receive counters (0x080): one per received frame's verdict (spec.formats.RX_VERDICTS,
 # rx_<verdict>, in its order), with ACKs and NAKs sent after the verdicts of
 # rtl.responder.RxVerdict and before "bad_address", the one frame-level drop added since.
+# The verdicts added after "bad_address" (the block is full) are in CHECK_COUNTERS.
 _RX = [(f"rx_{name}", f"received frames: {meaning}") for name, _, meaning in RX_VERDICTS]
-_N_RX_VERDICT = RX_VERDICT_NAMES.index("bad_address")
-RX_COUNTERS = _block(0x080, _RX[:_N_RX_VERDICT] + [("acks_sent", "ACKs sent"), ("naks_sent", "NAKs sent")]
-                     + _RX[_N_RX_VERDICT:])
+_LATER = ("wrong_peer", "bad_version")
+_RX_FIRST = [r for r in _RX if r[0][3:] not in _LATER]
+_N_RX_VERDICT = [r[0] for r in _RX_FIRST].index("rx_bad_address")
+RX_COUNTERS = _block(0x080, _RX_FIRST[:_N_RX_VERDICT] + [("acks_sent", "ACKs sent"), ("naks_sent", "NAKs sent")]
+                     + _RX_FIRST[_N_RX_VERDICT:])
 # Requester reliability counters (0x0C0).
 REQ_COUNTERS = _block(0x0C0, (
     ("naks_received", "NAKs received"),
@@ -108,7 +111,13 @@ REQ_COUNTERS = _block(0x0C0, (
     ("acks_merged", "received ACK/NAKs folded into another of the same QP in AckMailbox (two of one QP from "
      "one beat, or a record waiting for the tracker)"),
 ))
-COUNTERS = TX_COUNTERS + RX_COUNTERS + REQ_COUNTERS
+# Checks on what arrives from outside (0x400): the later receive verdicts, the
+# responses the requester drops (spec.formats.RESPONSE_DROPS), the doorbells dropped
+# (spec.formats.DOORBELL_DROPS).
+CHECK_COUNTERS = _block(0x400, [r for r in _RX if r[0][3:] in _LATER]
+                        + [(f"resp_{name}", f"responses dropped: {meaning}") for name, meaning in RESPONSE_DROPS]
+                        + [(f"db_{name}", f"doorbells dropped: {meaning}") for name, meaning in DOORBELL_DROPS])
+COUNTERS = TX_COUNTERS + RX_COUNTERS + REQ_COUNTERS + CHECK_COUNTERS
 COUNTER_NAMES = tuple(c.name for c in COUNTERS)
 
 # Every register and counter as Reg rows, by address.

@@ -89,15 +89,45 @@ RX_VERDICTS = (
     ("psn_out_of_order", "qp", "PSN out of order"),
     ("access_error", "qp", "access error"),
     ("invalid_request", "qp", "invalid request"),
+    ("wrong_peer", "qp", "wrong peer (a request whose source IPv4 or MAC address is not the QP's peer's)"),
     ("bad_address", "frame", "bad address (a RoCEv2 frame whose destination MAC or IPv4 address is not "
      "PORT_MAC/PORT_IP)"),
+    ("bad_version", "frame", "bad transport version (BTH TVer not 0: IBTA header validation)"),
 )
 RX_VERDICT_NAMES = tuple(n for n, _, _ in RX_VERDICTS)
 RX_FRAME_DROPS = tuple(n for n, s, _ in RX_VERDICTS if s == "frame")   # RxDrop 1.. in check order
 RX_QP_DROPS = tuple(n for n, s, _ in RX_VERDICTS if s == "qp")
-# Why a responder drops a frame, in the order the checks run (model.parse.parse_frame,
-# then model.responder.RcResponder.receive).
+# Why a responder drops a frame (model.parse.parse_frame, then
+# model.responder.RcResponder.receive, say in which order they check).
 DROP_REASONS = RX_FRAME_DROPS + RX_QP_DROPS
+
+# ---- responses the requester drops -------------------------------------------------
+# An ACK/NAK that passed the frame-level checks changes requester state only when it
+# belongs; anything else is dropped and counted (counter ``resp_<name>``), in the order
+# the checks run (rtl/requester/response_checker.py, model.requester.RcRequester.on_response).
+RESPONSE_DROPS = (
+    ("unknown_qp", "destination QPN (all 24 bits) names no QP of this NIC"),
+    ("not_rc", "the QP is not RC (a UC QP takes no responses)"),
+    ("qp_state", "the QP is not in RTS, or has failed"),
+    ("wrong_peer", "source IPv4 or MAC address not the QP's peer's"),
+    ("bad_aeth", "AETH of the reserved kind (syndrome bits 6:5 = 2)"),
+    ("psn_ahead", "PSN after the last PSN the QP has sent"),
+    ("stale", "PSN already acknowledged (a NAK of an acknowledged PSN, an ACK that acknowledges nothing new)"),
+    ("duplicate_nak", "a PSN-sequence NAK repeated with no progress in between"),
+)
+RESPONSE_DROP_NAMES = tuple(n for n, _ in RESPONSE_DROPS)
+
+# ---- doorbells the engine drops ------------------------------------------------------
+# Counter ``db_<name>`` each; ``doorbells_dropped`` is their sum, and a doorbell is
+# counted either there or in ``doorbells`` (applied), exactly once.
+DOORBELL_DROPS = (
+    ("bad_write", "UAR write not a doorbell: offset, partial strobes, QPN not the page's, page beyond the "
+     "QP table, burst length, BlueFlame WQE of more than one WQEBB"),
+    ("qp_not_rts", "the QP is not in RTS"),
+    ("stale", "producer index behind the QP's (mod 2^16): it would replay the ring"),
+    ("over_depth", "producer index more than the send-queue depth past the fetch index"),
+)
+DOORBELL_DROP_NAMES = tuple(n for n, _ in DOORBELL_DROPS)
 
 # ---- mlx5 send queue ------------------------------------------------------------
 WQEBB = 64
@@ -176,7 +206,7 @@ class Aeth:
     NAK_INVALID_REQ = 0x61
     NAK_REMOTE_ACCESS = 0x62
     NAK_REMOTE_OP = 0x63
-    KIND_ACK, KIND_RNR, KIND_NAK = 0, 1, 3   # syndrome >> 5
+    KIND_ACK, KIND_RNR, KIND_RESERVED, KIND_NAK = 0, 1, 2, 3   # syndrome >> 5
 
 
 MKEY_VARIANT_BITS = 8              # mlx5 memory keys: index << 8 | variant byte (the slot is key >> 8)

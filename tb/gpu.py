@@ -425,6 +425,32 @@ class Qp:
         return self._post([bytes(raddr_seg), bytes(seg)], opcode, signaled, raddr=raddr, rkey=rkey,
                           payload=payload, length=len(payload), imm=imm, **rec)
 
+    def post_raw(self, opcode, ds, body=b"", *, signaled=True, index=None):
+        """Post a WQE exactly as given, well-formed or not (malformed-WQE tests): a ctrl
+        segment with ``opcode``, ``ds`` (0..63, not checked against ``body``) and ``index``
+        (default the position), then ``body``, zero padded to ``max(1, ceil(ds / 4))``
+        WQEBBs (the ring space the ds field claims)."""
+        _check("opcode", opcode, 0, 0xFF)
+        _check("ds", ds, 0, 63)
+        nwqebbs = max(1, -(-ds // WQEBB_DS))
+        if nwqebbs > self.depth:
+            raise ValueError(f"a WQE of {nwqebbs} WQEBBs does not fit an SQ of {self.depth}")
+        ctrl = self._ctrl(opcode, ds, signaled)
+        if index is not None:
+            _check("index", index, 0, 0xFFFF)
+            ctrl[1:3] = index.to_bytes(2, "big")
+        wqe = (bytes(ctrl) + bytes(body))[:nwqebbs * WQEBB]
+        wqe += bytes(nwqebbs * WQEBB - len(wqe))
+        for i in range(nwqebbs):
+            slot = (self.pi + i) & (self.depth - 1)
+            self.gpu.write(self.sq_base + slot * WQEBB, wqe[i * WQEBB:(i + 1) * WQEBB])
+        p = PostedWqe(qpn=self.qpn, index=self.pi & 0xFFFF, slot=self.pi & (self.depth - 1), wqe=wqe, ds=ds,
+                      nwqebbs=nwqebbs, signaled=bool(signaled), opcode=opcode, raddr=0, rkey=0, payload=b"",
+                      length=0, inline=False, local_addr=None, lkey=0, post_cycle=self.gpu.counter.now)
+        self.posted.append(p)
+        self.pi += nwqebbs
+        return p
+
     def post_nop(self, signaled=True):
         """Post a NOP (ctrl segment only, ds = 1)."""
         return self._post([], WqeOp.NOP, signaled, raddr=0, rkey=0, payload=b"", length=0,

@@ -9,7 +9,7 @@ from amaranth.lib import data
 from spec import formats as F
 from rtl.common.contexts import qp_bits, cq_bits
 
-__all__ = ["AckRecord", "Completion", "PacketNote", "DoorbellEvent", "RxKeepPair"]
+__all__ = ["AckRecord", "Response", "Completion", "PacketNote", "DoorbellEvent", "RxKeepPair"]
 
 
 # An ACK/NAK as one QP sees it (``qpn`` is the local QP): a received one, as ``RxDispatch``
@@ -17,6 +17,14 @@ __all__ = ["AckRecord", "Completion", "PacketNote", "DoorbellEvent", "RxKeepPair
 # requester's address).
 AckRecord = data.StructLayout({
     "qpn": unsigned(24), "psn": unsigned(F.PSN_BITS), "syndrome": unsigned(8), "msn": unsigned(24),
+})
+
+# A received ACK/NAK as the receive dispatch hands it to the requester side: the
+# ``AckRecord`` fields (``qpn`` all 24 bits of BTH.DestQP) and where it came from, which
+# ``ResponseChecker`` holds against the QP's peer.
+Response = data.StructLayout({
+    "qpn": unsigned(24), "psn": unsigned(F.PSN_BITS), "syndrome": unsigned(8), "msn": unsigned(24),
+    "smac": unsigned(48), "sip": unsigned(32),
 })
 
 

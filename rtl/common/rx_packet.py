@@ -1,6 +1,6 @@
 """The descriptor of a received frame, from the receive header parser to the responder.
 
-:class:`RxDrop` names why a frame is dropped at frame level: the first seven reasons of
+:class:`RxDrop` names why a frame is dropped at frame level: the frame-level reasons of
 ``spec.formats.DROP_REASONS``, ``RX_FRAME_DROPS`` (``model.parse.parse_frame`` says in which order it checks them). The
 QP-level reasons (QP not ready, PSN, access, invalid request) need the QP's state and
 are decided later by the responder. :func:`RxPacket` is one frame's decoded headers,
@@ -17,7 +17,7 @@ __all__ = ["INLINE_MAX", "RxDrop", "RxPacket", "RxPacketPair", "RX_DROP_NAMES"]
 INLINE_MAX = 4      # payload bytes a descriptor carries (``inline``): the header window's last 4
 
 
-class RxDrop(enum.Enum, shape=3):
+class RxDrop(enum.Enum, shape=4):
     """Frame-level drop reason (``NONE``: the frame passed every header check)."""
     NONE = 0
     BAD_LENGTH = 1          # shorter than its headers, IPv4/UDP length against the frame, PadCnt
@@ -27,6 +27,7 @@ class RxDrop(enum.Enum, shape=3):
     BAD_PKEY = 5            # P_Key other than 0xFFFF
     BAD_OPCODE = 6          # not one of the accepted RC opcodes
     BAD_ADDRESS = 7         # RoCEv2, but the destination MAC or IPv4 address is not the port's
+    BAD_VERSION = 8         # BTH TVer not 0 (IBTA header validation)
 
 
 # ``spec.formats.RX_FRAME_DROPS`` names of the reasons above, in its order (None: accepted).

@@ -4,7 +4,7 @@ from amaranth.lib import wiring, data, fifo, stream
 from amaranth.lib.wiring import In, Out
 
 from spec.formats import Op
-from rtl.common.records import AckRecord, RxKeepPair
+from rtl.common.records import Response, RxKeepPair
 from rtl.common.rx_packet import RxDrop, RxPacket, RxPacketPair
 from rtl.common.stream import Pair, pack_pair
 
@@ -44,8 +44,9 @@ class RxDispatch(wiring.Component):
         The parser's descriptors.
     requests : Out(stream.Signature(Pair(RxPacket())))
         WRITE requests (drop NONE, not an ACK), the one or two of a beat, in frame order.
-    acks : Out(stream.Signature(Pair(AckRecord)))
-        Received ACK/NAKs, the one or two of a beat, in frame order.
+    acks : Out(stream.Signature(Pair(Response)))
+        Received ACK/NAKs, the one or two of a beat, in frame order, with their source
+        addresses (the requester's ``ResponseChecker`` decides whether they belong).
     keep : Out(stream.Signature(RxKeepPair))
         Per parser pair: which of its frames are requests with payload.
     dropped : Out(ArrayLayout(2, 6))
@@ -62,7 +63,7 @@ class RxDispatch(wiring.Component):
         super().__init__({
             "packets": In(stream.Signature(RxPacketPair())),
             "requests": Out(stream.Signature(Pair(RxPacket()))),
-            "acks": Out(stream.Signature(Pair(AckRecord))),
+            "acks": Out(stream.Signature(Pair(Response))),
             "keep": Out(stream.Signature(RxKeepPair)),
             "dropped": Out(data.ArrayLayout(unsigned(2), len(RxDrop) - 1)),
             "acks_received": Out(2),
@@ -70,7 +71,7 @@ class RxDispatch(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        req_layout, ack_layout = Pair(RxPacket()), Pair(AckRecord)
+        req_layout, ack_layout = Pair(RxPacket()), Pair(Response)
         m.submodules.req_q = req_q = fifo.SyncFIFOBuffered(width=req_layout.size, depth=self._depth)
         m.submodules.ack_q = ack_q = fifo.SyncFIFOBuffered(width=ack_layout.size, depth=self._depth)
         m.submodules.keep_q = keep_q = fifo.SyncFIFOBuffered(width=RxKeepPair.size, depth=self._keep_depth)
@@ -84,13 +85,14 @@ class RxDispatch(wiring.Component):
         d = [pair.p[0], pair.p[1]]
         is_req = [Signal(name=f"is_req{i}") for i in range(2)]
         is_ack = [Signal(name=f"is_ack{i}") for i in range(2)]
-        acks = [Signal(AckRecord, name=f"ack{i}") for i in range(2)]
+        acks = [Signal(Response, name=f"ack{i}") for i in range(2)]
         for i in range(2):
             ok = valid[i] & (d[i].drop == RxDrop.NONE)
             m.d.comb += [
                 is_ack[i].eq(ok & (d[i].opcode == Op.ACK)), is_req[i].eq(ok & (d[i].opcode != Op.ACK)),
                 acks[i].qpn.eq(d[i].dqpn), acks[i].psn.eq(d[i].psn),
                 acks[i].syndrome.eq(d[i].aeth.syndrome), acks[i].msn.eq(d[i].aeth.msn),
+                acks[i].smac.eq(d[i].smac), acks[i].sip.eq(d[i].sip),
             ]
 
         take = Signal()

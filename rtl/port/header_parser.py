@@ -133,6 +133,8 @@ class _FrameCheck(wiring.Component):
             m.d.comb += desc.drop.eq(RxDrop.BAD_ICRC)
         with m.Elif(pkey != F.DEFAULT_PKEY):
             m.d.comb += desc.drop.eq(RxDrop.BAD_PKEY)
+        with m.Elif(flags[0:4] != 0):
+            m.d.comb += desc.drop.eq(RxDrop.BAD_VERSION)     # BTH TVer
         with m.Elif(~known):
             m.d.comb += desc.drop.eq(RxDrop.BAD_OPCODE)
         with m.Elif(ext_bad):
@@ -203,7 +205,7 @@ class RxHeaderParser(wiring.Component):
     (NOT_ROCE); destination MAC or IPv4 address not ``port_mac``/``port_ip``
     (BAD_ADDRESS); IPv4 total length or UDP length not matching the frame,
     after removing Ethernet padding from a 60-byte frame whose IPv4 length is shorter
-    (BAD_LENGTH); ``icrc_ok`` clear (BAD_ICRC); P_Key not 0xFFFF (BAD_PKEY); opcode not
+    (BAD_LENGTH); ``icrc_ok`` clear (BAD_ICRC); P_Key not 0xFFFF (BAD_PKEY); BTH TVer not 0 (BAD_VERSION); opcode not
     accepted (BAD_OPCODE); the opcode's extension headers and PadCnt not fitting, or an
     ACK with bytes after its AETH (BAD_LENGTH).
 

@@ -84,6 +84,8 @@ class CompletionTracker(wiring.Component):
         To the WQE parser.
     naks, retransmits, timeouts, retry_exceeded : Out(1)
         One strobe per event (counters).
+    failed : Out(valid, qpn)
+        A QP failed by its retry count (so the ``ResponseChecker`` drops its responses).
     """
     def __init__(self, *, num_qps, num_cqs, depth=16):
         if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
@@ -102,6 +104,7 @@ class CompletionTracker(wiring.Component):
             "completions": Out(stream.Signature(cpl)),
             "retransmit": Out(stream.Signature(Retransmit(num_qps))),
             "naks": Out(1), "retransmits": Out(1), "timeouts": Out(1), "retry_exceeded": Out(1),
+            "failed": Out(data.StructLayout({"valid": unsigned(1), "qpn": unsigned(qp_bits(num_qps))})),
         })
 
     def elaborate(self, platform):
@@ -334,7 +337,7 @@ class CompletionTracker(wiring.Component):
                                  rtx_fail.eq(st.retries >= st.retry_cnt), rtx_syn.eq(Syndrome.TRANSPORT_RETRY_EXC_ERR)]
                     with m.If(st.retries >= st.retry_cnt):
                         # out of retries: fail the WQE of the first unacknowledged PSN
-                        m.d.comb += self.retry_exceeded.eq(1)
+                        m.d.comb += [self.retry_exceeded.eq(1), self.failed.valid.eq(1), self.failed.qpn.eq(qpn)]
                         m.d.sync += [st_reg.failed.eq(1), st_reg.head.eq(st.tail)]
                     m.next = "RETX"
                 with m.Else():

@@ -3,7 +3,7 @@
     doorbells -> QpTable (round-robin) -> WqeFetch -> WqeParser -> PayloadFetch
       -> PacketBuilder -> frames (to the port)
     completions of sent messages (from the port) -> CompletionTracker -> CqeWriter
-    received ACK/NAKs (from the port) -> AckMailbox -> CompletionTracker -> go-back-N
+    received ACK/NAKs (from the port) -> ResponseChecker -> AckMailbox -> CompletionTracker -> go-back-N
 """
 from amaranth.hdl import *
 from amaranth.lib import wiring
@@ -19,6 +19,7 @@ from rtl.requester.cqe_writer import CqeWriter
 from rtl.requester.message import Message
 from rtl.requester.packet_builder import PacketBuilder
 from rtl.requester.payload_fetch import PayloadFetch
+from rtl.requester.response_checker import ResponseChecker
 from rtl.requester.qp_table import QpTable, FetchJob
 from rtl.requester.wqe_fetch import WqeFetch
 from rtl.requester.wqe_parser import WqeParser
@@ -42,9 +43,10 @@ class RequesterPath(WiringLevel):
     -------
     doorbells : In(stream.Signature(DoorbellEvent))
         From the host.
-    qp_commit, parser_commit, tracker_commit, cq_commit : In(stream.Signature(...))
+    qp_commit, parser_commit, tracker_commit, checker_commit, cq_commit : In(stream.Signature(...))
         QP and CQ contexts from the control registers: every QP commit goes to the QP
-        table, a create also to the parser (PSN, consumer index) and the tracker.
+        table and the response checker, a create also to the parser (PSN, consumer
+        index) and the tracker.
     port_mac, port_ip : In
         The port's own addresses (frame headers).
     wqe_dma : Out(AxiReadSignature)
@@ -57,11 +59,11 @@ class RequesterPath(WiringLevel):
         Data frames (and completion markers) for MAC TX.
     completions : In(stream.Signature(Completion))
         Messages whose last beat has left MAC TX.
-    acks : In(stream.Signature(Pair(AckRecord)))
+    acks : In(stream.Signature(Pair(Response)))
         Received ACK/NAKs, one or two a cycle.
-    db_dropped, wqes_done, packets_sent, cqes_written, error_cqes, naks, retransmits,
-    timeouts, retry_exceeded, acks_merged : Out
-        Counter strobes.
+    db_accepted, db_drop, wqes_done, packets_sent, cqes_written, error_cqes, naks, retransmits,
+    timeouts, retry_exceeded, acks_merged, resp_dropped : Out
+        Counter strobes (``resp_dropped``: per ``ResponseDrop`` reason).
     """
     def __init__(self, *, num_qps, num_cqs, quantum, wqe_buffer, payload_buffer):
         nq, nc = num_qps, num_cqs
@@ -82,11 +84,13 @@ class RequesterPath(WiringLevel):
             "cpl_fifo": StreamFifo(Completion(nq, nc), COMPLETION_QUEUE),
             "cqe_writer": CqeWriter(num_qps=nq, num_cqs=nc),
             "cpl_tracker": CompletionTracker(num_qps=nq, num_cqs=nc, depth=P.RC_COMPLETIONS_PER_QP),
+            "response_checker": ResponseChecker(num_qps=nq),
             "ack_mailbox": AckMailbox(num_qps=nq),
         }
         b = self._blocks
         self._ports = [
-            (b["qp_table"], {"doorbells": "doorbells", "qp_commit": "commit", "db_dropped": "db_dropped"}),
+            (b["qp_table"], {"doorbells": "doorbells", "qp_commit": "commit", "db_accepted": "db_accepted",
+                              "db_drop": "db_drop"}),
             (b["wqe_parser"], {"parser_commit": "commit"}),
             (b["cpl_tracker"], {"tracker_commit": "commit", "naks": "naks", "retransmits": "retransmits",
                                 "timeouts": "timeouts", "retry_exceeded": "retry_exceeded"}),
@@ -96,7 +100,8 @@ class RequesterPath(WiringLevel):
             (b["wqe_fetch"], {"wqe_dma": "dma"}),
             (b["payload_fetch"], {"payload_dma": "dma"}),
             (b["cpl_fifo"], {"completions": "i"}),
-            (b["ack_mailbox"], {"acks": "i", "acks_merged": "merged"}),
+            (b["response_checker"], {"acks": "i", "checker_commit": "commit", "resp_dropped": "dropped"}),
+            (b["ack_mailbox"], {"acks_merged": "merged"}),
         ]
         super().__init__(self._blocks, self._ports, {"wqes_done": Out(1), "packets_sent": Out(1)})
 
@@ -119,6 +124,9 @@ class RequesterPath(WiringLevel):
         wiring.connect(m, pf.messages_out, b["msg_fifo"].i)
         wiring.connect(m, b["msg_fifo"].o, pb.messages)
         wiring.connect(m, pf.payload, pb.payload)
+        rc = b["response_checker"]
+        wiring.connect(m, rc.o, b["ack_mailbox"].i)
+        m.d.comb += [rc.packets.eq(pb.sent), rc.failed.eq(trk.failed)]
         wiring.connect(m, b["ack_mailbox"].o, trk.acks)
         wiring.connect(m, trk.retransmit, wp.retransmit)
         # RC completions wait in the tracker for the ACK that covers them

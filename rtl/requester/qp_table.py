@@ -9,7 +9,7 @@ from spec.formats import QpState
 from rtl.common.contexts import QpConfig, QpEntry, qp_bits
 from rtl.common.records import DoorbellEvent
 
-__all__ = ["QpTable", "QpOp", "FetchJob", "QpUpdate", "QpCommit"]
+__all__ = ["QpTable", "QpOp", "DoorbellDrop", "FetchJob", "QpUpdate", "QpCommit"]
 
 
 class QpOp(enum.Enum, shape=2):
@@ -18,6 +18,14 @@ class QpOp(enum.Enum, shape=2):
     UPDATE   = 1        # the WQE fetch's progress (``updates``)
     DOORBELL = 2        # a doorbell (``doorbells``)
     SCHEDULE = 3        # the next QP of the active list: a fetch job
+
+
+class DoorbellDrop(enum.Enum, shape=2):
+    """Why the table drops a doorbell (``NONE``: it does not); counters ``db_<name>``."""
+    NONE       = 0
+    QP_NOT_RTS = 1      # the QP is not in RTS
+    STALE      = 2      # the producer index is behind the QP's (mod 2^16)
+    OVER_DEPTH = 3      # more than the send-queue depth past the fetch index
 
 
 def FetchJob(num_qps, num_cqs, max_burst):
@@ -86,8 +94,14 @@ class QpTable(wiring.Component):
         Its consumer must keep ``ready`` high once high until it takes a job (a FIFO).
     bf_wqebbs : Out(stream.Signature(512))
         The WQEBB of each BlueFlame job, in job order, for the parser.
-    db_dropped : Out(1)
-        Strobe: a doorbell for a QP that is not in RTS was ignored.
+    db_accepted : Out(1)
+        Strobe: a doorbell was applied.
+    db_drop : Out(DoorbellDrop)
+        Not NONE for one cycle when a doorbell is dropped, with the reason: the QP is
+        not in RTS, its producer index is behind the QP's (a stale doorbell, which
+        would replay the ring), or it is more than the send-queue depth past the fetch
+        index (every WQEBB before the fetch index has been read: the queue cannot hold
+        more). Each doorbell gives exactly one of the two strobes.
 
     A BlueFlame doorbell whose WQE is the QP's only work (nothing pending, the WQE is
     the next WQEBB) becomes a job at once, without the round-robin queue, and its
@@ -109,7 +123,8 @@ class QpTable(wiring.Component):
             "updates": In(stream.Signature(QpUpdate(num_qps))),
             "jobs": Out(stream.Signature(FetchJob(num_qps, num_cqs, self.max_burst))),
             "bf_wqebbs": Out(stream.Signature(8 * F.WQEBB)),
-            "db_dropped": Out(1),
+            "db_accepted": Out(1),
+            "db_drop": Out(DoorbellDrop),
         })
 
     def elaborate(self, platform):
@@ -195,17 +210,27 @@ class QpTable(wiring.Component):
                                       & (entry.dyn.pi != update_p.end)):
                                 enqueue()
                     with m.Case(QpOp.DOORBELL):
-                        with m.If(rts & bf & ~entry.dyn.queued & (entry.dyn.pi == entry.dyn.fi)
+                        # A doorbell never moves the producer index back (``stale``: behind
+                        # it, mod 2^16) nor beyond the send-queue depth past the fetch index
+                        # (every WQEBB before it has been read): either would replay the ring.
+                        stale = (limit - entry.dyn.pi)[15]
+                        over = (limit - entry.dyn.fi)[:16] > (Const(1, 17) << entry.cfg.log_depth)
+                        with m.If(~rts):
+                            m.d.comb += self.db_drop.eq(DoorbellDrop.QP_NOT_RTS)
+                        with m.Elif(stale):
+                            m.d.comb += self.db_drop.eq(DoorbellDrop.STALE)
+                        with m.Elif(over):
+                            m.d.comb += self.db_drop.eq(DoorbellDrop.OVER_DEPTH)
+                        with m.Elif(bf & ~entry.dyn.queued & (entry.dyn.pi == entry.dyn.fi)
                                   & (limit == entry.dyn.fi + 1) & self.jobs.ready & self.bf_wqebbs.ready):
                             job(1, 1, bf=1)
                             m.d.comb += [new.dyn.pi.eq(limit), new.dyn.fi.eq(limit), wr.en.eq(1),
                                          self.bf_wqebbs.valid.eq(1), self.bf_wqebbs.p.eq(bf_data)]
-                        with m.Elif(rts):
+                        with m.Else():
                             m.d.comb += [new.dyn.pi.eq(limit), wr.en.eq(1)]
                             with m.If(~entry.dyn.queued & (limit != entry.dyn.fi)):
                                 enqueue()
-                        with m.Else():
-                            m.d.comb += self.db_dropped.eq(1)
+                        m.d.comb += self.db_accepted.eq(rts & ~stale & ~over)
                     with m.Case(QpOp.SCHEDULE):
                         m.d.comb += wr.en.eq(1)
                         with m.If(rts & (pending != 0)):

@@ -132,10 +132,10 @@ class WqeParser(wiring.Component):
         # Ctrl segment of a first WQEBB, straight from the stream (to size the WQE).
         first = src.p
         ds_first = first.word_select(7, 8)[:6]
-        nbb_first = Signal(4)
-        m.d.comb += nbb_first.eq(Mux(ds_first == 0, 1, (ds_first + 3) >> 2))
-        too_long = Signal()
-        m.d.comb += too_long.eq((got == 0) & (nbb_first > F.MAX_WQEBBS))
+        nbb_first = Signal(range(64 // F.DS_PER_WQEBB + 1))   # ds 0..63: 0..16 WQEBBs (a 4-bit count wraps)
+        m.d.comb += nbb_first.eq((ds_first + F.DS_PER_WQEBB - 1) >> 2)
+        too_long = Signal()                          # ds 0 (no ctrl segment) or over MAX_WQEBBS: malformed
+        m.d.comb += too_long.eq((got == 0) & ((ds_first == 0) | (nbb_first > F.MAX_WQEBBS)))
         nbb = Signal(4)
         m.d.comb += nbb.eq(Mux(got == 0, Mux(too_long, 1, nbb_first), need))
 

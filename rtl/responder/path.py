@@ -47,8 +47,9 @@ class ResponderPath(WiringLevel):
         Every received frame's beats, from the port's beat buffer.
     keep : In(stream.Signature(RxKeepPair))
         Which of those frames carry payload for the writer.
-    commit, mr_commit : In(stream.Signature(...))
-        A QP create's receive side; a memory region (the responder's key tables).
+    commit, modify, mr_commit : In(stream.Signature(...))
+        A QP create's receive side; a QP_MODIFY's state; a memory region (the
+        responder's key tables).
     peer_commit : In(stream.Signature(...))
         The QP's peer (QPN, MAC, IPv4) for its ACKs; taken with ``commit``.
     port_mac, port_ip : In
@@ -89,8 +90,8 @@ class ResponderPath(WiringLevel):
         b = self._blocks
         self._ports = [
             (b["rx_resegmenter"], {"beats": "beats", "keep": "keep"}),
-            (b["responder"], {"requests": "packets", "commit": "commit", "mr_commit": "mr_commit",
-                              "verdict_valid": "verdict_valid", "verdict": "verdict"}),
+            (b["responder"], {"requests": "packets", "commit": "commit", "modify": "modify",
+                              "mr_commit": "mr_commit", "verdict_valid": "verdict_valid", "verdict": "verdict"}),
             (b["ack_addresser"], {"peer_commit": "commit"}),
             (b["ack_builder"], {"port_mac": "port_mac", "port_ip": "port_ip", "frames": "frames"}),
             (b["rx_write_issuer"], {"dma": "p0", "dma_rx": "p1"}),

@@ -40,6 +40,7 @@ class RxVerdict(enum.Enum, shape=4):
     PSN_OUT_OF_ORDER = 10
     ACCESS_ERROR = 11
     INVALID_REQUEST = 12
+    WRONG_PEER = 13         # a request whose source IPv4 or MAC address is not the QP's peer's
 
 
 # spec.formats.RX_VERDICTS names (``DROP_REASONS`` and the counters rx_<name>) of each
@@ -60,7 +61,9 @@ def ResponderConfig(pd_bits):
         "pd":         unsigned(pd_bits),
         "ack_every":  unsigned(8),      # ACK coalescing: one ACK per this many packets (0 counts as 1)
         "mtu":        unsigned(3),      # ibv_mtu code 1..5
-    })       # (the requester's address, where ACKs go, is the ``AckAddresser``'s)
+        "peer_mac":   unsigned(48),     # the requester: requests from another source are dropped
+        "peer_ip":    unsigned(32),
+    })       # (where ACKs go is the ``AckAddresser``'s)
 
 
 ResponderDynamic = data.StructLayout({
@@ -90,7 +93,8 @@ class Responder(wiring.Component):
     ``model/responder.py`` (``RcResponder.receive``, for the frames that pass its frame-level
     checks):
 
-    - a QP accepts packets in RTR or RTS;
+    - a QP accepts packets in RTR or RTS (its own state and the one the control path last
+      set: a QP_MODIFY to ERR stops it), from its peer only (source IPv4 and MAC address);
     - PSN: the expected PSN is executed; a duplicate (less than 2^23 behind) is not
       executed again and is answered with an ACK of the last accepted PSN; a gap gets
       one PSN-sequence NAK (the expected PSN), later packets are dropped silently until
@@ -134,6 +138,9 @@ class Responder(wiring.Component):
     commit : In(stream.Signature(...))
         ``qpn`` and ``cfg`` (``ResponderConfig``), ``epsn``: create a QP's receive side
         (its dynamic state is reset). Taken only while no packet is in flight.
+    modify : In(stream.Signature(...))
+        ``qpn``, ``state``: the control path moves a QP (QP_MODIFY); always taken. A request
+        whose context is read after it (taken by ``packets`` from the next cycle on) sees it.
     mr_commit : In(stream.Signature(...))
         Register or deregister a memory region (``MemoryRegionTable.commit``).
     commands : Out(stream.Signature(Pair(RxWriteCommand)))
@@ -159,6 +166,8 @@ class Responder(wiring.Component):
             "packets": In(stream.Signature(Pair(RxPacket()))),
             "commit": In(stream.Signature(data.StructLayout({
                 "qpn": unsigned(qp_bits(num_qps)), "cfg": ResponderConfig(pd_bits), "epsn": unsigned(PSN_BITS)}))),
+            "modify": In(stream.Signature(data.StructLayout({
+                "qpn": unsigned(qp_bits(num_qps)), "state": unsigned(3)}))),
             "mr_commit": In(stream.Signature(data.StructLayout({
                 "index": unsigned((num_mrs - 1).bit_length()), "region": MrEntry(pd_bits)}))),
             "commands": Out(stream.Signature(Pair(RxWriteCommand))),
@@ -167,9 +176,10 @@ class Responder(wiring.Component):
             "verdict": Out(data.ArrayLayout(RxVerdict, 2)),
         })
 
-    def _decide(self, m, k, p, ctx, status):
-        """Lane ``k``'s decision on packet ``p`` with QP context ``ctx`` and key-check
-        ``status``: the new context and what to do (a dict of Signals)."""
+    def _decide(self, m, k, p, ctx, status, ctl_state):
+        """Lane ``k``'s decision on packet ``p`` with QP context ``ctx``, key-check
+        ``status`` and the state the control path last set (``ctl_state``): the new
+        context and what to do (a dict of Signals)."""
         entry_layout = ResponderEntry(self.pd_bits)
         cfg, dyn = ctx.cfg, ctx.dyn
 
@@ -185,7 +195,8 @@ class Responder(wiring.Component):
             is_last.eq(_any(p.opcode == op for op in F.LAST_OPS)),
         ]
         ready_state = sig("ready_state")
-        m.d.comb += ready_state.eq((cfg.state == QpState.RTR) | (cfg.state == QpState.RTS))
+        m.d.comb += ready_state.eq(((cfg.state == QpState.RTR) | (cfg.state == QpState.RTS))
+                                   & ((ctl_state == QpState.RTR) | (ctl_state == QpState.RTS)))
         # PSN distance, mod 2^24: 0 expected, >= 2^23 behind (duplicate), else a gap.
         dist = sig("dist", PSN_BITS)
         m.d.comb += dist.eq(p.psn - dyn.epsn)
@@ -211,6 +222,8 @@ class Responder(wiring.Component):
 
         with m.If(~ready_state | (p.dqpn >= self.num_qps)):
             m.d.comb += verdict.eq(RxVerdict.QP_NOT_READY)
+        with m.Elif((p.sip != cfg.peer_ip) | (p.smac != cfg.peer_mac)):
+            m.d.comb += verdict.eq(RxVerdict.WRONG_PEER)
         with m.Elif(dist[PSN_BITS - 1]):
             m.d.comb += [verdict.eq(RxVerdict.PSN_DUPLICATE), new.dyn.unacked.eq(0),
                          respond.eq(1), resp_psn.eq(dyn.epsn - 1), resp_syn.eq(Aeth.ACK)]
@@ -257,6 +270,17 @@ class Responder(wiring.Component):
         m.submodules.ctx = ram = Memory(shape=entry_layout, depth=self.num_qps, init=[])
         wr = [ram.write_port() for _ in range(2)]
         rd = [ram.read_port(transparent_for=wr) for _ in range(2)]
+        # The state the control path set (create, QP_MODIFY), beside the context so that a
+        # modify never races a decision's context write.
+        m.submodules.ctl_state = ctl_ram = Memory(shape=unsigned(3), depth=self.num_qps, init=[])
+        ctl_wr = ctl_ram.write_port()
+        ctl_rd = [ctl_ram.read_port(transparent_for=(ctl_wr,)) for _ in range(2)]
+        c_ctl = Signal(data.ArrayLayout(unsigned(3), 2))
+        create = Signal()
+        m.d.comb += [create.eq(self.commit.valid & self.commit.ready), self.modify.ready.eq(1),
+                     ctl_wr.en.eq(create | self.modify.valid),
+                     ctl_wr.addr.eq(Mux(create, self.commit.p.qpn, self.modify.p.qpn)),
+                     ctl_wr.data.eq(Mux(create, self.commit.p.cfg.state, self.modify.p.state))]
 
         # Stage B: the pair whose contexts the RAM has read.
         b_pair = Signal(Pair(RxPacket()))
@@ -279,7 +303,8 @@ class Responder(wiring.Component):
             take.eq(self.packets.valid & self.packets.ready),
         ]
         for k in range(2):
-            m.d.comb += [rd[k].addr.eq(self.packets.p.p[k].dqpn[:qb]), rd[k].en.eq(self.packets.ready)]
+            m.d.comb += [rd[k].addr.eq(self.packets.p.p[k].dqpn[:qb]), rd[k].en.eq(self.packets.ready),
+                         ctl_rd[k].addr.eq(self.packets.p.p[k].dqpn[:qb]), ctl_rd[k].en.eq(self.packets.ready)]
         with m.If(take):
             m.d.sync += [b_pair.eq(self.packets.p), b_full.eq(1)]
         with m.Elif(b_go):
@@ -300,7 +325,8 @@ class Responder(wiring.Component):
                 mrt.requests.p.pd.eq(rd[k].data.cfg.pd),
             ]
         with m.If(b_go):
-            m.d.sync += [c_pair.eq(b_pair), c_ctx[0].eq(rd[0].data), c_ctx[1].eq(rd[1].data)]
+            m.d.sync += [c_pair.eq(b_pair), c_ctx[0].eq(rd[0].data), c_ctx[1].eq(rd[1].data),
+                         c_ctl[0].eq(ctl_rd[0].data), c_ctl[1].eq(ctl_rd[1].data)]
 
         # ---- stage C: decide -------------------------------------------------------------
         p = [c_pair.p[0], c_pair.p[1]]
@@ -317,9 +343,9 @@ class Responder(wiring.Component):
                                  Mux(last_valid[0] & (last_qpn[0] == qp[k]), last_ctx[0], c_ctx[k])))
             bypassed.append(b)
         m.d.comb += ctx[0].eq(bypassed[0])
-        d0 = self._decide(m, 0, p[0], ctx[0], mrts[0].results.p.status)
+        d0 = self._decide(m, 0, p[0], ctx[0], mrts[0].results.p.status, c_ctl[0])
         m.d.comb += ctx[1].eq(Mux(same, d0["new"], bypassed[1]))       # chained on lane 0
-        d1 = self._decide(m, 1, p[1], ctx[1], mrts[1].results.p.status)
+        d1 = self._decide(m, 1, p[1], ctx[1], mrts[1].results.p.status, c_ctl[1])
         dec = [d0, d1]
 
         # Outputs: registered, so no valid depends on a ready; the pair decides when every

@@ -2,7 +2,7 @@
 import cocotb
 from cocotb.triggers import ClockCycles
 
-from spec.formats import BTH, OFF_BTH, CqeOp, Syndrome, WqeOp, QpState, read_field
+from spec.formats import BTH, INLINE_FLAG, OFF_BTH, CqeOp, Syndrome, WqeOp, QpState, read_field
 from tb.env import NicEnv
 
 
@@ -341,3 +341,94 @@ async def blueflame(dut):
     env.check_cycles()
     await env.check_counters(pred)
     dut._log.info("BlueFlame doorbell -> first byte on the wire: %s cycles", rows)
+
+
+def _write_body(ds, *, inline=None):
+    """The segments after the ctrl segment of an RDMA WRITE: a remote address, then a
+    pointer to 8 bytes of GPU memory (or ``inline`` data), zero padded to ``ds``."""
+    body = (0x3000_0000 + 64 * ds).to_bytes(8, "big") + (0x77).to_bytes(4, "big") + bytes(4)
+    if inline is not None:
+        body += (len(inline) | INLINE_FLAG).to_bytes(4, "big") + inline
+    else:
+        body += (8).to_bytes(4, "big") + (0x100).to_bytes(4, "big") + (0x4000_0000).to_bytes(8, "big")
+    return body + bytes(max(0, 16 * (ds - 1) - len(body)))
+
+
+@cocotb.test()
+async def wqe_sizes(dut):
+    """Every ds value 0..63 of a NOP and of a pointer WRITE (and inline WRITEs whose ds
+    does not fit their data), each on its own QP and followed by a NOP: the engine and the
+    model agree on which are malformed (an error CQE, the QP stops) and, for the good
+    ones, on the WQE's size in WQEBBs (the NOP after it completes at its position); a
+    WQE whose ctrl index field is wrong completes with its position as wqe_counter.
+    Icarus runs a dozen ds values (the edges), Verilator all."""
+    verilator = cocotb.SIM_NAME.lower().startswith("verilator")
+    dss = range(64) if verilator else (0, 1, 2, 3, 4, 5, 15, 16, 17, 60, 61, 63)
+    env = await NicEnv(dut).start()
+    cq = await env.cq(0, 10)
+    cases = [(WqeOp.NOP, ds, b"") for ds in dss] + [(WqeOp.RDMA_WRITE, ds, _write_body(ds)) for ds in dss]
+    cases += [(WqeOp.RDMA_WRITE, ds, _write_body(ds, inline=b"x" * 20)) for ds in (3, 4, 5)]   # 20 B needs ds 4
+    for q, (op, ds, body) in enumerate(cases):
+        qp = await env.qp(q, cq, log_depth=6)
+        qp.post_raw(op, ds, body)
+        qp.post_nop()
+        await qp.ring_nvshmem()
+    wrong = await env.qp(len(cases), cq, log_depth=6)
+    wrong.post_raw(WqeOp.NOP, 1, index=0x1234)            # its wqe_counter is 0, its position
+    wrong.post_nop()
+    await wrong.ring_nvshmem()
+    pred = env.check(await env.drain())
+    await env.check_counters(pred)
+    # Which are good, stated here (not taken from the model): a NOP of ds 1..16, a WRITE
+    # of ds 2 (no data) or 3 (one pointer), the inline WRITE whose data fills its ds (4).
+    npoint = 2 * len(dss)
+    good = {q for q, (op, ds, _) in enumerate(cases[:npoint])
+            if (op == WqeOp.NOP and 1 <= ds <= 16) or (op == WqeOp.RDMA_WRITE and ds in (2, 3))}
+    good.add(npoint + 1)
+    assert pred.totals.error_cqes == len(cases) - len(good), (pred.totals.error_cqes, len(cases) - len(good))
+    by_qp = {}
+    for c in await cq.poll(pred.totals.cqes, 1000):
+        by_qp.setdefault(c.qpn, []).append(c)
+    for q, (op, ds, _) in enumerate(cases):
+        if q in good:                                     # the NOP after it, at its position
+            assert [c.wqe_counter for c in by_qp[q]] == [0, max(1, -(-ds // 4))], (q, op, ds)
+        else:
+            assert [(c.wqe_counter, c.opcode, c.syndrome) for c in by_qp[q]] == \
+                [(0, CqeOp.REQ_ERR, Syndrome.LOCAL_QP_OP_ERR)], (q, op, ds)
+    assert [c.wqe_counter for c in by_qp[len(cases)]] == [0, 1]
+
+
+@cocotb.test()
+async def stale_and_over_depth_doorbells(dut):
+    """Doorbells behind the QP's producer index, or more than the send-queue depth past
+    it, are dropped and counted once each (also two within a few cycles); they never
+    replay the ring, and good work goes on after them exactly as the model says."""
+    env, (qp,) = await env_with(dut, 1, sq_depth=4)               # a ring of 16 WQEBBs
+    for k in range(12):
+        qp.post_write(0x1000 * k, 0x55, inline=bytes([k]) * 8)
+    await qp.ring_nvshmem()
+    await env.drain()
+    pi = qp.pi                                                   # 12: every WQE done
+    ring = qp.ring_raw
+    db = lambda limit: (((limit & 0xFFFF) << 8).to_bytes(4, "big") + (qp.qpn << 8).to_bytes(4, "big"))  # noqa: E731
+    await ring(db(pi - 12))                  # stale: the whole ring again
+    await ring(db(pi - 1))                   # stale by one
+    await ring(db(pi + 17))                  # 17 WQEBBs past the fetch index: more than the ring
+    await ring(db(pi + 0x7000))              # far ahead (not behind: less than 2^15)
+    await ring(db(pi))                       # no new work: applied, nothing sent
+    await ClockCycles(dut.clk, 2000)
+    assert len(env.wire.frames) == 12, f"{len(env.wire.frames) - 12} frames replayed"
+    c = await env.ctl.read_counters()
+    got = {k: c[k] for k in ("doorbells", "doorbells_dropped", "db_stale", "db_over_depth", "db_bad_write")}
+    assert got == {"doorbells": 2, "doorbells_dropped": 4, "db_stale": 2, "db_over_depth": 2, "db_bad_write": 0}, got
+    # two drops close together, one by the decoder and one by the QP table: counted twice
+    await ring(db(pi - 3))
+    await env.gpu.doorbell(qp.qpn, db(pi), offset=0x808)
+    await ClockCycles(dut.clk, 200)
+    c = await env.ctl.read_counters()
+    assert (c["doorbells_dropped"], c["db_stale"], c["db_bad_write"], c["doorbells"]) == (6, 3, 1, 2), c
+    for k in range(12, 16):                  # and the QP goes on
+        qp.post_write(0x1000 * k, 0x55, inline=bytes([k]) * 8)
+    await qp.ring_nvshmem()
+    pred = env.check(await env.drain())
+    await env.check_counters(pred)

@@ -154,6 +154,9 @@ def _frames(rnd, n_fuzz=150):
     bad.append(f[:-1] + bytes([f[-1] ^ 0x80]))
     # P_Key and opcodes this NIC does not accept
     bad += [_mutate(w(), _set(BTH, OFF_BTH, pkey=k)) for k in (0x7FFF, 0x8001, 0)]
+    # BTH TVer (flags bits 3:0) other than 0; and with a bad P_Key, which is checked first
+    bad += [_mutate(w(), _set(BTH, OFF_BTH, flags=v)) for v in (0x01, 0x08, 0x0F)]
+    bad.append(_mutate(w(), _set(BTH, OFF_BTH, flags=0x02, pkey=5)))
     bad += [_mutate(w(), _set(BTH, OFF_BTH, opcode=op)) for op in
             (Op.SEND_ONLY, Op.SEND_FIRST, Op.READ_REQUEST, 0x0D, 0x12, 0x64, 0xFF)]
     # two faults at once: the first in parse_frame's order wins

@@ -15,6 +15,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from model.cqe import CqContext, CqModel, build_cqe, parse_cqe
+from spec.formats import WqeOp
 from model.engine import EngineModel
 from model.frames import (Port, QpContext, build_nop_wqe, build_write_frames, build_write_wqe,
                           parse_wqe, split_message)
@@ -123,7 +124,8 @@ def test_inline_write_8_bytes_frame():
     assert (d["opcode"], d["psn"], d["dqpn"], d["ackreq"]) == (0x0A, 0x42, 0xABCD, 1)
     assert (d["va"], d["rkey"], d["dma_len"], d["payload"]) == (0xDEADBEEF000, 0x5555, 8, data)
     assert d["sport"] == 0xC000 | 0x2345 and d["flags_frag"] == 0x4000 and d["ttl"] == 64
-    assert res.cqes[0][0].cqe == hand_cqe(0, qp.qpn, 7, 8, 0)
+    # wqe_counter is the WQE's position in the send queue (0), not its ctrl index field (7)
+    assert res.cqes[0][0].cqe == hand_cqe(0, qp.qpn, 0, 8, 0)
 
 
 def test_split_10000_mtu_4096_with_psn_wrap():
@@ -153,7 +155,7 @@ def test_split_10000_mtu_4096_with_psn_wrap():
     t = res.totals
     assert (t.messages, t.payload_bytes, t.packets) == (1, 10000, 3)
     assert t.frame_bytes == 4170 + 4154 + 1866 and t.wire_bytes == t.frame_bytes + 3 * 24
-    assert res.cqes[0][0].cqe == hand_cqe(0, qp.qpn, 3, 10000, 0)
+    assert res.cqes[0][0].cqe == hand_cqe(0, qp.qpn, 0, 10000, 0)       # the position, not the field (3)
 
 
 @pytest.mark.parametrize("length,mtu,expect", [
@@ -377,3 +379,27 @@ def test_memory_region_rules():
     assert check(mr, 0x0305, 0x1000, 8, w, 6) == MrCheck.PD
     assert check(mr, 0x0305, 0x1000, 8, Access.REMOTE_READ, 7) == MrCheck.RIGHTS
     assert check(mr, 0x0999, 0, 0, Access.REMOTE_READ, 1) == MrCheck.OK    # zero length: no check
+
+
+def test_every_ds_value():
+    """ds 0..63: a NOP is good for ds 1..16 (ceil(ds/4) WQEBBs), a WRITE for ds 2 (no data)
+    or 3 (one pointer); ds 0 and ds over 16 (beyond MAX_WQEBBS) are malformed for both.
+    The WQEBB count takes the whole 6-bit field: ds 61..63 are 16 WQEBBs, not 0."""
+    for ds in range(64):
+        nop = parse_wqe(hand_ctrl(WqeOp.NOP, 0, 5, ds) + bytes(16 * 63))
+        assert nop.valid == (1 <= ds <= 16), ds
+        assert nop.num_wqebbs == max(1, -(-ds // 4)), ds
+        body = struct.pack(">QII", 0x1000, 7, 0) + struct.pack(">IIQ", 8, 9, 0x2000) + bytes(16 * 63)
+        wr = parse_wqe(hand_ctrl(WqeOp.RDMA_WRITE, 0, 5, ds) + body)
+        assert wr.valid == (ds in (2, 3)), ds
+
+
+def test_wqe_counter_is_the_position():
+    """A CQE's wqe_counter is the WQE's position in the send queue (mlx5 reports its own
+    counter), whatever the ctrl segment's index field says."""
+    qp = qp_ctx(psn=0)
+    nop2 = hand_ctrl(WqeOp.NOP, 0x1234, qp.qpn, 8) + bytes(128 - 16)        # 2 WQEBBs, a wrong index
+    nop1 = hand_ctrl(WqeOp.NOP, 0x0BAD, qp.qpn, 1) + bytes(48)
+    res = EngineModel(PORT, {qp.qpn: qp}, {0: CqContext(0, 4)}, Memory().read).run(
+        [(qp.qpn, nop2), (qp.qpn, nop1), (qp.qpn, nop1)])
+    assert [r.wqe_counter for r in res.cqes[0]] == [0, 2, 3]

@@ -16,7 +16,7 @@ from scapy.layers.l2 import Ether
 
 from model.cqe import CqContext
 from model.engine import EngineModel
-from model.frames import QpContext, Port, build_ctrl, build_nop_wqe, build_write_wqe, split_message
+from model.frames import QpContext, Port, build_ctrl, build_nop_wqe, build_write_wqe, parse_wqe, split_message
 from model.icrc import icrc, ipv4_checksum
 from model.mr import MemoryRegion
 from model.link import CORRUPT_BIT, FAULT_KINDS, simulate
@@ -108,6 +108,7 @@ class Env:
         else:
             wqe = build_write_wqe(idx, qpn, raddr, rkey, addr=SRC + src_off, length=length, cq_update=signalled)
             payload = self.src.read(SRC + src_off, length)
+        self.index[qpn] += parse_wqe(wqe).num_wqebbs - 1        # positions in WQEBBs
         self.posts.append((qpn, wqe))
         self.msgs.append((qpn, idx, raddr, payload, signalled))
         return payload
@@ -179,7 +180,8 @@ def test_lossless_write_shapes(mtu, psn):
     eng.run(env.posts)
     assert req_frames(res) == eng.result().frame_bytes(qpn)
     assert [r.cqe for r in env.req.completions] == [r.cqe for r in eng.result().cqes[0]]
-    assert env.cqes(qpn)[-1] == (CqeOp.REQ, len(env.msgs), 0, 0)          # the NOP, after every WRITE
+    # the NOP, after every WRITE, at its position (the 60-byte inline WRITE takes two WQEBBs)
+    assert env.cqes(qpn)[-1] == (CqeOp.REQ, len(env.msgs) + 1, 0, 0)
 
     # PSNs run on through the 24-bit wrap.
     npk = sum(len(split_message(len(p), mtu)) for *_, p, _ in env.msgs)
@@ -427,8 +429,8 @@ def test_invalid_request_nak(case):
     req.post(0x100, build_write_wqe(8, 0x100, DST, KEY, inline=b"next"))
     out = req.on_response(build_response(contexts(0x100, 0x200)[1], B_PORT, 0, Aeth.NAK_INVALID_REQ, 0), 5)
     assert out.kind == "nak_invalid_request"
-    assert [(c.opcode, c.wqe_counter, c.syndrome) for c in req.completions] == [
-        (CqeOp.REQ_ERR, 7, CqeSyndrome.REMOTE_INVAL_REQ_ERR), (CqeOp.REQ_ERR, 8, CqeSyndrome.WR_FLUSH_ERR)]
+    assert [(c.opcode, c.wqe_counter, c.syndrome) for c in req.completions] == [   # positions 0, 1
+        (CqeOp.REQ_ERR, 0, CqeSyndrome.REMOTE_INVAL_REQ_ERR), (CqeOp.REQ_ERR, 1, CqeSyndrome.WR_FLUSH_ERR)]
 
 
 def test_short_frame_with_ethernet_padding():
@@ -604,7 +606,7 @@ def test_invalid_wqe_errors_after_earlier_work_and_flushes():
 
 
 def test_requester_ignores_stale_and_duplicate_responses():
-    """ACKs naming no outstanding PSN and a repeated PSN NAK change nothing."""
+    """ACKs naming no outstanding PSN and a repeated PSN NAK change nothing (counted by reason)."""
     req_ctx, resp_ctx = contexts(0x100, 0x200)
     req = RcRequester(A_PORT, {0: CqContext(0, 4)}, lambda a, n: bytes(n))
     req.add_qp(req_ctx, timeout_ns=TIMEOUT)
@@ -613,7 +615,7 @@ def test_requester_ignores_stale_and_duplicate_responses():
     ack = lambda psn, msn: build_response(resp_ctx, B_PORT, psn, Aeth.ACK, msn)  # noqa: E731
     nak = build_response(resp_ctx, B_PORT, 1, Aeth.NAK_PSN_SEQ, 0)
     assert req.on_response(ack(PSN_MASK, 0), 1).reason == "stale"          # the PSN before the first
-    assert req.on_response(ack(5, 0), 1).reason == "stale"                 # never sent
+    assert req.on_response(ack(5, 0), 1).reason == "psn_ahead"             # never sent
     out = req.on_response(nak, 2)                                          # acks PSN 0, resends 1, 2
     assert [t.psn for t in out.retransmit] == [1, 2] and all(t.retransmit for t in out.retransmit)
     assert [t.frame for t in out.retransmit] == [t.frame for t in tx[1:]]
@@ -621,6 +623,7 @@ def test_requester_ignores_stale_and_duplicate_responses():
     assert req.qp_info(0x100)["una"] == 1 and req.counters.retransmitted_packets == 2
     assert req.on_response(ack(2, 1), 4).cqes[0].wqe_counter == 0
     assert req.idle() and req.next_deadline() is None and req.counters.msn_mismatches == 0
+    assert req.counters.dropped_responses == {"stale": 1, "psn_ahead": 1, "duplicate_nak": 1}
 
 
 # ---- random fault patterns -----------------------------------------------------------------
@@ -677,7 +680,8 @@ def test_random_faults_deliver_exactly_once(rate):
             == len(sent_resp) - fr["drop"] + fr["duplicate"])
     assert rc.dropped["bad_icrc"] == fq["corrupt"] and qc.dropped_responses["bad_icrc"] == fr["corrupt"]
     assert set(rc.dropped) <= {"bad_icrc", "psn_duplicate", "psn_out_of_order"}
-    assert set(qc.dropped_responses) <= {"bad_icrc"} and set(qc.naks_received) <= {"psn_seq"}
+    assert set(qc.dropped_responses) <= {"bad_icrc", "stale", "duplicate_nak"}
+    assert set(qc.naks_received) <= {"psn_seq"}
     if fq["drop"] + fq["corrupt"]:
         assert qc.retransmitted_packets > 0
     if not faults and not response_faults:

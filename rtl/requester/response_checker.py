@@ -1,0 +1,224 @@
+"""Response checker: a received ACK/NAK reaches the requester only when it belongs."""
+from amaranth.hdl import *
+from amaranth.lib import wiring, data, stream
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from spec.formats import Aeth, PSN_BITS, QpState, RESPONSE_DROP_NAMES
+from rtl.common.contexts import qp_bits
+from rtl.common.records import AckRecord, PacketNote, Response
+from rtl.common.stream import Pair, pack_pair
+
+__all__ = ["ResponseChecker", "ResponseDrop"]
+
+
+class ResponseDrop:
+    """Why a response is dropped: the index of its name in ``RESPONSE_DROP_NAMES`` (and of its
+    counter ``resp_<name>``), in the order the checks run."""
+    UNKNOWN_QP, NOT_RC, QP_STATE, WRONG_PEER, BAD_AETH, PSN_AHEAD, STALE, DUPLICATE_NAK = range(8)
+
+
+assert len(RESPONSE_DROP_NAMES) == 8 and RESPONSE_DROP_NAMES[ResponseDrop.STALE] == "stale"
+
+
+def _behind(a, b):
+    """``a`` is at or before ``b`` in serial arithmetic mod 2^24 (less than 2^23 behind)."""
+    return ~(b - a)[PSN_BITS - 1]
+
+
+class ResponseChecker(wiring.Component):
+    """Between the receive dispatch and the ACK mailbox: an ACK/NAK changes requester state
+    only when it belongs to the QP it names; anything else is dropped and counted.
+
+    The checks, in order (``spec.formats.RESPONSE_DROPS``, as
+    ``model.requester.RcRequester.on_response``): the destination QPN names one of this
+    NIC's QPs in all 24 bits; the QP is RC, in RTS (the state the control path last set)
+    and has not failed; the frame comes from the QP's peer (source IPv4 and MAC address);
+    the AETH is not of the reserved kind; the PSN is not after the last PSN the QP has
+    sent (``psn_ahead``) and not already acknowledged (``stale``); a PSN-sequence NAK is
+    not the last one again with no progress in between (``duplicate_nak``).
+
+    So every record passed on is one the requester would act on in arrival order, and
+    the ACK mailbox may fold them (a later record that says more replaces an earlier one)
+    without a forged or stale one ever replacing a good one. To know that, the checker
+    keeps per QP what the responses so far did: the acknowledged PSN, the last sequence
+    NAK and whether a fatal NAK failed the QP (a RAM, read when a pair is taken and
+    written when it is decided; lane 1 decides on lane 0's result when both are of one
+    QP). It also keeps the highest PSN the QP has sent (a RAM written from the packet
+    builder's notes, one a cycle, only when the PSN is newer: a go-back-N resend does
+    not lower it), and takes the QP's peer, service and state from every QP commit.
+    A QP that fails by its retry count (the tracker's ``failed`` strobe) takes no more
+    responses either.
+
+    Two responses a cycle, in the dispatch's pairs (two 62-byte ACKs end in one beat at
+    line rate); a pair is taken in cycle t, decided in t+1 and handed on, registered, in
+    t+2. ``i.ready`` is constant 1, so the receive path never waits here: ``o`` must be
+    taken whenever it is valid (the ACK mailbox's input is always ready). A QP commit is taken in any cycle;
+    a response decided in that cycle for the same QP is dropped (``qp_state``: it was
+    read before the commit).
+
+    Parameters
+    ----------
+    num_qps : int
+        QPs (a power of two >= 2).
+
+    Members
+    -------
+    i : In(stream.Signature(Pair(Response)))
+        ACK/NAK frames that passed the frame-level checks, one or two per transfer.
+    o : Out(stream.Signature(Pair(AckRecord)))
+        The ones that belong, in order, to the ACK mailbox (``o.ready`` must be 1).
+    commit : In(stream.Signature(...))
+        Every QP commit (create or modify): ``qpn``, the peer (``dmac``, ``dip``), ``uc``,
+        ``state``; with ``create`` also ``start_psn`` (nothing sent or acknowledged yet).
+        Always taken.
+    packets : In(PacketNote)
+        The PSN of each RC request packet sent.
+    failed : In(data.StructLayout(valid, qpn))
+        The tracker failed a QP (retries exceeded).
+    dropped : Out(ArrayLayout(2, 8))
+        Per reason of ``ResponseDrop``, responses dropped this cycle (0..2).
+    """
+    def __init__(self, *, num_qps):
+        if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
+            raise ValueError(f"num_qps must be a power of two >= 2, not {num_qps!r}")
+        self.num_qps = num_qps
+        qb = qp_bits(num_qps)
+        super().__init__({
+            "i": In(stream.Signature(Pair(Response))),
+            "o": Out(stream.Signature(Pair(AckRecord))),
+            "commit": In(stream.Signature(data.StructLayout({
+                "qpn": unsigned(qb), "create": unsigned(1), "start_psn": unsigned(PSN_BITS),
+                "dmac": unsigned(48), "dip": unsigned(32), "uc": unsigned(1), "state": unsigned(3)}))),
+            "packets": In(PacketNote(num_qps)),
+            "failed": In(data.StructLayout({"valid": unsigned(1), "qpn": unsigned(qb)})),
+            "dropped": Out(data.ArrayLayout(unsigned(2), len(RESPONSE_DROP_NAMES))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        qb = qp_bits(self.num_qps)
+        cfg_layout = data.StructLayout({"dmac": unsigned(48), "dip": unsigned(32), "uc": unsigned(1),
+                                        "state": unsigned(3)})
+        dyn_layout = data.StructLayout({"acked": unsigned(PSN_BITS), "nak_valid": unsigned(1),
+                                        "nak_psn": unsigned(PSN_BITS), "failed": unsigned(1)})
+        c = self.commit
+        m.d.comb += c.ready.eq(1)
+        take_c = Signal()
+        create = Signal()
+        m.d.comb += [take_c.eq(c.valid), create.eq(c.valid & c.p.create)]
+
+        # Per-QP RAMs. Readers see the writes of the cycle they read in (transparent), so a
+        # pair taken while the previous one is written reads the new values.
+        m.submodules.cfg = cfg_ram = Memory(shape=cfg_layout, depth=self.num_qps, init=[])
+        cfg_wr = cfg_ram.write_port()
+        cfg_rd = [cfg_ram.read_port(transparent_for=(cfg_wr,)) for _ in range(2)]
+        m.d.comb += [cfg_wr.en.eq(take_c), cfg_wr.addr.eq(c.p.qpn), cfg_wr.data.dmac.eq(c.p.dmac),
+                     cfg_wr.data.dip.eq(c.p.dip), cfg_wr.data.uc.eq(c.p.uc), cfg_wr.data.state.eq(c.p.state)]
+
+        m.submodules.dyn = dyn_ram = Memory(shape=dyn_layout, depth=self.num_qps, init=[])
+        dyn_wr = [dyn_ram.write_port() for _ in range(2)]
+        dyn_new = dyn_ram.write_port()
+        dyn_rd = [dyn_ram.read_port(transparent_for=(*dyn_wr, dyn_new)) for _ in range(2)]
+        m.d.comb += [dyn_new.en.eq(create), dyn_new.addr.eq(c.p.qpn), dyn_new.data.eq(0),
+                     dyn_new.data.acked.eq(c.p.start_psn - 1)]
+
+        # Failed by the tracker (a retry count run out): set by its strobe, cleared by a create.
+        m.submodules.fail = fail_ram = Memory(shape=unsigned(1), depth=self.num_qps, init=[])
+        fail_wr = fail_ram.write_port()
+        fail_rd = [fail_ram.read_port(transparent_for=(fail_wr,)) for _ in range(2)]
+        m.d.comb += [fail_wr.en.eq(create | self.failed.valid),
+                     fail_wr.addr.eq(Mux(create, c.p.qpn, self.failed.qpn)), fail_wr.data.eq(~create)]
+
+        # The highest PSN sent: read-modify-write of each note over two cycles (the read is
+        # transparent for the write, so notes of one QP in consecutive cycles chain).
+        m.submodules.hw = hw_ram = Memory(shape=unsigned(PSN_BITS), depth=self.num_qps, init=[])
+        hw_wr, hw_new = hw_ram.write_port(), hw_ram.write_port()
+        hw_rd_note = hw_ram.read_port(transparent_for=(hw_wr, hw_new))
+        hw_rd = [hw_ram.read_port(transparent_for=(hw_wr, hw_new)) for _ in range(2)]
+        note = Signal(PacketNote(self.num_qps))
+        m.d.sync += note.eq(self.packets)
+        m.d.comb += [
+            hw_rd_note.addr.eq(self.packets.qpn),
+            hw_new.en.eq(create), hw_new.addr.eq(c.p.qpn), hw_new.data.eq(c.p.start_psn - 1),
+            hw_wr.addr.eq(note.qpn), hw_wr.data.eq(note.psn),
+            hw_wr.en.eq(note.valid & ~_behind(note.psn, hw_rd_note.data) & ~(create & (c.p.qpn == note.qpn))),
+        ]
+
+        # Stage 1: the pair taken, its QPs' reads.
+        o = self.o
+        s1_valid = Signal(2)
+        s1 = Signal(Pair(Response))
+        m.d.comb += self.i.ready.eq(1)
+        take = Signal()
+        m.d.comb += take.eq(self.i.valid & self.i.ready)
+        m.d.sync += [s1_valid.eq(Mux(take, Cat(1, self.i.p.second), 0)), s1.eq(self.i.p)]
+        for k in range(2):
+            a = self.i.p.p[k].qpn[:qb]
+            m.d.comb += [cfg_rd[k].addr.eq(a), dyn_rd[k].addr.eq(a), fail_rd[k].addr.eq(a), hw_rd[k].addr.eq(a)]
+
+        # Stage 2: decide, lane 1 on lane 0's result when both are of one QP.
+        same = Signal()
+        m.d.comb += same.eq(s1_valid[1] & (s1.p[0].qpn == s1.p[1].qpn))
+        reasons, passes, new_dyn = [], [], []
+        dyn_in = [Signal(dyn_layout, name=f"dyn_in{k}") for k in range(2)]
+        m.d.comb += dyn_in[0].eq(dyn_rd[0].data)
+        for k in range(2):
+            r = s1.p[k]
+            cfg = cfg_rd[k].data
+            d = dyn_in[k]
+            hw = hw_rd[k].data
+            kind = r.syndrome[5:7]
+            is_ack = kind == Aeth.KIND_ACK
+            is_nak = kind == Aeth.KIND_NAK
+            is_seq = r.syndrome == Aeth.NAK_PSN_SEQ
+            no_progress = Signal(name=f"no_progress{k}")      # a NAK that acknowledges nothing new
+            m.d.comb += no_progress.eq((r.psn - 1)[:PSN_BITS] == d.acked)
+            checks = [
+                r.qpn[qb:] != 0,
+                cfg.uc,
+                (cfg.state != QpState.RTS) | d.failed | fail_rd[k].data | (take_c & (c.p.qpn == r.qpn[:qb])),
+                (r.sip != cfg.dip) | (r.smac != cfg.dmac),
+                kind == Aeth.KIND_RESERVED,
+                ~_behind(r.psn, hw),
+                _behind(r.psn, d.acked),
+                is_seq & no_progress & d.nak_valid & (d.nak_psn == r.psn),
+            ]
+            reason = Signal(len(checks), name=f"reason{k}")     # one-hot: the first check failed
+            ok = Signal(name=f"ok{k}")
+            failing = Const(0, 1)
+            for j, chk in enumerate(checks):
+                m.d.comb += reason[j].eq(chk & ~failing)
+                failing = failing | chk
+            m.d.comb += ok.eq(~failing)
+            nd = Signal(dyn_layout, name=f"new_dyn{k}")
+            m.d.comb += nd.eq(d)
+            with m.If(ok & is_ack):
+                m.d.comb += [nd.acked.eq(r.psn), nd.nak_valid.eq(0)]
+            with m.If(ok & is_nak):
+                with m.If(~no_progress):
+                    m.d.comb += [nd.acked.eq(r.psn - 1), nd.nak_valid.eq(0)]
+                with m.If(is_seq):
+                    m.d.comb += [nd.nak_valid.eq(1), nd.nak_psn.eq(r.psn)]
+                with m.Else():
+                    m.d.comb += nd.failed.eq(1)
+            reasons.append(reason)
+            passes.append(ok)
+            new_dyn.append(nd)
+            if k == 0:
+                m.d.comb += dyn_in[1].eq(Mux(same, nd, dyn_rd[1].data))
+        present = [s1_valid[0] & passes[0], s1_valid[1] & passes[1]]
+        writes = [s1_valid[0] & ~same, s1_valid[1]]
+        for k in range(2):
+            m.d.comb += [dyn_wr[k].addr.eq(s1.p[k].qpn[:qb]), dyn_wr[k].data.eq(new_dyn[k]),
+                         dyn_wr[k].en.eq(writes[k] & passes[k])]
+        for j in range(len(RESPONSE_DROP_NAMES)):
+            m.d.comb += self.dropped[j].eq((s1_valid[0] & reasons[0][j]) + (s1_valid[1] & reasons[1][j]))
+
+        # The output register.
+        recs = [Signal(AckRecord, name=f"rec{k}") for k in range(2)]
+        for k in range(2):
+            m.d.comb += [recs[k].qpn.eq(s1.p[k].qpn), recs[k].psn.eq(s1.p[k].psn),
+                         recs[k].syndrome.eq(s1.p[k].syndrome), recs[k].msn.eq(s1.p[k].msn)]
+        m.d.sync += [o.valid.eq(present[0] | present[1]), *pack_pair(o.p, present, recs)]
+        return m
