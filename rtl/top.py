@@ -191,6 +191,7 @@ class IbgdaNic(wiring.Component):
                 incs[f"rx_{name}"] = incs.get(f"rx_{name}", 0) + prx.dropped[v.value - 1]
         incs["rx_ack_received"] = incs["rx_ack_received"] + prx.acks_received
         incs["acks_sent"], incs["naks_sent"] = rsp.acks_sent, rsp.naks_sent
+        incs["acks_coalesced"] = rsp.acks_coalesced
         incs.update({"naks_received": req.naks, "retransmits": req.retransmits, "timeouts": req.timeouts,
                      "retry_exceeded": req.retry_exceeded, "acks_merged": req.acks_merged})
         for j, name in enumerate(RESPONSE_DROP_NAMES):

@@ -116,7 +116,9 @@ REQ_COUNTERS = _block(0x0C0, (
 # (spec.formats.DOORBELL_DROPS).
 CHECK_COUNTERS = _block(0x400, [r for r in _RX if r[0][3:] in _LATER]
                         + [(f"resp_{name}", f"responses dropped: {meaning}") for name, meaning in RESPONSE_DROPS]
-                        + [(f"db_{name}", f"doorbells dropped: {meaning}") for name, meaning in DOORBELL_DROPS])
+                        + [(f"db_{name}", f"doorbells dropped: {meaning}") for name, meaning in DOORBELL_DROPS]
+                        + [("acks_coalesced", "re-ACKs not sent: identical to the last ACK queued, while the ACK "
+                            "queue was full (acks_sent + acks_coalesced = ACKs owed)")])
 COUNTERS = TX_COUNTERS + RX_COUNTERS + REQ_COUNTERS + CHECK_COUNTERS
 COUNTER_NAMES = tuple(c.name for c in COUNTERS)
 

@@ -16,6 +16,7 @@ from rtl.common.records import AckRecord
 from rtl.common.rx_beat import RxSegmentBeat
 from rtl.common.stream import Pair, StreamFifo
 from rtl.responder.ack_addresser import AckAddresser
+from rtl.responder.ack_coalescer import AckCoalescer
 from rtl.responder.ack_builder import AckBuilder
 from rtl.responder.payload_writer import RxPayloadWriter, RxWriteCommand
 from rtl.responder.resegmenter import RxResegmenter
@@ -63,7 +64,9 @@ class ResponderPath(WiringLevel):
     verdict_valid, verdict : Out
         The responder's verdict on each of up to two requests a cycle (counters).
     acks_sent, naks_sent : Out(2)
-        ACK and NAK records handed to the ACK path this cycle (0..2 each).
+        ACK and NAK records queued for MAC TX this cycle (0..2 each).
+    acks_coalesced : Out(2)
+        Re-ACKs dropped as identical to the last one queued (``AckCoalescer``).
     """
     def __init__(self, *, num_qps, num_cqs):
         nq, nc = num_qps, num_cqs
@@ -83,6 +86,8 @@ class ResponderPath(WiringLevel):
             "rx_writer": RxPayloadWriter(),
             # the responder's ACK/NAKs, one or two per cycle (two go out in one beat); they wait
             # here while MAC TX sends a data frame
+            # (a re-ACK identical to the last one queued is dropped while the queue is full)
+            "ack_coalescer": AckCoalescer(),
             "ack_fifo": StreamFifo(Pair(AckRecord), ACK_QUEUE),
             "ack_addresser": AckAddresser(num_qps=nq),
             "ack_builder": AckBuilder(num_qps=nq, num_cqs=nc),
@@ -96,7 +101,8 @@ class ResponderPath(WiringLevel):
             (b["ack_builder"], {"port_mac": "port_mac", "port_ip": "port_ip", "frames": "frames"}),
             (b["rx_write_issuer"], {"dma": "p0", "dma_rx": "p1"}),
         ]
-        super().__init__(self._blocks, self._ports, {"acks_sent": Out(2), "naks_sent": Out(2)})
+        super().__init__(self._blocks, self._ports, {"acks_sent": Out(2), "naks_sent": Out(2),
+                                                     "acks_coalesced": Out(2)})
 
     def elaborate(self, platform):
         m = self.wire()
@@ -110,13 +116,15 @@ class ResponderPath(WiringLevel):
         wiring.connect(m, b["rx_write_sorter"].orders, b["rx_order_fifo"].i)
         wiring.connect(m, b["rx_order_fifo"].o, b["rx_write_issuer"].orders)
         wiring.connect(m, rpw.dma, b["rx_write_issuer"].writer)
-        wiring.connect(m, rsp.responses, b["ack_fifo"].i)
+        wiring.connect(m, rsp.responses, b["ack_coalescer"].i)
+        wiring.connect(m, b["ack_coalescer"].o, b["ack_fifo"].i)
         wiring.connect(m, b["ack_fifo"].o, b["ack_addresser"].i)
         wiring.connect(m, b["ack_addresser"].o, b["ack_builder"].requests)
-        # ACK/NAKs sent, up to two a cycle
+        # ACK/NAKs sent, up to two a cycle (queued: the coalesced ones are counted apart)
         resp_sent = Signal()
-        resp = rsp.responses.p
-        m.d.comb += resp_sent.eq(rsp.responses.valid & rsp.responses.ready)
+        queued = b["ack_coalescer"].o
+        resp = queued.p
+        m.d.comb += [resp_sent.eq(queued.valid & queued.ready), self.acks_coalesced.eq(b["ack_coalescer"].coalesced)]
         lanes = [resp_sent, resp_sent & resp.second]
         m.d.comb += [
             self.acks_sent.eq(sum(lanes[k] & (resp.p[k].syndrome == F.Aeth.ACK) for k in range(2))),
