@@ -137,7 +137,8 @@ class Responder(wiring.Component):
         sent.
     commit : In(stream.Signature(...))
         ``qpn`` and ``cfg`` (``ResponderConfig``), ``epsn``: create a QP's receive side
-        (its dynamic state is reset). Taken only while no packet is in flight.
+        (its dynamic state is reset). Taken in any cycle: packets read before it are
+        decided on the QP's old context, but do not write it back.
     modify : In(stream.Signature(...))
         ``qpn``, ``state``: the control path moves a QP (QP_MODIFY); always taken. A request
         whose context is read after it (taken by ``packets`` from the next cycle on) sees it.
@@ -269,7 +270,8 @@ class Responder(wiring.Component):
         m.d.comb += self.mr_commit.ready.eq(mrts[0].commit.ready & mrts[1].commit.ready)
         m.submodules.ctx = ram = Memory(shape=entry_layout, depth=self.num_qps, init=[])
         wr = [ram.write_port() for _ in range(2)]
-        rd = [ram.read_port(transparent_for=wr) for _ in range(2)]
+        wr_new = ram.write_port()       # a create, in any cycle
+        rd = [ram.read_port(transparent_for=(*wr, wr_new)) for _ in range(2)]
         # The state the control path set (create, QP_MODIFY), beside the context so that a
         # modify never races a decision's context write.
         m.submodules.ctl_state = ctl_ram = Memory(shape=unsigned(3), depth=self.num_qps, init=[])
@@ -277,7 +279,7 @@ class Responder(wiring.Component):
         ctl_rd = [ctl_ram.read_port(transparent_for=(ctl_wr,)) for _ in range(2)]
         c_ctl = Signal(data.ArrayLayout(unsigned(3), 2))
         create = Signal()
-        m.d.comb += [create.eq(self.commit.valid & self.commit.ready), self.modify.ready.eq(1),
+        m.d.comb += [self.commit.ready.eq(1), create.eq(self.commit.valid), self.modify.ready.eq(1),
                      ctl_wr.en.eq(create | self.modify.valid),
                      ctl_wr.addr.eq(Mux(create, self.commit.p.qpn, self.modify.p.qpn)),
                      ctl_wr.data.eq(Mux(create, self.commit.p.cfg.state, self.modify.p.state))]
@@ -293,6 +295,14 @@ class Responder(wiring.Component):
         last_qpn = Signal(data.ArrayLayout(unsigned(qb), 2))
         last_ctx = Signal(data.ArrayLayout(entry_layout, 2))
         last_valid = Signal(2)
+        # A create is taken in any cycle (the control path never waits on received traffic).
+        # Lanes of pairs in stage B or C whose context was read before it are of the QP's
+        # old life: they are decided on it, but their context writes are dropped (``kill``).
+        b_kill, c_kill = Signal(2), Signal(2)
+        new_qp = self.commit.p.qpn
+
+        def created(pair):
+            return Cat(*[create & (pair.p[k].dqpn[:qb] == new_qp) for k in range(2)])
 
         c_go = Signal()                 # stage C decides and leaves this cycle
         b_go = Signal()                 # stage B moves into the key checks
@@ -306,9 +316,11 @@ class Responder(wiring.Component):
             m.d.comb += [rd[k].addr.eq(self.packets.p.p[k].dqpn[:qb]), rd[k].en.eq(self.packets.ready),
                          ctl_rd[k].addr.eq(self.packets.p.p[k].dqpn[:qb]), ctl_rd[k].en.eq(self.packets.ready)]
         with m.If(take):
-            m.d.sync += [b_pair.eq(self.packets.p), b_full.eq(1)]
+            m.d.sync += [b_pair.eq(self.packets.p), b_full.eq(1), b_kill.eq(0)]   # read now: sees a create
         with m.Elif(b_go):
             m.d.sync += b_full.eq(0)
+        with m.Else():
+            m.d.sync += b_kill.eq(b_kill | created(b_pair))
 
         # The key checks, in lockstep (same valid and ready, so the same occupancy): only
         # FIRST/ONLY (the WRITEs with a RETH); MIDDLE/LAST, and an absent lane 1, ask for
@@ -325,7 +337,8 @@ class Responder(wiring.Component):
                 mrt.requests.p.pd.eq(rd[k].data.cfg.pd),
             ]
         with m.If(b_go):
-            m.d.sync += [c_pair.eq(b_pair), c_ctx[0].eq(rd[0].data), c_ctx[1].eq(rd[1].data),
+            m.d.sync += [c_pair.eq(b_pair), c_kill.eq(b_kill | created(b_pair)),
+                         c_ctx[0].eq(rd[0].data), c_ctx[1].eq(rd[1].data),
                          c_ctl[0].eq(ctl_rd[0].data), c_ctl[1].eq(ctl_rd[1].data)]
 
         # ---- stage C: decide -------------------------------------------------------------
@@ -379,12 +392,13 @@ class Responder(wiring.Component):
             m.d.sync += [cmd.valid.eq(has_cmd[0] | has_cmd[1]), *pack_pair(cmd.p, has_cmd, cmds),
                          resp.valid.eq(has_resp[0] | has_resp[1]), *pack_pair(resp.p, has_resp, resps)]
 
-        # Context writes: the decisions (lane 0's only when lane 1 is of another QP), or a
-        # QP create from the control path.
-        pipe_empty = Signal()
-        m.d.comb += [pipe_empty.eq(~b_full & ~mrts[0].results.valid & ~self.packets.valid),
-                     self.commit.ready.eq(pipe_empty)]
-        writes = [c_go & in_table[0] & ~same, c_go & present[1] & in_table[1]]
+        # Context writes: the decisions (lane 0's only when lane 1 is of another QP; none of
+        # a lane read before a create of its QP), and a QP create from the control path.
+        with m.If(~c_go):
+            m.d.sync += c_kill.eq(c_kill | created(c_pair))
+        kill = Signal(2)
+        m.d.comb += kill.eq(c_kill | created(c_pair))
+        writes = [c_go & in_table[0] & ~same & ~kill[0], c_go & present[1] & in_table[1] & ~kill[1]]
         for k in range(2):
             m.d.comb += [wr[k].addr.eq(qp[k]), wr[k].data.eq(dec[k]["new"])]
             with m.If(writes[k]):
@@ -392,10 +406,10 @@ class Responder(wiring.Component):
         with m.If(c_go):
             m.d.sync += [last_valid.eq(Cat(*writes)), last_qpn[0].eq(qp[0]), last_qpn[1].eq(qp[1]),
                          last_ctx[0].eq(dec[0]["new"]), last_ctx[1].eq(dec[1]["new"])]
-        with m.Elif(self.commit.valid & self.commit.ready):
-            fresh = Signal(entry_layout)
-            # every bit assigned: bits a process never drives come out undriven (X in Icarus)
-            m.d.comb += [fresh.eq(0), fresh.cfg.eq(self.commit.p.cfg), fresh.dyn.epsn.eq(self.commit.p.epsn)]
-            m.d.comb += [wr[0].en.eq(1), wr[0].addr.eq(self.commit.p.qpn), wr[0].data.eq(fresh)]
-            m.d.sync += last_valid.eq(0)
+        with m.Elif(create):
+            m.d.sync += last_valid.eq(last_valid & ~Cat(*[last_qpn[k] == new_qp for k in range(2)]))
+        fresh = Signal(entry_layout)
+        # every bit assigned: bits a process never drives come out undriven (X in Icarus)
+        m.d.comb += [fresh.eq(0), fresh.cfg.eq(self.commit.p.cfg), fresh.dyn.epsn.eq(self.commit.p.epsn),
+                     wr_new.en.eq(create), wr_new.addr.eq(new_qp), wr_new.data.eq(fresh)]
         return m

@@ -183,3 +183,55 @@ async def requests_that_do_not_belong(dut):
     assert model.counters.dropped["wrong_peer"] == 2 and model.counters.dropped["qp_not_ready"] == 1
     diff = {k: (c[k], v) for k, v in want.items() if c[k] != v}
     assert not diff, f"counters (RTL, expected) that differ: {diff}"
+
+
+CONTROL_BOUND = 16      # cycles from a register write's AW to its B, under any receive traffic
+
+
+@cocotb.test()
+async def control_path_under_receive_flood(dut):
+    """A line-rate stream of 74-byte WRITEs for a QP that does not exist, and then for a
+    live QP, while the CPU creates and modifies QPs, creates a CQ and registers a memory
+    region: every register write (QP_COMMIT, QP_MODIFY, CQ_COMMIT, MR_COMMIT included)
+    completes within CONTROL_BOUND cycles, MAC RX is never held back, and the frames are
+    handled as the model says."""
+    n = 4000 if cocotb.SIM_NAME.lower().startswith("verilator") else 300
+    env = await NicEnv(dut).start()
+    cq = await env.cq(0, 6)
+    await env.qp(1, cq, mtu=1024, remote_qpn=0x101, rq_psn=0, pd=PD)
+    for r in REGIONS:
+        await env.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
+    ghost = QpContext(qpn=0x177, remote_qpn=0x77, dmac=PORT_MAC, dip=PORT_IP, mtu=1024)
+    live = QpContext(qpn=0x101, remote_qpn=1, dmac=PORT_MAC, dip=PORT_IP, mtu=1024)
+    frames = [build_write_frames(ghost, Port(smac=peer_mac(0x77), sip=peer_ip(0x77)), DST, KEY, b"", k)[0]
+              for k in range(n)]
+    frames += [build_write_frames(live, Port(smac=peer_mac(1), sip=peer_ip(1)), DST + 16 * k, KEY, b"", k)[0]
+               for k in range(n)]
+    for f in frames:
+        env.rx.send(f)
+    latencies = []
+    orig = env.ctl.write_reg
+
+    async def timed(addr, value):
+        t0 = env.counter.now
+        await orig(addr, value)
+        latencies.append((env.counter.now - t0, addr))
+    env.ctl.write_reg = timed
+    await ClockCycles(dut.clk, 50)
+    k = 0
+    while not env.rx.idle:
+        k += 1
+        await env.qp(8 + k % 8, cq, mtu=1024, uc=False, rq_psn=k)
+        await env.ctl.modify_qp(8 + k % 8, weight=2)
+        await env.cq(1 + k % 4, 4)
+        await env.ctl.register_mr(KEY + 0x100 * k, DST, 4096, REGIONS[0].access, PD)
+    env.ctl.write_reg = orig
+    await ClockCycles(dut.clk, 500)
+    worst = max(latencies)
+    dut._log.info(f"{len(frames)} frames, {len(latencies)} register writes ({k} rounds), worst {worst[0]} cycles "
+                  f"(at {worst[1]}), MAC RX stalls {env.rx.stall_cycles}")
+    assert k >= 2, "the flood ended before the control path was exercised"
+    assert worst[0] <= CONTROL_BOUND, f"a register write took {worst[0]} cycles under receive traffic"
+    assert env.rx.stall_cycles == 0, f"MAC RX waited {env.rx.stall_cycles} cycles"
+    c = await env.ctl.read_counters()
+    assert (c["rx_qp_not_ready"], c["rx_accepted"], c["acks_sent"] + c["acks_coalesced"]) == (n, n, n), c
