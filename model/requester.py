@@ -422,7 +422,7 @@ class RcRequester:
             return self._drop_response(res, "wrong_peer")
         syndrome, msn = p.aeth
         cls = syndrome >> 5
-        if cls == Aeth.KIND_RESERVED:
+        if cls == Aeth.KIND_RESERVED or syndrome & 0x80:           # bit 7 is reserved too
             return self._drop_response(res, "bad_aeth")
         # The window: PSNs sent and not yet acknowledged, (acked, last sent].
         last = (q.next_psn - 1) & PSN_MASK

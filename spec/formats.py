@@ -110,7 +110,7 @@ RESPONSE_DROPS = (
     ("not_rc", "the QP is not RC (a UC QP takes no responses)"),
     ("qp_state", "the QP is not in RTS, or has failed"),
     ("wrong_peer", "source IPv4 or MAC address not the QP's peer's"),
-    ("bad_aeth", "AETH of the reserved kind (syndrome bits 6:5 = 2)"),
+    ("bad_aeth", "AETH of the reserved kind (syndrome bits 6:5 = 2, or bit 7 set)"),
     ("psn_ahead", "PSN after the last PSN the QP has sent"),
     ("stale", "PSN already acknowledged (a NAK of an acknowledged PSN, an ACK that acknowledges nothing new)"),
     ("duplicate_nak", "a PSN-sequence NAK repeated with no progress in between"),

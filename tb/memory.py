@@ -142,6 +142,7 @@ class DmaMemory:
 
         self.reads = []                 # AxiAccess per AR, in AR order
         self.writes = []                # AxiAccess per AW, in AW order
+        self.stored = []                # (addr, n) of every run of bytes a write stored (its strobes)
         self.protocol_errors = 0
         self.crossings_4k = 0           # bursts crossing a 4 KiB boundary (AXI violation, not fatal)
         self._task = cocotb.start_soon(self._run())
@@ -295,12 +296,14 @@ class _WritePort:
             raw = data.to_bytes(o.bus_bytes, "little")
             if strb == (1 << o.bus_bytes) - 1:
                 o.mem.write(line, raw)
+                o.stored.append((line, o.bus_bytes))
             else:
                 lane = 0
                 while strb:
                     if strb & 1:
                         run = (~strb & (strb + 1)).bit_length() - 1  # length of the run of ones
                         o.mem.write(line + lane, raw[lane:lane + run])
+                        o.stored.append((line + lane, run))
                         strb >>= run
                         lane += run
                     else:

@@ -34,9 +34,10 @@ class ResponseChecker(wiring.Component):
     ``model.requester.RcRequester.on_response``): the destination QPN names one of this
     NIC's QPs in all 24 bits; the QP is RC, in RTS (the state the control path last set)
     and has not failed; the frame comes from the QP's peer (source IPv4 and MAC address);
-    the AETH is not of the reserved kind; the PSN is not after the last PSN the QP has
-    sent (``psn_ahead``) and not already acknowledged (``stale``); a PSN-sequence NAK is
-    not the last one again with no progress in between (``duplicate_nak``).
+    the AETH is not of the reserved kind (syndrome bits 6:5 = 2, or bit 7 set); the PSN is
+    not after the last PSN the QP has sent (``psn_ahead``) and not already acknowledged
+    (``stale``); a PSN-sequence NAK is not the last one again with no progress in between
+    (``duplicate_nak``).
 
     So every record passed on is one the requester would act on in arrival order, and
     the ACK mailbox may fold them (a later record that says more replaces an earlier one)
@@ -125,10 +126,11 @@ class ResponseChecker(wiring.Component):
 
         # Failed by the tracker (a retry count run out): set by its strobe, cleared by a create.
         m.submodules.fail = fail_ram = Memory(shape=unsigned(1), depth=self.num_qps, init=[])
-        fail_wr = fail_ram.write_port()
-        fail_rd = [fail_ram.read_port(transparent_for=(fail_wr,)) for _ in range(2)]
-        m.d.comb += [fail_wr.en.eq(create | self.failed.valid),
-                     fail_wr.addr.eq(Mux(create, c.p.qpn, self.failed.qpn)), fail_wr.data.eq(~create)]
+        fail_wr, fail_new = fail_ram.write_port(), fail_ram.write_port()
+        fail_rd = [fail_ram.read_port(transparent_for=(fail_wr, fail_new)) for _ in range(2)]
+        m.d.comb += [fail_wr.en.eq(self.failed.valid & ~(create & (c.p.qpn == self.failed.qpn))),
+                     fail_wr.addr.eq(self.failed.qpn), fail_wr.data.eq(1),
+                     fail_new.en.eq(create), fail_new.addr.eq(c.p.qpn), fail_new.data.eq(0)]
 
         # The highest PSN sent: read-modify-write of each note over two cycles (the read is
         # transparent for the write, so notes of one QP in consecutive cycles chain).
@@ -179,7 +181,7 @@ class ResponseChecker(wiring.Component):
                 cfg.uc,
                 (cfg.state != QpState.RTS) | d.failed | fail_rd[k].data | (take_c & (c.p.qpn == r.qpn[:qb])),
                 (r.sip != cfg.dip) | (r.smac != cfg.dmac),
-                kind == Aeth.KIND_RESERVED,
+                (kind == Aeth.KIND_RESERVED) | r.syndrome[7],      # bit 7 is reserved too
                 ~_behind(r.psn, hw),
                 _behind(r.psn, d.acked),
                 is_seq & no_progress & d.nak_valid & (d.nak_psn == r.psn),
@@ -208,10 +210,14 @@ class ResponseChecker(wiring.Component):
             if k == 0:
                 m.d.comb += dyn_in[1].eq(Mux(same, nd, dyn_rd[1].data))
         present = [s1_valid[0] & passes[0], s1_valid[1] & passes[1]]
-        writes = [s1_valid[0] & ~same, s1_valid[1]]
+        # A lane that passes writes its QP's state back; of a pair of one QP only lane 1
+        # writes, also lane 0's result when lane 1 is dropped. A dropped lane writes nothing
+        # (its address may alias another QP: unknown_qp), and nothing is written over a
+        # create of that QP in the same cycle.
+        writes = [s1_valid[0] & ~same & passes[0], s1_valid[1] & (passes[1] | (same & passes[0]))]
         for k in range(2):
             m.d.comb += [dyn_wr[k].addr.eq(s1.p[k].qpn[:qb]), dyn_wr[k].data.eq(new_dyn[k]),
-                         dyn_wr[k].en.eq(writes[k] & passes[k])]
+                         dyn_wr[k].en.eq(writes[k] & ~(create & (c.p.qpn == s1.p[k].qpn[:qb])))]
         for j in range(len(RESPONSE_DROP_NAMES)):
             m.d.comb += self.dropped[j].eq((s1_valid[0] & reasons[0][j]) + (s1_valid[1] & reasons[1][j]))
 
