@@ -11,7 +11,7 @@ TEST    ?=
 LINT_WAIVE := -Wno-WIDTHEXPAND -Wno-WIDTHTRUNC -Wno-PROCASSINIT -Wno-CASEINCOMPLETE -Wno-VARHIDDEN \
               -Wno-DECLFILENAME -Wno-UNUSEDSIGNAL -Wno-UNUSEDPARAM
 
-.PHONY: help setup test test-fast sim waves bench verilog lint synth timing clean
+.PHONY: help setup test test-fast sim waves bench fuzz verilog lint synth timing clean
 
 help:
 	@echo "make setup     install everything (Debian packages, Verilator >= 5.036, .venv)"
@@ -19,6 +19,7 @@ help:
 	@echo "make sim       default end-to-end scenario (SIM=icarus|verilator), summary + build/sim/wire.pcap"
 	@echo "make waves     the same (or TEST=<cocotb test>) with FST waveforms"
 	@echo "make bench     throughput and latency figures of the engine"
+	@echo "make fuzz      100,000 bad inputs or more against the golden model (SEED=n, N=count)"
 	@echo "make verilog   generated Verilog in build/verilog/"
 	@echo "make lint      verilator --lint-only on the generated Verilog"
 	@echo "make synth     Yosys synthesis: cells, flip-flop and RAM bits per block (QPS=n: another QP count)"
@@ -44,6 +45,9 @@ synth: $(PY)
 
 timing: $(PY)
 	$(PY) -m scripts.run_timing --jobs $(JOBS)
+
+fuzz: $(PY)
+	$(PY) -m scripts.run_fuzz $(if $(SEED),--seed $(SEED)) $(if $(N),--n $(N))
 
 bench: $(PY)
 	$(PY) -m scripts.run_bench $(if $(SIM),--sim $(SIM))

@@ -421,12 +421,18 @@ async def stale_and_over_depth_doorbells(dut):
     c = await env.ctl.read_counters()
     got = {k: c[k] for k in ("doorbells", "doorbells_dropped", "db_stale", "db_over_depth", "db_bad_write")}
     assert got == {"doorbells": 2, "doorbells_dropped": 4, "db_stale": 2, "db_over_depth": 2, "db_bad_write": 0}, got
-    # two drops close together, one by the decoder and one by the QP table: counted twice
-    await ring(db(pi - 3))
-    await env.gpu.doorbell(qp.qpn, db(pi), offset=0x808)
+    # two drops close together, one by the QP table (stale) and one by the decoder (a bad
+    # offset), started 0..9 cycles apart so that for some gap both strobes fall in one
+    # cycle: each is counted, always
+    page = qp.qpn << 12
+    for gap in range(10):
+        first = cocotb.start_soon(env.gpu.db_master.write(page | 0x800, db(pi - 3)))
+        await ClockCycles(dut.clk, gap)
+        await env.gpu.db_master.write(page | 0x808, db(pi))
+        await first
     await ClockCycles(dut.clk, 200)
     c = await env.ctl.read_counters()
-    assert (c["doorbells_dropped"], c["db_stale"], c["db_bad_write"], c["doorbells"]) == (6, 3, 1, 2), c
+    assert (c["doorbells_dropped"], c["db_stale"], c["db_bad_write"], c["doorbells"]) == (24, 12, 10, 2), c
     for k in range(12, 16):                  # and the QP goes on
         qp.post_write(0x1000 * k, 0x55, inline=bytes([k]) * 8)
     await qp.ring_nvshmem()
