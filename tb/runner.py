@@ -84,6 +84,16 @@ def cocotb_tests(module):
     return names
 
 
+def sim_cases(tests, verilator_only=()):
+    """``(sim, test)`` pairs for pytest: every test on both simulators, except those in
+    ``verilator_only`` (long streams that Icarus, at about 50 cycles a second on this
+    design, would take minutes for), which run on Verilator alone."""
+    for name in verilator_only:
+        if name not in tests:
+            raise ValueError(f"{name!r} is not one of the tests {tests}")
+    return [(sim, t) for sim in SIMULATORS for t in tests if sim == "verilator" or t not in verilator_only]
+
+
 def require(sim):
     """Fail (not skip) with a clear message when a simulator is missing."""
     if sim == "icarus":
@@ -405,6 +415,7 @@ def designs_for(paths):
     both = lambda top: {("verilator", top), ("icarus", top)}
     needs = {"test_nic.py": both(TOP_NAME), "test_rc.py": both(TOP_NAME), "test_scenario.py": both(TOP_NAME),
              "test_bench_small.py": {("verilator", TOP_NAME)}, "test_pair.py": both(PAIR_TOP_NAME),
+             "test_hardening.py": both(TOP_NAME), "test_fuzz.py": {("verilator", TOP_NAME)},
              "test_switch.py": both(QUAD_TOP_NAME)}
     system = ROOT / "tests" / "system"
     wanted = set()

@@ -195,7 +195,7 @@ async def control_path_under_receive_flood(dut):
     region: every register write (QP_COMMIT, QP_MODIFY, CQ_COMMIT, MR_COMMIT included)
     completes within CONTROL_BOUND cycles, MAC RX is never held back, and the frames are
     handled as the model says."""
-    n = 4000 if cocotb.SIM_NAME.lower().startswith("verilator") else 300
+    n = 2000 if cocotb.SIM_NAME.lower().startswith("verilator") else 300
     env = await NicEnv(dut).start()
     cq = await env.cq(0, 6)
     await env.qp(1, cq, mtu=1024, remote_qpn=0x101, rq_psn=0, pd=PD)
