@@ -36,7 +36,9 @@ class RxDispatch(wiring.Component):
     depth : int
         Pairs each of the request and ACK queues holds.
     keep_depth : int
-        Pairs of keep bits buffered (frames the resegmenter has not reached yet).
+        Pairs of keep bits buffered (frames the resegmenter has not reached yet): at least
+        the beats the beat buffer holds (one pair per beat in which frames end), or a
+        backlog there holds the parser back with the buffer not full.
 
     Members
     -------

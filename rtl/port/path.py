@@ -25,6 +25,8 @@ from rtl.port.tx_mux import TxMux
 
 __all__ = ["PortRx", "PortTx"]
 
+KEEP_QUEUE = P.RX_BEAT_BUFFER + 16      # keep pairs in the dispatch: one per buffered beat, and some
+
 
 class PortRx(WiringLevel):
     """MAC RX to checked descriptors and buffered beats (pure wiring).
@@ -49,7 +51,10 @@ class PortRx(WiringLevel):
     def __init__(self):
         self._blocks = {
             "mac_rx": MacRxAdapter(), "icrc_check": IcrcChecker(), "rx_parser": RxHeaderParser(),
-            "rx_beat_fifo": StreamFifo(RxBeat(), P.RX_BEAT_BUFFER), "rx_dispatch": RxDispatch(),
+            "rx_beat_fifo": StreamFifo(RxBeat(), P.RX_BEAT_BUFFER),
+            # keep bits wait until the resegmenter reaches their beats: a pair per beat with
+            # frame ends, so as many as the beat buffer holds (and the parser's latency)
+            "rx_dispatch": RxDispatch(keep_depth=KEEP_QUEUE),
         }
         b = self._blocks
         self._ports = [

@@ -26,7 +26,14 @@ from rtl.responder.write_sorter import RxWriteOrder, RxWriteSorter
 
 __all__ = ["ResponderPath"]
 
-COMMAND_QUEUE = 16          # payload commands (pairs) between the responder and the sorter
+# Payload commands (pairs) between the responder and the sorter. The payload writer takes a
+# frame's command only when it reaches the frame's beats, so the commands of every frame whose
+# beats still wait in the port's beat buffer (at most one pair per beat: the frames that end in
+# it) and in the segment queue wait here. Behind a long frame (a 4096-byte MTU is 33 beats, and
+# its first beat waits for its verdict at its end) small frames keep coming at about one a cycle
+# (8-byte WRITEs: 82 bytes, 1.06 cycles each, the writer has 6% to spare), so a queue shorter
+# than the beat buffer fills with the buffer half empty and holds MAC RX back.
+COMMAND_QUEUE = P.RX_BEAT_BUFFER + 16
 ORDER_QUEUE = 16            # write orders (pairs) between the sorter and the issuer
 SEGMENT_QUEUE = 4           # payload beats between the resegmenter and the payload writer
 ACK_QUEUE = 16              # ACK/NAKs (pairs) waiting while MAC TX sends a data frame
