@@ -16,7 +16,7 @@ from tb.runner import run
 
 ROOT = Path(__file__).resolve().parents[1]
 # bad inputs per class for N = 100,000 (the receive path takes the most: it runs at line rate)
-SHARE = {"receive": 70_000, "responses": 24_000, "wqes": 3_000, "doorbells": 3_000}
+SHARE = {"receive": 71_000, "responses": 24_000, "wqes": 2_000, "doorbells": 3_000}
 
 
 def main():
@@ -34,12 +34,14 @@ def main():
         if a.only and cls != a.only:
             continue
         count = max(1, share * a.n // total)
-        print(f"fuzz {cls}: {count} bad inputs, seed {a.seed} ...", flush=True)
+        log = out / f"{cls}.log"
+        print(f"fuzz {cls}: {count} bad inputs, seed {a.seed} (simulation log: {log}) ...", flush=True)
         t0 = time.time()
         env = {"FUZZ_SEED": str(a.seed), f"FUZZ_{cls.upper()}": str(count), "FUZZ_REPORT": str(out)}
+        (out / f"{cls}.json").unlink(missing_ok=True)
         try:
-            run("verilator", "tb.suites.fuzz", f"fuzz_{cls}", extra_env=env)
-        except Exception as e:          # the report says what was found; go on with the others
+            run("verilator", "tb.suites.fuzz", f"fuzz_{cls}", extra_env=env, log_file=log)
+        except (Exception, SystemExit) as e:      # the report says what was found; go on with the others
             failed.append(cls)
             print(f"  {cls}: FAILED ({type(e).__name__})", flush=True)
         rep = out / f"{cls}.json"

@@ -397,13 +397,15 @@ def build(sim, *, waves=False, top=TOP_NAME, say=announce):
     return runner, bdir
 
 
-def run(sim, module, testcase=None, *, waves=False, extra_env=None, test_dir=None, top=TOP_NAME):
+def run(sim, module, testcase=None, *, waves=False, extra_env=None, test_dir=None, top=TOP_NAME, log_file=None):
+    """Run cocotb ``module`` (one ``testcase`` or all) on ``sim``; ``log_file``: the
+    simulation's output goes there instead of to the terminal."""
     runner, bdir = build(sim, waves=waves, top=top)
     env = dict(extra_env or {})
     test_dir = Path(test_dir) if test_dir else bdir / "runs" / (testcase or module.rsplit(".", 1)[-1])
     test_dir.mkdir(parents=True, exist_ok=True)
     return runner.test(hdl_toplevel=top, test_module=module, testcase=testcase, build_dir=bdir,
-                       test_dir=test_dir, waves=waves, extra_env=env)
+                       test_dir=test_dir, waves=waves, extra_env=env, log_file=log_file)
 
 
 def designs_for(paths):
