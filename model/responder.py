@@ -217,9 +217,13 @@ class RcResponder:
         """Process one received frame; returns an RxResult (the caller performs its writes
         and sends its response)."""
         self.counters.rx_frames += 1
-        p, reason = parse_frame(frame, WRITE_OPCODES, self.port)
+        # Frame-level checks as the NIC's receive port makes them, for every opcode it
+        # knows (an ACK too: its length rules come before the opcode is refused here)
+        p, reason = parse_frame(frame, None, self.port)
         if p is None:
             return self._drop(reason)
+        if p.opcode not in WRITE_OPCODES:
+            return self._drop("bad_opcode")     # an ACK/NAK: the requester side's (RxDispatch)
         q = self.qps.get(p.dqpn)
         if q is None or q.state not in (QpState.RTR, QpState.RTS):
             return self._drop("qp_not_ready", p)

@@ -39,7 +39,7 @@ from cocotb.triggers import ClockCycles
 from model.cqe import CqContext
 from model.frames import Port, QpContext, build_nop_wqe, build_write_frames, ip_bytes, mac_bytes
 from model.icrc import icrc, ipv4_checksum
-from model.parse import _patch_bth, build_rc_packet, build_response
+from model.parse import _patch_bth, build_rc_packet, build_response, parse_frame
 from model.requester import RcRequester
 from model.responder import RcResponder
 from spec import formats as F
@@ -217,6 +217,7 @@ async def fuzz_receive(dut):
                                   rnd.randrange(1 << 24))
         raise ValueError(kind)
 
+    nic_port = Port(smac=PORT_MAC, sip=PORT_IP)
     frames, acks, kinds = [], [], []
     kinds_on = os.environ.get("FUZZ_KINDS", ",".join(RX_KINDS)).split(",")     # FUZZ_KINDS narrows a replay
     while sum(rep.tried.values()) < n:
@@ -230,8 +231,9 @@ async def fuzz_receive(dut):
         if kind == "bad_key":
             continue        # the access-error path is fatal to the QP: covered by rc_access_errors
         f = bad(kind)
-        if kind == "response":
-            acks.append(len(frames))
+        pp, _ = parse_frame(f, None, nic_port)
+        if kind == "response" or (pp is not None and pp.opcode == Op.ACK):
+            acks.append(len(frames))          # a good ACK/NAK (a mutation may make one): the requester's
         else:
             trial = copy.deepcopy(gen[0])
             r = trial.receive(f)
@@ -297,8 +299,8 @@ async def fuzz_responses(dut):
     rep = Report("responses", seed)
     rnd = random.Random(seed ^ 0x5151)
     env = await NicEnv(dut).start()
-    cq = await env.cq(0, 8)
-    model = RcRequester(Port(smac=PORT_MAC, sip=PORT_IP), {0: CqContext(0, 8, base=cq.base)}, env.mem.read)
+    cq = await env.cq(0, 12)
+    model = RcRequester(Port(smac=PORT_MAC, sip=PORT_IP), {0: CqContext(0, 12, base=cq.base)}, env.mem.read)
     rcs = [await env.qp(q, cq, mtu=1024, uc=False, timeout=NEVER) for q in (1, 2, 3, 4)]
     uc = await env.qp(5, cq, mtu=1024)
     dead = await env.qp(6, cq, mtu=1024, uc=False, timeout=NEVER)
@@ -388,8 +390,18 @@ async def fuzz_responses(dut):
             responses += 1
         # a good ACK of a few more PSNs of one QP
         open_qps = [qp for qp in rcs if window(qp.qpn)[0] != window(qp.qpn)[1]]
-        if not open_qps:
-            break
+        if not open_qps:                 # everything acknowledged: post another round
+            before = len(env.wire.frames)
+            new = []
+            for qp in rcs:
+                for k in range(per_qp):
+                    w = qp.post_write(DST + 0x10000 * qp.qpn + 16 * k, KEY, inline=bytes([qp.qpn, k & 0xFF]) * 4,
+                                      signaled=k % 15 == 14 or k == per_qp - 1)
+                    new += [t.frame for t in model.post(qp.qpn, w.wqe)]
+                await qp.ring_nvshmem()
+            await env.wire.wait_frames(before + len(new), timeout_cycles=100_000)
+            first += new
+            continue
         qp = rnd.choice(open_qps)
         acked, last = window(qp.qpn)
         psn = (acked + rnd.randrange(1, 9)) if ((last - acked) & 0xFFFFFF) > 8 else last
