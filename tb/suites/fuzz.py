@@ -308,13 +308,18 @@ async def fuzz_responses(dut):
         model.add_qp(QpContext(qpn=qp.qpn, remote_qpn=qp.remote_qpn, dmac=qp.dmac, dip=qp.dip,
                                start_psn=qp.start_psn, mtu=1024, cqn=0), timeout_ns=NEVER)
     per_qp = 120
-    first = []
-    for qp in rcs:
-        for k in range(per_qp):
-            w = qp.post_write(DST + 0x10000 * qp.qpn + 16 * k, KEY, inline=bytes([qp.qpn, k & 0xFF]) * 4,
-                              signaled=k % 15 == 14 or k == per_qp - 1)
-            first += [t.frame for t in model.post(qp.qpn, w.wqe)]
-        await qp.ring_nvshmem()
+
+    async def post_round():
+        """120 8-byte WRITEs on each RC QP (every 15th and the last signaled); their frames."""
+        out = []
+        for qp in rcs:
+            for k in range(per_qp):
+                w = qp.post_write(DST + 0x10000 * qp.qpn + 16 * k, KEY, inline=bytes([qp.qpn, k & 0xFF]) * 4,
+                                  signaled=k % 15 == 14 or k == per_qp - 1)
+                out += [t.frame for t in model.post(qp.qpn, w.wqe)]
+            await qp.ring_nvshmem()
+        return out
+    first = await post_round()
     w = dead.post_write(DST, KEY, inline=b"d" * 8)
     first += [t.frame for t in model.post(dead.qpn, w.wqe)]
     await dead.ring_nvshmem()
@@ -392,13 +397,7 @@ async def fuzz_responses(dut):
         open_qps = [qp for qp in rcs if window(qp.qpn)[0] != window(qp.qpn)[1]]
         if not open_qps:                 # everything acknowledged: post another round
             before = len(env.wire.frames)
-            new = []
-            for qp in rcs:
-                for k in range(per_qp):
-                    w = qp.post_write(DST + 0x10000 * qp.qpn + 16 * k, KEY, inline=bytes([qp.qpn, k & 0xFF]) * 4,
-                                      signaled=k % 15 == 14 or k == per_qp - 1)
-                    new += [t.frame for t in model.post(qp.qpn, w.wqe)]
-                await qp.ring_nvshmem()
+            new = await post_round()
             await env.wire.wait_frames(before + len(new), timeout_cycles=100_000)
             first += new
             continue
