@@ -80,8 +80,10 @@ async def _all_to_all(dut, msgs, *, faults=None, seed=0, timeout=None):
 
 @cocotb.test()
 async def all_to_all(dut):
-    """Lossless: 4 NICs x 3 peers, WRITEs of 8 B .. 2 MTU, requests and ACKs against the models."""
-    env, nics, qps, preds, counters = await _all_to_all(dut, 4)
+    """Lossless: 4 NICs x 3 peers, WRITEs of 8 B .. 2 MTU, requests and ACKs against the models
+    (4 WRITEs a QP on Verilator, 2 on Icarus, where 4 took 94 s of the regression's budget)."""
+    msgs = 4 if cocotb.SIM_NAME.lower().startswith("verilator") else 2
+    env, nics, qps, preds, counters = await _all_to_all(dut, msgs)
     for i, nic in enumerate(nics):
         requests = [f for f in nic.wire.frames if not _is_ack(f.data)]
         nic.check(preds[i], frames=requests)             # request frames and CQEs: the transmit model
