@@ -15,9 +15,11 @@ Rules modelled (see the brief / SPEC):
       ``model.frames.split_message``, consecutive PSNs (24-bit wrap) from the QP's
       start_psn; CQE (REQ, byte_cnt = length) after the last packet if CQ_UPDATE.
     - Anything else (``parse_wqe`` error): error CQE (REQ_ERR, LOCAL_QP_OP_ERR)
-      regardless of CQ_UPDATE, nothing sent, the QP enters ERR: later WQEs of
-      that QP are dropped (no packet, no CQE).
-    - A QP whose context state is not RTS drops its WQEs.
+      regardless of CQ_UPDATE, nothing sent, the QP enters ERR: every later WQE of
+      that QP completes with REQ_ERR / WR_FLUSH_ERR, signaled or not, and sends nothing
+      (verbs flushes every work request of a QP in error).
+    - A QP whose context state is not RTS (set through the control path) drops its
+      WQEs: the engine takes no doorbell for it.
 """
 
 from collections import Counter
@@ -46,7 +48,8 @@ class WqeResult:
     """Outcome of one posted WQE.
 
     status: "sent" (WRITE executed), "nop", "error" (error CQE written, QP now in
-    ERR) or "dropped" (QP already in ERR or not RTS).
+    ERR), "flushed" (WR_FLUSH_ERR CQE: a WQE failed before it) or "dropped" (the QP's
+    context is not RTS).
     """
     qpn: int
     wqe: object
@@ -63,7 +66,8 @@ class Totals:
     packets / frame_bytes: frames and captured bytes (no FCS);
     wire_bytes: sum of ``spec.params.wire_bytes`` per frame;
     wqes_executed: NOP + WRITE WQEs executed without error;
-    cqes / error_cqes: CQEs written (all) and those with REQ_ERR.
+    cqes / error_cqes: CQEs written (all) and those with REQ_ERR;
+    flushed_wqes: WQEs completed with WR_FLUSH_ERR (posted after a WQE failed).
     """
     messages: int = 0
     payload_bytes: int = 0
@@ -73,6 +77,7 @@ class Totals:
     wqes_executed: int = 0
     cqes: int = 0
     error_cqes: int = 0
+    flushed_wqes: int = 0
 
 
 @dataclass
@@ -140,6 +145,7 @@ class EngineModel:
         # the field as rdma-core and NVSHMEM do.
         self.ci = {qpn: 0 for qpn in self.qps}
         self.qp_error = {qpn: ctx.state == QpState.ERR for qpn, ctx in self.qps.items()}
+        self.failed = {qpn: False for qpn in self.qps}   # a WQE failed: the rest is flushed
         self.frames = {qpn: [] for qpn in self.qps}
         self.results = []
         self.totals = Totals()
@@ -173,10 +179,14 @@ class EngineModel:
         wqe = parse_wqe(wqe_bytes)
         pos = self.ci[qpn]
         self.ci[qpn] = (pos + wqe.num_wqebbs) & 0xFFFF
-        if self.qp_error[qpn] or qp.state != QpState.RTS:
+        if self.failed[qpn]:
+            self.totals.flushed_wqes += 1
+            cqe = self._complete(qp, CqeOp.REQ_ERR, pos, 0, Syndrome.WR_FLUSH_ERR)
+            res = WqeResult(qpn, wqe, "flushed", cqe=cqe)
+        elif self.qp_error[qpn] or qp.state != QpState.RTS:
             res = WqeResult(qpn, wqe, "dropped")
         elif not wqe.valid:
-            self.qp_error[qpn] = True
+            self.qp_error[qpn] = self.failed[qpn] = True
             qp.state = QpState.ERR
             cqe = self._complete(qp, CqeOp.REQ_ERR, pos, 0, Syndrome.LOCAL_QP_OP_ERR)
             res = WqeResult(qpn, wqe, "error", cqe=cqe)

@@ -47,9 +47,10 @@ def FetchJob(num_qps, num_cqs, max_burst):
 def QpUpdate(num_qps):
     """From the WQE parser, only when a burst went wrong: a WQE ran past the WQEBBs
     posted when the burst was scheduled (fetch again from ``ci`` once more is posted:
-    ``end`` is where the burst ended) or a WQE was malformed (``error``: QP to ERR)."""
-    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "ci": unsigned(16), "end": unsigned(16),
-                              "error": unsigned(1)})
+    ``end`` is where the burst ended), or a go-back-N restart (``ci`` = ``end``). A
+    malformed WQE sends none: the parser flushes the QP's later WQEs, so it keeps
+    fetching them."""
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "ci": unsigned(16), "end": unsigned(16)})
 
 
 def QpCommit(num_qps, num_cqs):
@@ -200,15 +201,11 @@ class QpTable(wiring.Component):
                         with m.If(commit_p.reset):
                             m.d.comb += [new.dyn.pi.eq(0), new.dyn.fi.eq(0), new.dyn.queued.eq(0)]
                     with m.Case(QpOp.UPDATE):
-                        m.d.comb += wr.en.eq(1)
-                        with m.If(update_p.error):
-                            m.d.comb += new.cfg.state.eq(QpState.ERR)
-                        with m.Else():
-                            m.d.comb += new.dyn.fi.eq(update_p.ci)
-                            # Fetch the cut WQE again only once more has been posted.
-                            with m.If(rts & ~entry.dyn.queued & (entry.dyn.pi != update_p.ci)
-                                      & (entry.dyn.pi != update_p.end)):
-                                enqueue()
+                        m.d.comb += [wr.en.eq(1), new.dyn.fi.eq(update_p.ci)]
+                        # Fetch the cut WQE again only once more has been posted.
+                        with m.If(rts & ~entry.dyn.queued & (entry.dyn.pi != update_p.ci)
+                                  & (entry.dyn.pi != update_p.end)):
+                            enqueue()
                     with m.Case(QpOp.DOORBELL):
                         # A doorbell never moves the producer index back (``stale``: behind
                         # it, mod 2^16) nor beyond the send-queue depth past the fetch index

@@ -23,9 +23,9 @@ class WqeParser(wiring.Component):
     cycle, plus one cycle per burst to store the QP's state.
 
     The parser owns each QP's consumer index, next PSN (one per packet:
-    ``ceil(length / MTU)``, at least one) and error flag, in a RAM read when a burst
+    ``ceil(length / MTU)``, at least one) and failure state, in a RAM read when a burst
     starts and written when it ends. A burst that does not start at the consumer
-    index (behind a cut WQE) or of a QP in error is discarded.
+    index (behind a cut WQE) is discarded.
 
     Retransmission (go-back-N): a ``retransmit`` command (from the completion tracker)
     sets the QP's consumer index and next PSN back to the requester's restart point
@@ -43,8 +43,11 @@ class WqeParser(wiring.Component):
 
     A WQE cut by the burst end is left for the next turn: its WQEBBs are dropped,
     ``updates`` tells the QP table to fetch again from it. An unsupported opcode or
-    malformed WQE becomes an ERROR message (the builder turns it into an error CQE),
-    and ``updates`` moves the QP to the error state.
+    malformed WQE becomes an ERROR message with LOCAL_QP_OP_ERR (the builder turns it
+    into an error CQE) and fails the QP as above: every WQE after it, in this burst and
+    in every later one until the QP is created again, leaves as an ERROR message with
+    WR_FLUSH_ERR (verbs: a QP in error completes every work request with a flush error).
+    The QP table keeps fetching for it, as for an RC failure, so nothing posted is lost.
 
     Members
     -------
@@ -84,7 +87,7 @@ class WqeParser(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        ctx_layout = data.StructLayout({"index": unsigned(16), "psn": unsigned(24), "err": unsigned(1),
+        ctx_layout = data.StructLayout({"index": unsigned(16), "psn": unsigned(24),
                                         "skip_to": unsigned(24), "resume": unsigned(1),
                                         "fail": unsigned(1), "fsyn": unsigned(8)})
         m.submodules.ctx = ctx_ram = Memory(shape=ctx_layout, depth=self.num_qps, init=[])
@@ -109,11 +112,11 @@ class WqeParser(wiring.Component):
         fresh = Signal()                             # psn not loaded yet: it is ctx.psn
         cur_psn = Signal(24)
         m.d.comb += cur_psn.eq(Mux(fresh, ctx.psn, psn))
-        # RC failure: every WQE leaves as an ERROR message (the first with fsyn, then flushes)
+        # Failure (RC, or a malformed WQE): every WQE leaves as an ERROR message (the
+        # first with fsyn, then flushes)
         failing, fsyn = Signal(), Signal(8)
         cur_fail, cur_syn = Signal(), Signal(8)
         m.d.comb += [cur_fail.eq(Mux(fresh, ctx.fail, failing)), cur_syn.eq(Mux(fresh, ctx.fsyn, fsyn))]
-        error = Signal()                             # this burst hit a malformed WQE
         cut = Signal()                               # this burst ended inside a WQE
         stale = Signal()                             # this burst is discarded as a whole
         wqe = Signal(8 * F.WQEBB * F.MAX_WQEBBS)     # WQEBBs gathered so far
@@ -134,10 +137,18 @@ class WqeParser(wiring.Component):
         ds_first = first.word_select(7, 8)[:6]
         nbb_first = Signal(range(64 // F.DS_PER_WQEBB + 1))   # ds 0..63: 0..16 WQEBBs (a 4-bit count wraps)
         m.d.comb += nbb_first.eq((ds_first + F.DS_PER_WQEBB - 1) >> 2)
-        too_long = Signal()                          # ds 0 (no ctrl segment) or over MAX_WQEBBS: malformed
-        m.d.comb += too_long.eq((got == 0) & ((ds_first == 0) | (nbb_first > F.MAX_WQEBBS)))
-        nbb = Signal(4)
+        # Malformed by size: ds 0 (no ctrl segment: 1 WQEBB) or over MAX_WQEBBS (its
+        # ceil(ds / 4) WQEBBs are skipped, not gathered, so the WQEs after it, flushed,
+        # are found where they were posted).
+        no_ctrl, oversize = Signal(), Signal()
+        m.d.comb += [no_ctrl.eq((got == 0) & (ds_first == 0)),
+                     oversize.eq((got == 0) & (nbb_first > F.MAX_WQEBBS))]
+        too_long = Signal()
+        m.d.comb += too_long.eq(no_ctrl | oversize)
+        nbb = Signal(4)                              # WQEBBs gathered: 1 for a malformed size
         m.d.comb += nbb.eq(Mux(got == 0, Mux(too_long, 1, nbb_first), need))
+        size = Signal.like(nbb_first)                # WQEBBs the WQE takes in the ring
+        m.d.comb += size.eq(Mux(oversize, nbb_first, nbb))
 
         # Fields of the WQE.
         ctrl, raddr_seg, data_seg = view[0:128], view[128:256], view[256:384]
@@ -175,10 +186,13 @@ class WqeParser(wiring.Component):
         m.d.comb += resuming_now.eq(Mux(fresh, ctx.resume, resuming))
         dist = Signal(24)
         m.d.comb += dist.eq(ctx.skip_to - cur_psn)
-        npk = Signal(24)
-        m.d.comb += npk.eq(Mux(kind == MessageKind.WRITE, npkts, 0))
         ahead = Signal()
         m.d.comb += ahead.eq(resuming_now & (dist != 0) & ~dist[23])
+        # PSNs the WQE takes: a flushed WRITE sends nothing, so it takes none (the PSN of a
+        # local error's flushes is then the last one sent, which an ACK covers); WQEs a
+        # go-back walk passes on its way to skip_to count theirs.
+        npk = Signal(24)
+        m.d.comb += npk.eq(Mux((kind == MessageKind.WRITE) & (~cur_fail | ahead), npkts, 0))
         skip_wqe = Signal()
         resume_wqe = Signal()
         m.d.comb += [skip_wqe.eq(ahead & (dist >= npk)), resume_wqe.eq(ahead & (dist < npk))]
@@ -187,8 +201,12 @@ class WqeParser(wiring.Component):
         send_inline = Signal()
         m.d.comb += send_inline.eq((kind == MessageKind.WRITE) & (ds != 2) & is_inline & (inline_len != 0)
                                    & ~cur_fail)
-        next_syn = Signal(8)              # the syndrome of the WQE after this one
-        m.d.comb += next_syn.eq(Mux(cur_fail & ~skip_wqe, F.Syndrome.WR_FLUSH_ERR, cur_syn))
+        # A malformed WQE (not skipped by a go-back walk) fails the QP: the WQEs after it flush.
+        malformed = Signal()
+        m.d.comb += malformed.eq((kind == MessageKind.ERROR) & ~cur_fail & ~skip_wqe)
+        next_fail, next_syn = Signal(), Signal(8)   # failure state and syndrome of the WQE after this one
+        m.d.comb += [next_fail.eq(cur_fail | malformed),
+                     next_syn.eq(Mux((cur_fail & ~skip_wqe) | malformed, F.Syndrome.WR_FLUSH_ERR, cur_syn))]
         two_beats = Signal()
         m.d.comb += two_beats.eq(self.INLINE_OFFSET + inline_len > 128)
 
@@ -203,10 +221,9 @@ class WqeParser(wiring.Component):
             self.messages.p.inline.eq(is_inline & (ds != 2)),
             self.messages.p.addr.eq(Mux(resume_wqe, seg_addr + advance, seg_addr)),
             self.messages.p.psn.eq(Mux(resume_wqe, ctx.skip_to, cur_psn)),
-            self.messages.p.resume.eq(resume_wqe), self.messages.p.next_index.eq(index + nbb),
+            self.messages.p.resume.eq(resume_wqe), self.messages.p.next_index.eq(index + size),
             self.updates.p.qpn.eq(job.qpn), self.updates.p.ci.eq(index),
             self.updates.p.end.eq(job.ci + job.count),
-            self.updates.p.error.eq(error),
         ]
 
         # Context writes: QP creation (any time but END), and the burst's end.
@@ -214,18 +231,18 @@ class WqeParser(wiring.Component):
         m.d.comb += self.commit.ready.eq(commit_ok)
         with m.If(self.commit.valid & commit_ok):
             m.d.comb += [wr.en.eq(1), wr.addr.eq(self.commit.p.qpn), wr.data.index.eq(0),
-                         wr.data.psn.eq(self.commit.p.psn), wr.data.err.eq(0), wr.data.resume.eq(0),
+                         wr.data.psn.eq(self.commit.p.psn), wr.data.resume.eq(0),
                          wr.data.fail.eq(0)]
 
         end_now = Signal()                           # RUN ends the burst this cycle (RAM write)
 
-        def store_ctx(index_, psn_, err_, resume_=None, syn_=None):
-            # the burst's end: the QP's consumer index, next PSN, error flag, go-back-N and
-            # failure state
+        def store_ctx(index_, psn_, resume_=None, syn_=None, fail_=None):
+            # the burst's end: the QP's consumer index, next PSN, go-back-N and failure state
             m.d.comb += [wr.en.eq(1), wr.addr.eq(job.qpn), wr.data.index.eq(index_),
-                         wr.data.psn.eq(psn_), wr.data.err.eq(err_), wr.data.skip_to.eq(ctx.skip_to),
+                         wr.data.psn.eq(psn_), wr.data.skip_to.eq(ctx.skip_to),
                          wr.data.resume.eq(resuming_now if resume_ is None else resume_),
-                         wr.data.fail.eq(cur_fail), wr.data.fsyn.eq(cur_syn if syn_ is None else syn_)]
+                         wr.data.fail.eq(cur_fail if fail_ is None else fail_),
+                         wr.data.fsyn.eq(cur_syn if syn_ is None else syn_)]
 
         def start_burst():
             # a waiting retransmission goes first (from IDLE), so busy bursts cannot starve it
@@ -233,7 +250,7 @@ class WqeParser(wiring.Component):
                 m.d.comb += [self.bursts.ready.eq(1), rd.addr.eq(self.bursts.p.qpn), rd.en.eq(1)]
                 with m.If(self.bursts.valid):
                     m.d.sync += [job.eq(self.bursts.p), left.eq(self.bursts.p.count), index.eq(self.bursts.p.ci),
-                                 fresh.eq(1), error.eq(0), cut.eq(0), stale.eq(0), got.eq(0)]
+                                 fresh.eq(1), cut.eq(0), stale.eq(0), got.eq(0)]
                     m.next = "RUN"
 
         # Where the QP's consumer index stands in this burst: WQEBBs the previous burst
@@ -258,19 +275,18 @@ class WqeParser(wiring.Component):
                 with m.If(rtx.valid):
                     # Go back: the QP table fetches again from the restart point.
                     m.d.comb += [self.updates.valid.eq(1), self.updates.p.qpn.eq(rtx.p.qpn),
-                                 self.updates.p.ci.eq(rtx.p.index), self.updates.p.end.eq(rtx.p.index),
-                                 self.updates.p.error.eq(0)]
+                                 self.updates.p.ci.eq(rtx.p.index), self.updates.p.end.eq(rtx.p.index)]
                     with m.If(self.updates.ready):
                         m.d.comb += [rtx.ready.eq(1), wr.en.eq(1), wr.addr.eq(rtx.p.qpn),
                                      wr.data.index.eq(rtx.p.index), wr.data.psn.eq(rtx.p.psn),
-                                     wr.data.err.eq(0), wr.data.skip_to.eq(rtx.p.skip_to), wr.data.resume.eq(1),
+                                     wr.data.skip_to.eq(rtx.p.skip_to), wr.data.resume.eq(1),
                                      wr.data.fail.eq(rtx.p.fail), wr.data.fsyn.eq(rtx.p.syndrome)]
                 with m.Else():
                     start_burst()
             with m.State("RUN"):
                 m.d.comb += commit_ok.eq(~end_now)
-                with m.If(fresh & (ctx.err | (skip > job.count))):
-                    # Behind a cut WQE (its refetch follows) or of a QP in error.
+                with m.If(fresh & (skip > job.count)):
+                    # Behind a cut WQE (its refetch follows).
                     m.d.sync += [stale.eq(1), drop.eq(left), after_drop.eq(0)]
                     m.next = "DROP"
                 with m.Elif(fresh & (skip != 0) & (index != ctx.index)):
@@ -282,7 +298,7 @@ class WqeParser(wiring.Component):
                     # Read past the burst's own WQEs: the next burst starts here.
                     drop_then(left)
                 with m.Elif(src.valid):
-                    with m.If((got == 0) & ~too_long & (nbb_first > left)):
+                    with m.If((got == 0) & ~no_ctrl & (nbb_first > left)):
                         # The WQE runs past what was posted: fetched again from here.
                         m.d.sync += cut.eq(1)
                         drop_then(left)
@@ -304,19 +320,20 @@ class WqeParser(wiring.Component):
                         ]
                         with m.If(~emit | (self.messages.ready & inline_ok)):
                             m.d.comb += src.ready.eq(1)
-                            m.d.sync += [index.eq(index + nbb), left.eq(left - 1), got.eq(0), fresh.eq(0),
+                            m.d.sync += [index.eq(index + size), left.eq(left - 1), got.eq(0), fresh.eq(0),
                                          psn.eq(cur_psn + npk), wqe.eq(view), resuming.eq(skip_wqe),
-                                         failing.eq(cur_fail), fsyn.eq(next_syn)]
-                            with m.If(emit & (kind == MessageKind.ERROR) & ~cur_fail):
-                                m.d.sync += error.eq(1)
-                                drop_then(left - 1)
-                            with m.Elif(emit & send_inline & two_beats):
+                                         failing.eq(next_fail), fsyn.eq(next_syn)]
+                            with m.If(emit & send_inline & two_beats):
                                 m.next = "INLINE1"
+                            with m.Elif(oversize):
+                                # skip the rest of the oversized WQE, then go on
+                                m.d.sync += [left.eq(left - nbb_first), drop.eq(nbb_first - 1), after_drop.eq(1)]
+                                m.next = "DROP"
                             with m.Elif(left == 1):
                                 # The burst's last WQE: store the QP's state and take the
                                 # next burst in this same cycle (no END cycle).
                                 m.d.comb += end_now.eq(1)
-                                store_ctx(index + nbb, cur_psn + npk, 0, skip_wqe, next_syn)
+                                store_ctx(index + size, cur_psn + npk, skip_wqe, next_syn, next_fail)
                                 m.next = "IDLE"
                                 start_burst()
             with m.State("INLINE1"):
@@ -327,9 +344,9 @@ class WqeParser(wiring.Component):
                     with m.Else():
                         m.next = "RUN"
             with m.State("DROP"):
-                # Discard WQEBBs: the burst's rest (after an error, a cut WQE, past its own
-                # WQEs, or all of a stale burst), or the head its predecessor already took.
-                quiet = ~after_drop & ~cut & ~error       # nothing to report: end the burst here
+                # Discard WQEBBs: the burst's rest (after a cut WQE, past its own WQEs, or
+                # all of a stale burst), or the head its predecessor already took.
+                quiet = ~after_drop & ~cut                # nothing to report: end the burst here
                 m.d.comb += commit_ok.eq(~(quiet & (drop == 1) & src.valid))
                 with m.If(src.valid):
                     m.d.comb += src.ready.eq(1)
@@ -339,18 +356,18 @@ class WqeParser(wiring.Component):
                             m.next = "RUN"
                         with m.Elif(quiet):
                             with m.If(~stale):
-                                store_ctx(index, cur_psn, 0)
+                                store_ctx(index, cur_psn)
                             m.next = "IDLE"
                             start_burst()
                         with m.Else():
                             m.next = "END"
             with m.State("END"):
-                # Store the QP's state; report a cut or an error; take the next burst.
-                report = ~stale & (cut | error)
+                # Store the QP's state; report a cut; take the next burst.
+                report = ~stale & cut
                 m.d.comb += self.updates.valid.eq(report)
                 with m.If(~report | self.updates.ready):
                     with m.If(~stale):
-                        store_ctx(index, cur_psn, error)
+                        store_ctx(index, cur_psn)
                     m.next = "IDLE"
                     start_burst()
         return m

@@ -152,21 +152,25 @@ async def collapsed_cq(dut):
 
 @cocotb.test()
 async def nop_and_error_wqes(dut):
-    """NOP completes without a packet; an unsupported opcode gives an error CQE and stops that QP only."""
+    """NOP completes without a packet; an unsupported opcode gives an error CQE and fails that
+    QP only: its later WQEs complete with WR_FLUSH_ERR, signaled or not, and send nothing."""
     env, (a, b) = await env_with(dut, 2)
     a.post_nop(signaled=True)
     a.post_write(0x10, 1, inline=b"ok")
     a.post_write(0x20, 1, inline=b"bad", opcode=WqeOp.ATOMIC_FA)   # not supported yet
-    a.post_write(0x30, 1, inline=b"never")
+    a.post_write(0x30, 1, inline=b"never", signaled=False)
+    a.post_nop(signaled=False)
     await a.ring_nvshmem()
     b.post_write(0x40, 2, inline=b"other QP goes on")
     await b.ring_nvshmem()
     pred = env.check(await env.drain())
     await env.check_counters(pred)
     errors = [c for c in a.cq.cqes] if a.cq.cqes else []
-    cqes = await a.cq.poll(3, timeout_cycles=1000)
-    assert [c.opcode for c in cqes] == [CqeOp.REQ, CqeOp.REQ, CqeOp.REQ_ERR]
-    assert cqes[2].syndrome == Syndrome.LOCAL_QP_OP_ERR
+    cqes = await a.cq.poll(5, timeout_cycles=1000)
+    assert [(c.opcode, c.syndrome, c.wqe_counter) for c in cqes] == [
+        (CqeOp.REQ, 0, 0), (CqeOp.REQ, 0, 1), (CqeOp.REQ_ERR, Syndrome.LOCAL_QP_OP_ERR, 2),
+        (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 3), (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 4)]
+    assert not any(b"never" in f.data for f in env.wire.frames)
 
 
 @cocotb.test()
@@ -361,7 +365,8 @@ def _write_body(ds, *, inline=None):
 async def wqe_sizes(dut):
     """Every ds value 0..63 of a NOP and of a pointer WRITE (and inline WRITEs whose ds
     does not fit their data), each on its own QP and followed by a NOP: the engine and the
-    model agree on which are malformed (an error CQE, the QP stops) and, for the good
+    model agree on which are malformed (an error CQE, then the NOP after it flushes at the
+    position the ds claims: ``max(1, ceil(ds / 4))`` WQEBBs on) and, for the good
     ones, on the WQE's size in WQEBBs (the NOP after it completes at its position); a
     WQE whose ctrl index field is wrong completes with its position as wqe_counter.
     Icarus runs a dozen ds values (the edges), Verilator all."""
@@ -388,7 +393,8 @@ async def wqe_sizes(dut):
     good = {q for q, (op, ds, _) in enumerate(cases[:npoint])
             if (op == WqeOp.NOP and 1 <= ds <= 16) or (op == WqeOp.RDMA_WRITE and ds in (2, 3))}
     good.add(npoint + 1)
-    assert pred.totals.error_cqes == len(cases) - len(good), (pred.totals.error_cqes, len(cases) - len(good))
+    bad = len(cases) - len(good)                          # each: its error CQE and the NOP's flush
+    assert (pred.totals.error_cqes, pred.totals.flushed_wqes) == (2 * bad, bad), (pred.totals, bad)
     by_qp = {}
     for c in await cq.poll(pred.totals.cqes, 1000):
         by_qp.setdefault(c.qpn, []).append(c)
@@ -397,7 +403,8 @@ async def wqe_sizes(dut):
             assert [c.wqe_counter for c in by_qp[q]] == [0, max(1, -(-ds // 4))], (q, op, ds)
         else:
             assert [(c.wqe_counter, c.opcode, c.syndrome) for c in by_qp[q]] == \
-                [(0, CqeOp.REQ_ERR, Syndrome.LOCAL_QP_OP_ERR)], (q, op, ds)
+                [(0, CqeOp.REQ_ERR, Syndrome.LOCAL_QP_OP_ERR),
+                 (max(1, -(-ds // 4)), CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR)], (q, op, ds)
     assert [c.wqe_counter for c in by_qp[len(cases)]] == [0, 1]
 
 

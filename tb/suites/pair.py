@@ -317,6 +317,46 @@ async def rc_fault_pattern(dut):
 
 
 @cocotb.test()
+async def rc_local_error_flush(dut):
+    """A malformed WQE on an RC QP behind an outstanding WRITE whose middle packet is lost:
+    the WRITE is sent again (the go-back walk meets the malformed WQE a second time and
+    must not complete it twice), completes, then the malformed WQE completes with
+    LOCAL_QP_OP_ERR and every WQE after it, signaled or not, also one posted after the
+    error CQE, with WR_FLUSH_ERR, in order and without a packet. CQEs and frames on both
+    directions equal the golden model's (``simulate``)."""
+    mtu, n, timeout = 1024, 3 * 1024, 400
+    pattern = [(1, "drop")]                      # the first WRITE's middle packet: NAK, go back
+    a, b, cq_a, qp_a = await _one_qp_pair(dut, {("tx", 0): FaultSpec(pattern=pattern)}, mtu, 1, timeout)
+    data = bytes((j * 5 + 1) & 0xFF for j in range(n))
+    addr = a.gpu.alloc(n, 128)
+    a.gpu.write(addr, data)
+    qp_a.post_write(DST, KEY, local_addr=addr, length=n, signaled=True)          # index 0
+    qp_a.post_write(DST + 0x8000, KEY, inline=b"atomic", opcode=0x12)          # 1: ATOMIC_FA, unsupported
+    qp_a.post_write(DST + 0x9000, KEY, inline=b"flushed", signaled=False)      # 2
+    qp_a.post_nop(signaled=False)                                              # 3
+    await qp_a.ring_rdma_core()
+    await a.wait_for(lambda: len(a.cqe_writes()) >= 4, 30 * timeout, "4 CQEs")
+    qp_a.post_write(DST + 0xA000, KEY, inline=b"late", signaled=True)          # 4: posted to a QP in ERR
+    await qp_a.ring_rdma_core()
+    await a.wait_for(lambda: len(a.cqe_writes()) >= 5, 30 * timeout, "the 5th CQE")
+    await ClockCycles(dut.clk, 4 * timeout)
+    got = [parse_cqe(raw) for _, _, raw, _ in a.cqe_writes()]
+    assert [(c["opcode"], c["syndrome"], c["wqe_counter"]) for c in got] == [
+        (CqeOp.REQ, 0, 0), (CqeOp.REQ_ERR, Syndrome.LOCAL_QP_OP_ERR, 1), (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 2),
+        (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 3), (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 4)]
+    assert b.mem.read(DST, n) == data
+    assert not any(t in f.data for f in a.wire.frames for t in (b"atomic", b"flushed", b"late"))
+    req, rsp = _one_qp_models(a, cq_a, qp_a, mtu, 1, timeout)
+    posts = [(0, 1, w.wqe) for w in qp_a.posted[:4]] + [(10 ** 6, 1, qp_a.posted[4].wqe)]
+    res = simulate(req, rsp, posts, faults=pattern, latency_ns=200)
+    assert not res.hung
+    _assert_frames_as_model(res, a, b)
+    assert [raw for _, _, raw, _ in a.cqe_writes()] == [rec.cqe for rec in req.completions], "CQEs differ from the model's"
+    ca = await a.ctl.read_counters()
+    assert ca["error_cqes"] == 4 and ca["retransmits"] == req.counters.go_back_n == 1, ca
+
+
+@cocotb.test()
 async def rc_unsignaled_tail(dut):
     """A lost packet of an unsignaled WQE with nothing sent after it: only the ACK
     timer can recover it (no later packet shows the gap, no CQE waits). Two unsignaled

@@ -253,20 +253,21 @@ def test_error_wqe_semantics():
         (1, build_write_wqe(0, 1, 0x100, 1, inline=b"abcd")),
         (1, hand_ctrl(0x0A, 1, 1, 3, fm=0) + b"\0" * 48),        # SEND, no CQ_UPDATE: still an error CQE
         (2, build_write_wqe(0, 2, 0x200, 1, inline=b"xy")),
-        (1, build_write_wqe(2, 1, 0x100, 1, inline=b"lost")),    # after the error: nothing
-        (1, build_nop_wqe(3, 1)),                                # nothing either
+        (1, build_write_wqe(2, 1, 0x100, 1, inline=b"lost", cq_update=False)),  # after the error: flushed,
+        (1, build_nop_wqe(3, 1)),                                # signaled or not; nothing sent
         (2, build_nop_wqe(1, 2)),
     ]
     res = eng.run(posts)
-    assert [r.status for r in eng.results] == ["sent", "error", "sent", "dropped", "dropped", "nop"]
+    assert [r.status for r in eng.results] == ["sent", "error", "sent", "flushed", "flushed", "nop"]
     assert [r.psn for r in res.frames[1]] == [0]
     assert [r.psn for r in res.frames[2]] == [50]
     assert res.qp_error == {1: True, 2: False}
     assert [r.cqe for r in res.cqes[0]] == [
         hand_cqe(0, 1, 0, 4, 0), hand_cqe(13, 1, 1, 0, 0, syndrome=2),
-        hand_cqe(0, 2, 0, 2, 0), hand_cqe(0, 2, 1, 0, 0)]
+        hand_cqe(0, 2, 0, 2, 0), hand_cqe(13, 1, 2, 0, 0, syndrome=5), hand_cqe(13, 1, 3, 0, 0, syndrome=5),
+        hand_cqe(0, 2, 1, 0, 0)]
     t = res.totals
-    assert (t.messages, t.packets, t.cqes, t.error_cqes, t.wqes_executed) == (2, 2, 4, 1, 3)
+    assert (t.messages, t.packets, t.cqes, t.error_cqes, t.wqes_executed, t.flushed_wqes) == (2, 2, 6, 3, 3, 2)
 
 
 def test_no_cqe_without_cq_update_and_nop_sends_nothing():
