@@ -16,7 +16,8 @@ __all__ = ["build_cqe", "parse_cqe", "CqContext", "CqModel", "CQE_FILL"]
 CQE_FILL = 0xFF                    # fresh CQ buffers are memset to 0xFF (op INVALID)
 
 
-def build_cqe(opcode, qpn, wqe_counter, byte_cnt=0, owner=0, syndrome=0, vendor_err_synd=0):
+def build_cqe(opcode, qpn, wqe_counter, byte_cnt=0, owner=0, syndrome=0, vendor_err_synd=0, wqe_opcode=0,
+              user_index=0):
     """Build a 64-byte requester CQE.
 
     Parameters:
@@ -26,6 +27,8 @@ def build_cqe(opcode, qpn, wqe_counter, byte_cnt=0, owner=0, syndrome=0, vendor_
         byte_cnt: message length (0 for NOP and error CQEs).
         owner: owner bit (op_own bit 0); format bits are 0.
         syndrome, vendor_err_synd: error fields (0 for REQ).
+        wqe_opcode: the completed WQE's ctrl opcode (sop_drop_qpn [31:24]).
+        user_index: the QP's user index (srqn_uidx [23:0]).
 
     Returns 64 bytes; all other bytes (including signature @62) are zero.
     """
@@ -37,20 +40,27 @@ def build_cqe(opcode, qpn, wqe_counter, byte_cnt=0, owner=0, syndrome=0, vendor_
         raise ValueError(f"wqe_counter must fit in 16 bits, got {wqe_counter}")
     if owner not in (0, 1):
         raise ValueError(f"owner must be 0 or 1, got {owner}")
+    if not 0 <= wqe_opcode <= 0xFF:
+        raise ValueError(f"wqe_opcode must fit in 8 bits, got {wqe_opcode}")
+    if not 0 <= user_index < 1 << 24:
+        raise ValueError(f"user_index must fit in 24 bits, got {user_index:#x}")
     b = bytearray(CQE_SIZE)
-    pack(CQE64, b, 0, byte_cnt=byte_cnt, vendor_err_synd=vendor_err_synd, syndrome=syndrome,
-         sop_drop_qpn=qpn, wqe_counter=wqe_counter, signature=0, op_own=(opcode << 4) | owner)
+    pack(CQE64, b, 0, srqn_uidx=user_index, byte_cnt=byte_cnt, vendor_err_synd=vendor_err_synd, syndrome=syndrome,
+         sop_drop_qpn=wqe_opcode << 24 | qpn, wqe_counter=wqe_counter, signature=0, op_own=(opcode << 4) | owner)
     return bytes(b)
 
 
 def parse_cqe(cqe):
-    """Fields of a 64-byte CQE: the ``spec.formats.CQE64`` table plus opcode, owner and qpn."""
+    """Fields of a 64-byte CQE: the ``spec.formats.CQE64`` table plus opcode, owner, qpn,
+    wqe_opcode and user_index."""
     if len(cqe) != CQE_SIZE:
         raise ValueError(f"CQE must be {CQE_SIZE} bytes, got {len(cqe)}")
     d = unpack(CQE64, cqe)
     d["opcode"] = d["op_own"] >> 4
     d["owner"] = d["op_own"] & 1
     d["qpn"] = d["sop_drop_qpn"] & 0xFFFFFF
+    d["wqe_opcode"] = d["sop_drop_qpn"] >> 24
+    d["user_index"] = d["srqn_uidx"] & 0xFFFFFF
     return d
 
 
@@ -129,11 +139,11 @@ class CqModel:
         """Memory address of the k-th CQE."""
         return self.ctx.base + self.slot_of(k) * CQE_SIZE
 
-    def push(self, opcode, qpn, wqe_counter, byte_cnt=0, syndrome=0, vendor_err_synd=0):
+    def push(self, opcode, qpn, wqe_counter, byte_cnt=0, syndrome=0, vendor_err_synd=0, wqe_opcode=0, user_index=0):
         """Write the next CQE (arguments as ``build_cqe`` without owner); returns its CqeRecord."""
         k = self.k
         owner = self.owner_of(k)
-        cqe = build_cqe(opcode, qpn, wqe_counter, byte_cnt, owner, syndrome, vendor_err_synd)
+        cqe = build_cqe(opcode, qpn, wqe_counter, byte_cnt, owner, syndrome, vendor_err_synd, wqe_opcode, user_index)
         slot = self.slot_of(k)
         self._buf[slot * CQE_SIZE:(slot + 1) * CQE_SIZE] = cqe
         rec = CqeRecord(self.ctx.cqn, k, slot, self.address_of(k), owner, opcode, qpn,

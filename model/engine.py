@@ -157,9 +157,10 @@ class EngineModel:
             raise ValueError(f"QP {qp.qpn} completes to CQ {qp.cqn}, which is not in cqs")
         return self.cqs[qp.cqn]
 
-    def _complete(self, qp, opcode, index, byte_cnt=0, syndrome=0):
-        rec = self._cq(qp).push(opcode, qp.qpn, index, byte_cnt, syndrome)
-        self._cqe_requests[qp.qpn].append((opcode, index, byte_cnt, syndrome))
+    def _complete(self, qp, opcode, index, byte_cnt, syndrome, wqe):
+        rec = self._cq(qp).push(opcode, qp.qpn, index, byte_cnt, syndrome, wqe_opcode=wqe.opcode,
+                                user_index=qp.user_index)
+        self._cqe_requests[qp.qpn].append((opcode, index, byte_cnt, syndrome, wqe.opcode))
         self.totals.cqes += 1
         self.totals.error_cqes += opcode == CqeOp.REQ_ERR
         return rec
@@ -181,18 +182,18 @@ class EngineModel:
         self.ci[qpn] = (pos + wqe.num_wqebbs) & 0xFFFF
         if self.failed[qpn]:
             self.totals.flushed_wqes += 1
-            cqe = self._complete(qp, CqeOp.REQ_ERR, pos, 0, Syndrome.WR_FLUSH_ERR)
+            cqe = self._complete(qp, CqeOp.REQ_ERR, pos, 0, Syndrome.WR_FLUSH_ERR, wqe)
             res = WqeResult(qpn, wqe, "flushed", cqe=cqe)
         elif self.qp_error[qpn] or qp.state != QpState.RTS:
             res = WqeResult(qpn, wqe, "dropped")
         elif not wqe.valid:
             self.qp_error[qpn] = self.failed[qpn] = True
             qp.state = QpState.ERR
-            cqe = self._complete(qp, CqeOp.REQ_ERR, pos, 0, Syndrome.LOCAL_QP_OP_ERR)
+            cqe = self._complete(qp, CqeOp.REQ_ERR, pos, 0, Syndrome.LOCAL_QP_OP_ERR, wqe)
             res = WqeResult(qpn, wqe, "error", cqe=cqe)
         elif wqe.opcode == WqeOp.NOP:
             self.totals.wqes_executed += 1
-            cqe = self._complete(qp, CqeOp.REQ, pos, 0) if wqe.cq_update else None
+            cqe = self._complete(qp, CqeOp.REQ, pos, 0, 0, wqe) if wqe.cq_update else None
             res = WqeResult(qpn, wqe, "nop", cqe=cqe)
         else:  # RDMA_WRITE
             if wqe.kind == "pointer":
@@ -215,7 +216,7 @@ class EngineModel:
             t.frame_bytes += sum(len(f) for f in raw)
             t.wire_bytes += sum(wire_bytes(len(f)) for f in raw)
             t.wqes_executed += 1
-            cqe = self._complete(qp, CqeOp.REQ, pos, len(payload)) if wqe.cq_update else None
+            cqe = self._complete(qp, CqeOp.REQ, pos, len(payload), 0, wqe) if wqe.cq_update else None
             res = WqeResult(qpn, wqe, "sent", recs, cqe)
         self.results.append(res)
         return res
@@ -260,7 +261,7 @@ class EngineModel:
         cq = CqModel(self.cq_ctx[cqn])
         pos = {q: 0 for q in qpns}
         for q in qpn_order:
-            opcode, index, byte_cnt, syndrome = self._cqe_requests[q][pos[q]]
+            opcode, index, byte_cnt, syndrome, wqe_opcode = self._cqe_requests[q][pos[q]]
             pos[q] += 1
-            cq.push(opcode, q, index, byte_cnt, syndrome)
+            cq.push(opcode, q, index, byte_cnt, syndrome, wqe_opcode=wqe_opcode, user_index=self.qps[q].user_index)
         return cq

@@ -109,6 +109,7 @@ class QpContext:
         start_psn: PSN of the first packet (24 bits).
         mtu: path MTU in bytes (256, 512, 1024, 2048 or 4096).
         state: ``spec.formats.QpState`` value; only RTS sends.
+        user_index: 24-bit user index its CQEs carry in srqn_uidx (QP_USER_INDEX).
     """
     qpn: int
     remote_qpn: int
@@ -120,9 +121,10 @@ class QpContext:
     start_psn: int = 0
     mtu: int = 4096
     state: int = QpState.RTS
+    user_index: int = 0
 
     def __post_init__(self):
-        for name in ("qpn", "remote_qpn", "start_psn"):
+        for name in ("qpn", "remote_qpn", "start_psn", "user_index"):
             v = getattr(self, name)
             if not 0 <= v <= PSN_MASK:
                 raise ValueError(f"QpContext.{name} must fit in 24 bits, got {v:#x}")

@@ -126,6 +126,7 @@ class _ReqWqe:
     addr: int = 0
     inline: bytes = b""
     pending: int = 0           # packets not yet acknowledged
+    opcode: int = 0            # the WQE's ctrl opcode (its CQE's sop_drop_qpn [31:24])
 
 
 @dataclass
@@ -242,8 +243,10 @@ class RcRequester:
         return min(ds) if ds else None
 
     # -- completions
-    def _cqe(self, q, opcode, index, byte_cnt=0, syndrome=0):
-        rec = self.cqs[q.ctx.cqn].push(opcode, q.ctx.qpn, index, byte_cnt, syndrome)
+    def _cqe(self, q, opcode, w, byte_cnt=0, syndrome=0):
+        """The CQE of WQE ``w`` (a _ReqWqe, or the parsed Wqe of a post flushed at once)."""
+        rec = self.cqs[q.ctx.cqn].push(opcode, q.ctx.qpn, w.index, byte_cnt, syndrome, wqe_opcode=w.opcode,
+                                       user_index=q.ctx.user_index)
         self.completions.append(rec)
         self.counters.cqes += 1
         self.counters.error_cqes += opcode == CqeOp.REQ_ERR
@@ -252,13 +255,13 @@ class RcRequester:
     def _fail(self, q, syndrome, out):
         """Head WQE completes with ``syndrome``, the QP goes to ERR, the rest is flushed."""
         w = q.wqes.popleft()
-        out.append(self._cqe(q, CqeOp.REQ_ERR, w.index, 0, syndrome))
+        out.append(self._cqe(q, CqeOp.REQ_ERR, w, 0, syndrome))
         q.state = QpState.ERR
         q.outstanding.clear()
         q.deadline = None
         while q.wqes:
             self.counters.flushed_wqes += 1
-            out.append(self._cqe(q, CqeOp.REQ_ERR, q.wqes.popleft().index, 0, CqeSyndrome.WR_FLUSH_ERR))
+            out.append(self._cqe(q, CqeOp.REQ_ERR, q.wqes.popleft(), 0, CqeSyndrome.WR_FLUSH_ERR))
 
     def _advance(self, q, out):
         """Complete WQEs at the head in order while they are fully acknowledged."""
@@ -273,7 +276,7 @@ class RcRequester:
             if w.kind == "write":
                 q.msn_acked = (q.msn_acked + 1) & MSN_MASK
             if w.signalled:
-                out.append(self._cqe(q, CqeOp.REQ, w.index, w.length))
+                out.append(self._cqe(q, CqeOp.REQ, w, w.length))
 
     def _ack_through(self, q, psn, now, out):
         """Acknowledge every outstanding packet up to ``psn`` (must be outstanding or una-1)."""
@@ -312,7 +315,7 @@ class RcRequester:
         self.counters.posted_wqes += 1
         if q.state == QpState.ERR:
             self.counters.flushed_wqes += 1
-            self._cqe(q, CqeOp.REQ_ERR, w.index, 0, CqeSyndrome.WR_FLUSH_ERR)
+            self._cqe(q, CqeOp.REQ_ERR, w, 0, CqeSyndrome.WR_FLUSH_ERR)
             return []
         if q.state != QpState.RTS:
             self.counters.dropped_posts += 1
@@ -320,15 +323,16 @@ class RcRequester:
         out = []
         if not w.valid:
             q.blocked = True
-            q.wqes.append(_ReqWqe(w.index, "error", True))
+            q.wqes.append(_ReqWqe(w.index, "error", True, opcode=w.opcode))
             self._advance(q, out)
             return []
         if w.opcode == WqeOp.NOP:   # parse_wqe accepts only NOP and RDMA_WRITE
-            q.wqes.append(_ReqWqe(w.index, "nop", w.cq_update))
+            q.wqes.append(_ReqWqe(w.index, "nop", w.cq_update, opcode=w.opcode))
             if not q.blocked:
                 self._advance(q, out)
             return []
-        rec = _ReqWqe(w.index, "write", w.cq_update, w.length, w.raddr, w.rkey, w.kind, w.addr, w.inline_data)
+        rec = _ReqWqe(w.index, "write", w.cq_update, w.length, w.raddr, w.rkey, w.kind, w.addr, w.inline_data,
+                      opcode=w.opcode)
         q.wqes.append(rec)
         if q.blocked:          # behind an invalid WQE: never sent, flushed when it fails
             return []

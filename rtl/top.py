@@ -125,6 +125,9 @@ class IbgdaNic(wiring.Component):
             req.tracker_commit.p.qpn.eq(host.qp_num), req.tracker_commit.p.start_psn.eq(host.qp_start_psn),
             req.tracker_commit.p.timeout.eq(host.qp_timeout), req.tracker_commit.p.retry_cnt.eq(host.qp_retry_cnt),
             req.parser_commit.p.qpn.eq(host.qp_num), req.parser_commit.p.psn.eq(host.qp_start_psn),
+            # the CQE writer's user-index RAM is always ready: written with the create
+            req.uidx_commit.valid.eq(create & qp_ready & rsp_ready & trk_ready & wp_ready),
+            req.uidx_commit.p.qpn.eq(host.qp_num), req.uidx_commit.p.user_index.eq(host.qp_user_index),
             host.qp_commit_ack.eq(qp_ready),
             # every commit also tells the response checker the QP's peer, service and state
             req.checker_commit.valid.eq(req.qp_commit.valid & qp_ready),

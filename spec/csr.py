@@ -59,6 +59,8 @@ REGISTERS = (
     Reg("QP_SERVICE", 0x148, RW, 1, "0: RC (a WQE completes when acknowledged), 1: UC (when sent)"),
     Reg("QP_TIMEOUT", 0x14C, RW, 32, "RC ACK timeout in core cycles (the timer runs while completions wait)"),
     Reg("QP_RETRY", 0x150, RW, 3, "RC retry count 0..7: timer retransmissions before the QP gives up"),
+    Reg("QP_USER_INDEX", 0x154, RW, 24, "user index its CQEs carry in srqn_uidx [23:0] (CQE version 1; "
+        "taken by a create)"),
     Reg("CQ_NUM", 0x200, RW, _CQ_BITS, "CQ the next CQ commit writes"),
     Reg("CQ_BASE_LO", 0x204, RW, 32, "CQ buffer base address [31:0] (64-byte aligned)"),
     Reg("CQ_BASE_HI", 0x208, RW, 32, "CQ buffer base address [63:32]"),

@@ -166,7 +166,10 @@ def doorbell_limit(index, ds):
 
 # ---- mlx5 CQE64 ---------------------------------------------------------------
 CQE_SIZE = 64
-CQE64 = (("imm", 36, 4), ("byte_cnt", 44, 4), ("vendor_err_synd", 54, 1), ("syndrome", 55, 1),
+# srqn_uidx [23:0]: the QP's user index (CQE version 1, which NVSHMEM requires); sop_drop_qpn:
+# [31:24] the completed WQE's opcode (libmlx5 reads it as the requester CQE's opcode; the
+# error CQE's s_wqe_opcode_qpn has it in the same place), [23:0] the QPN.
+CQE64 = (("srqn_uidx", 32, 4), ("imm", 36, 4), ("byte_cnt", 44, 4), ("vendor_err_synd", 54, 1), ("syndrome", 55, 1),
          ("sop_drop_qpn", 56, 4), ("wqe_counter", 60, 2), ("signature", 62, 1), ("op_own", 63, 1))
 
 class CqeOp:

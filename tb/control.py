@@ -83,7 +83,7 @@ class NicControl:
 
     async def create_qp(self, qpn, sq_base, log_depth, cqn, remote_qpn, start_psn, dmac, dip,
                         mtu_code, state=QpState.RTS, weight=1, rq_psn=0, pd=0, ack_every=1, uc=False,
-                        timeout=DEFAULT_TIMEOUT_CYCLES, retry_cnt=7):
+                        timeout=DEFAULT_TIMEOUT_CYCLES, retry_cnt=7, user_index=0):
         """Stage a QP context and commit it to ``qpn`` (indices reset to 0, PSN to start_psn).
 
         Parameters:
@@ -99,6 +99,7 @@ class NicControl:
                 the responder has acknowledged them.
             timeout: ACK timeout in core cycles; retry_cnt: retransmissions on timeout
                 before the QP gives up (0..7).
+            user_index: 24-bit user index the QP's CQEs carry (srqn_uidx).
         """
         _check("qpn", qpn, 0, self.num_qps - 1)
         _check_base("sq_base", sq_base)
@@ -116,12 +117,13 @@ class NicControl:
         _check("ack_every", ack_every, 1, 255)
         _check("timeout", timeout, 1, 2**32 - 1)
         _check("retry_cnt", retry_cnt, 0, 7)
+        _check("user_index", user_index, 0, 2**24 - 1)
         lo, hi = mac_split(dmac)
         regs = {"QP_NUM": qpn, "QP_SQ_BASE_LO": sq_base & 0xFFFF_FFFF, "QP_SQ_BASE_HI": sq_base >> 32,
                 "QP_SQ_LOG_DEPTH": log_depth, "QP_CQN": cqn, "QP_REMOTE_QPN": remote_qpn, "QP_START_PSN": start_psn,
                 "QP_DMAC_LO": lo, "QP_DMAC_HI": hi, "QP_DIP": dip, "QP_MTU": mtu_code, "QP_STATE": state,
                 "QP_WEIGHT": weight, "QP_RQ_PSN": rq_psn, "QP_PD": pd, "QP_ACK_EVERY": ack_every, "QP_SERVICE": int(uc),
-                "QP_TIMEOUT": timeout, "QP_RETRY": retry_cnt}
+                "QP_TIMEOUT": timeout, "QP_RETRY": retry_cnt, "QP_USER_INDEX": user_index}
         for addr, value in regs.items():
             await self.write_reg(addr, value)
         await self.write_reg("QP_COMMIT", 1)

@@ -159,7 +159,7 @@ class NicEnv:
     def model(self):
         qps = {q: QpContext(qpn=q, remote_qpn=qp.remote_qpn, dmac=qp.dmac, dip=qp.dip,
                             sq_base=qp.sq_base, log_depth=qp.log_depth, cqn=qp.cq.cqn,
-                            start_psn=qp.start_psn, mtu=qp.mtu)
+                            start_psn=qp.start_psn, mtu=qp.mtu, user_index=qp.user_index)
                for q, qp in self.qps.items()}
         cqs = {c: CqContext(cqn=c, log_depth=cq.log_depth, base=cq.base, collapsed=cq.collapsed)
                for c, cq in self.cqs.items()}

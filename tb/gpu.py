@@ -31,6 +31,11 @@ def _check(name, value, lo, hi):
         raise ValueError(f"{name} must be an integer in [{lo:#x}, {hi:#x}], not {value!r}")
 
 
+def default_user_index(qpn):
+    """The user index the testbench gives QP ``qpn`` (24 bits, never 0, differs per QP)."""
+    return 0x5A0000 ^ (qpn & 0xFFFF) ^ 0x1
+
+
 def be32(v):
     return (v & 0xFFFF_FFFF).to_bytes(4, "big")
 
@@ -58,6 +63,8 @@ class Cqe:
     index: int
     seen_cycle: int
     write_cycle: int | None = None
+    wqe_opcode: int = 0                 # sop_drop_qpn [31:24]: the completed WQE's opcode
+    user_index: int = 0                 # srqn_uidx [23:0]
 
     @property
     def is_error(self):
@@ -68,7 +75,8 @@ class Cqe:
         f = unpack(CQE64, raw)
         return cls(opcode=f["op_own"] >> 4, owner=f["op_own"] & 1, qpn=f["sop_drop_qpn"] & 0xFF_FFFF,
                    wqe_counter=f["wqe_counter"], byte_cnt=f["byte_cnt"], imm=f["imm"], syndrome=f["syndrome"],
-                   vendor_err_synd=f["vendor_err_synd"], raw=bytes(raw), index=index, seen_cycle=seen_cycle)
+                   vendor_err_synd=f["vendor_err_synd"], raw=bytes(raw), index=index, seen_cycle=seen_cycle,
+                   wqe_opcode=f["sop_drop_qpn"] >> 24, user_index=f["srqn_uidx"] & 0xFF_FFFF)
 
 
 @dataclass
@@ -171,13 +179,16 @@ class GpuModel:
         return cq
 
     async def create_qp(self, qpn, log_depth, cq, *, remote_qpn, dmac, dip, start_psn=0, mtu_code=5,
-                        state=QpState.RTS, weight=1, **receive):
+                        state=QpState.RTS, weight=1, user_index=None, **receive):
         """Allocate an SQ (zeroed) and a doorbell record and create the QP in the NIC.
 
-        ``receive``: the receive side's ``rq_psn``, ``pd``, ``ack_every`` (NicControl.create_qp)."""
+        ``user_index``: the user index its CQEs carry (default ``default_user_index(qpn)``,
+        not 0, so every CQE check covers the field). ``receive``: the receive side's
+        ``rq_psn``, ``pd``, ``ack_every`` (NicControl.create_qp)."""
         qp = Qp(self, qpn, log_depth, cq)
+        qp.user_index = default_user_index(qpn) if user_index is None else user_index
         await self.ctl.create_qp(qpn, qp.sq_base, log_depth, cq.cqn, remote_qpn, start_psn, dmac, dip,
-                                 mtu_code, state, weight, **receive)
+                                 mtu_code, state, weight, user_index=qp.user_index, **receive)
         qp.weight = weight
         self.qps[qpn] = qp
         return qp
@@ -356,6 +367,7 @@ class Qp:
         self.dbr_addr = gpu.alloc(4, align=8)
         gpu.write(self.dbr_addr, bytes(4))
         self.pi = 0                     # producer index in WQEBBs (unbounded; & 0xffff on the wire)
+        self.user_index = 0             # as created (Gpu.create_qp)
         self.posted = []                # PostedWqe, in post order
         self._unrung = 0                # posted[_unrung:] have no doorbell yet
         self._bf_toggle = 0

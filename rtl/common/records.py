@@ -37,6 +37,7 @@ def Completion(num_qps, num_cqs):
         "uc": unsigned(1),        # UC QP: complete when sent, not when acknowledged
         "next_index": unsigned(16),  # WQE index after this WQE
         "syndrome": unsigned(8),     # error: the CQE syndrome
+        "opcode": unsigned(8),       # the WQE's ctrl opcode (sop_drop_qpn [31:24])
     })
 
 

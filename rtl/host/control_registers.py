@@ -66,7 +66,7 @@ class ControlRegisters(wiring.Component):
             "cq_num": Out(cq_bits(num_cqs)), "cq_cfg": Out(CqConfig),
             "cq_commit": Out(1), "cq_commit_ack": In(1),
             "qp_rq_psn": Out(24), "qp_pd": Out(pd_bits), "qp_ack_every": Out(8),
-            "qp_timeout": Out(32), "qp_retry_cnt": Out(3),
+            "qp_timeout": Out(32), "qp_retry_cnt": Out(3), "qp_user_index": Out(24),
             "mr": Out(MrStage(pd_bits)), "mr_commit": Out(1), "mr_valid": Out(1), "mr_commit_ack": In(1),
             "counter_inc": In(data.ArrayLayout(unsigned(2), len(COUNTERS))),
         })
@@ -89,6 +89,7 @@ class ControlRegisters(wiring.Component):
             "QP_DIP": qp.dip, "QP_MTU": qp.mtu, "QP_STATE": qp.state, "QP_WEIGHT": qp.weight,
             "QP_RQ_PSN": self.qp_rq_psn, "QP_PD": self.qp_pd, "QP_ACK_EVERY": self.qp_ack_every,
             "QP_SERVICE": qp.uc, "QP_TIMEOUT": self.qp_timeout, "QP_RETRY": self.qp_retry_cnt,
+            "QP_USER_INDEX": self.qp_user_index,
             "MR_INDEX": self.mr.index, "MR_KEY": self.mr.key, "MR_BASE_LO": self.mr.base[:32],
             "MR_BASE_HI": self.mr.base[32:], "MR_LEN_LO": self.mr.length[:32], "MR_LEN_HI": self.mr.length[32:],
             "MR_ACCESS": self.mr.access, "MR_PD": self.mr.pd,

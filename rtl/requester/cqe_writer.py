@@ -7,7 +7,7 @@ from amaranth.lib.wiring import In, Out
 from spec import formats as F
 from spec.params import AXI_ID_CQE_WRITE
 from rtl.common.axi import AxiWriteSignature, Burst, Cache
-from rtl.common.contexts import CqConfig, CqEntry, cq_bits
+from rtl.common.contexts import CqConfig, CqEntry, cq_bits, qp_bits
 from rtl.common.headers import header_layout, be
 from rtl.common.records import Completion
 
@@ -23,12 +23,16 @@ class CqeWriter(wiring.Component):
     CQE number k of a CQ (its producer count) goes to slot ``k & (depth - 1)`` of a
     ring CQ or to slot 0 of a collapsed CQ (NVSHMEM's choice), with the owner bit
     ``(k >> log_depth) & 1`` so it flips on every wrap. The CQ contexts and
-    producer counts live in a RAM; the CPU's commit takes priority.
+    producer counts live in a RAM; the CPU's commit takes priority. A CQE carries, as
+    libmlx5 reads it, the completed WQE's opcode in sop_drop_qpn [31:24] and the QP's
+    user index (set at QP create) in srqn_uidx [23:0], from a RAM of one per QP.
 
     Members
     -------
     completions : In(stream.Signature(Completion))
     commit : In(stream.Signature({cqn, cfg}))
+    uidx_commit : In(stream.Signature({qpn, user_index}))
+        A QP create's user index; always ready (its own RAM write port).
     dma : Out(AxiWriteSignature)      AWID 0, one 64-byte write per CQE.
     written, errors : Out(1)          strobes for the counters.
     """
@@ -36,10 +40,13 @@ class CqeWriter(wiring.Component):
         if num_cqs < 2:
             raise ValueError(f"num_cqs must be at least 2, not {num_cqs}")
         self.num_cqs, self.data_width = num_cqs, data_width
+        self.num_qps = num_qps
         commit = data.StructLayout({"cqn": unsigned(cq_bits(num_cqs)), "cfg": CqConfig})
+        uidx = data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "user_index": unsigned(24)})
         super().__init__({
             "completions": In(stream.Signature(Completion(num_qps, num_cqs))),
             "commit": In(stream.Signature(commit)),
+            "uidx_commit": In(stream.Signature(uidx)),
             "dma": Out(AxiWriteSignature(addr_width=64, data_width=data_width, id_width=id_width)),
             "written": Out(1), "errors": Out(1),
         })
@@ -50,6 +57,11 @@ class CqeWriter(wiring.Component):
         m.submodules.ram = ram = Memory(shape=CqEntry, depth=self.num_cqs, init=[])
         rd, wr = ram.read_port(), ram.write_port()
         m.d.comb += rd.en.eq(0)          # read ports default to always enabled; hold the data instead
+        m.submodules.uidx = uidx_ram = Memory(shape=24, depth=self.num_qps, init=[])
+        u_rd, u_wr = uidx_ram.read_port(), uidx_ram.write_port()
+        m.d.comb += [u_rd.en.eq(0), self.uidx_commit.ready.eq(1),
+                     u_wr.en.eq(self.uidx_commit.valid), u_wr.addr.eq(self.uidx_commit.p.qpn),
+                     u_wr.data.eq(self.uidx_commit.p.user_index)]
         cpl = Signal.like(self.completions.p)
         entry = Signal(CqEntry)
         m.d.comb += entry.eq(rd.data)
@@ -67,7 +79,8 @@ class CqeWriter(wiring.Component):
         m.d.comb += [
             cqe.byte_cnt.eq(be(Mux(cpl.error, 0, cpl.byte_cnt), 4)),
             cqe.syndrome.eq(Mux(cpl.error, cpl.syndrome, 0)),
-            cqe.sop_drop_qpn.eq(be(cpl.qpn, 4)),
+            cqe.sop_drop_qpn.eq(be(Cat(cpl.qpn, C(0, 24 - len(cpl.qpn)), cpl.opcode), 4)),
+            cqe.srqn_uidx.eq(be(u_rd.data, 4)),
             cqe.wqe_counter.eq(be(cpl.index, 2)),
             cqe.op_own.eq(Cat(owner, C(0, 3), opcode.as_unsigned()[:4])),
         ]
@@ -94,7 +107,8 @@ class CqeWriter(wiring.Component):
                     m.d.sync += commit_p.eq(self.commit.p)
                     m.next = "COMMIT"
                 with m.Elif(self.completions.valid):
-                    m.d.comb += [self.completions.ready.eq(1), rd.addr.eq(self.completions.p.cqn), rd.en.eq(1)]
+                    m.d.comb += [self.completions.ready.eq(1), rd.addr.eq(self.completions.p.cqn), rd.en.eq(1),
+                                 u_rd.addr.eq(self.completions.p.qpn), u_rd.en.eq(1)]
                     m.d.sync += [cpl.eq(self.completions.p), wr_addr.eq(self.completions.p.cqn),
                                  aw_done.eq(0), w_done.eq(0)]
                     m.next = "WRITE"

@@ -29,6 +29,7 @@ def Message(num_qps, num_cqs):
         "resume":   unsigned(1),      # a retransmission from inside the WQE: no FIRST packet
         "next_index": unsigned(16),   # WQE index after this WQE (the requester's restart point)
         "syndrome": unsigned(8),      # ERROR: the CQE syndrome (spec.formats.Syndrome)
+        "opcode":   unsigned(8),      # the WQE's ctrl opcode (its CQE's sop_drop_qpn [31:24])
     })
 
 

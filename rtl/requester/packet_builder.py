@@ -157,7 +157,7 @@ class PacketBuilder(wiring.Component):
             cur_cpl.qpn.eq(msg.qpn), cur_cpl.cqn.eq(msg.cfg.cqn), cur_cpl.index.eq(msg.index),
             cur_cpl.byte_cnt.eq(msg.length), cur_cpl.error.eq(msg.kind == MessageKind.ERROR),
             cur_cpl.psn.eq(Mux(msg.kind == MessageKind.WRITE, psn, psn - 1)), cur_cpl.uc.eq(msg.cfg.uc),
-            cur_cpl.next_index.eq(msg.next_index), cur_cpl.syndrome.eq(msg.syndrome),
+            cur_cpl.next_index.eq(msg.next_index), cur_cpl.syndrome.eq(msg.syndrome), cur_cpl.opcode.eq(msg.opcode),
             out.p.cpl.eq(cur_cpl), out.p.flen.eq(flen),
         ]
         msg_cpl = Signal()

@@ -43,10 +43,10 @@ class RequesterPath(WiringLevel):
     -------
     doorbells : In(stream.Signature(DoorbellEvent))
         From the host.
-    qp_commit, parser_commit, tracker_commit, checker_commit, cq_commit : In(stream.Signature(...))
+    qp_commit, parser_commit, tracker_commit, checker_commit, uidx_commit, cq_commit : In(stream.Signature(...))
         QP and CQ contexts from the control registers: every QP commit goes to the QP
         table and the response checker, a create also to the parser (PSN, consumer
-        index) and the tracker.
+        index), the tracker and the CQE writer (user index).
     port_mac, port_ip : In
         The port's own addresses (frame headers).
     wqe_dma : Out(AxiReadSignature)
@@ -94,7 +94,7 @@ class RequesterPath(WiringLevel):
             (b["wqe_parser"], {"parser_commit": "commit"}),
             (b["cpl_tracker"], {"tracker_commit": "commit", "naks": "naks", "retransmits": "retransmits",
                                 "timeouts": "timeouts", "retry_exceeded": "retry_exceeded"}),
-            (b["cqe_writer"], {"cq_commit": "commit", "cqe_dma": "dma", "cqes_written": "written",
+            (b["cqe_writer"], {"cq_commit": "commit", "uidx_commit": "uidx_commit", "cqe_dma": "dma", "cqes_written": "written",
                                "error_cqes": "errors"}),
             (b["builder"], {"port_mac": "port_mac", "port_ip": "port_ip", "frames": "frames"}),
             (b["wqe_fetch"], {"wqe_dma": "dma"}),

@@ -216,7 +216,7 @@ class WqeParser(wiring.Component):
             self.messages.p.syndrome.eq(Mux(cur_fail, cur_syn, F.Syndrome.LOCAL_QP_OP_ERR)),
             self.messages.p.signaled.eq((fm_ce_se & F.FM_CE_SE_CQ_UPDATE) != 0),
             self.messages.p.index.eq(index), self.messages.p.raddr.eq(Mux(resume_wqe, raddr + advance, raddr)),
-            self.messages.p.rkey.eq(rkey),
+            self.messages.p.rkey.eq(rkey), self.messages.p.opcode.eq(opcode),
             self.messages.p.length.eq(Mux(kind == MessageKind.WRITE, Mux(resume_wqe, length - advance, length), 0)),
             self.messages.p.inline.eq(is_inline & (ds != 2)),
             self.messages.p.addr.eq(Mux(resume_wqe, seg_addr + advance, seg_addr)),

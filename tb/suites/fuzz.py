@@ -306,7 +306,7 @@ async def fuzz_responses(dut):
     dead = await env.qp(6, cq, mtu=1024, uc=False, timeout=NEVER)
     for qp in rcs + [dead]:
         model.add_qp(QpContext(qpn=qp.qpn, remote_qpn=qp.remote_qpn, dmac=qp.dmac, dip=qp.dip,
-                               start_psn=qp.start_psn, mtu=1024, cqn=0), timeout_ns=NEVER)
+                               start_psn=qp.start_psn, mtu=1024, cqn=0, user_index=qp.user_index), timeout_ns=NEVER)
     per_qp = 120
 
     async def post_round():
@@ -512,11 +512,12 @@ async def fuzz_wqes(dut):
                               ("QP_SQ_BASE_HI", qp.sq_base >> 32), ("QP_REMOTE_QPN", regs["QP_REMOTE_QPN"]),
                               ("QP_START_PSN", regs["QP_START_PSN"]), ("QP_MTU", regs["QP_MTU"]),
                               ("QP_DMAC_LO", regs["QP_DMAC_LO"]), ("QP_DMAC_HI", regs["QP_DMAC_HI"]),
-                              ("QP_DIP", regs["QP_DIP"])):
+                              ("QP_DIP", regs["QP_DIP"]), ("QP_USER_INDEX", regs["QP_USER_INDEX"])):
                     await env.ctl.write_reg(r_, v)
                 await env.ctl.write_reg("QP_COMMIT", 1)
                 regs.update(QP_SQ_BASE_LO=qp.sq_base & 0xFFFF_FFFF, QP_SQ_BASE_HI=qp.sq_base >> 32)
                 old = env.gpu.qps.get(q)
+                qp.user_index = old.user_index
                 env.gpu.qps[q] = qp
                 qp.mtu, qp.start_psn = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}[regs["QP_MTU"]], regs["QP_START_PSN"]
                 qp.remote_qpn, qp.dmac, qp.dip = regs["QP_REMOTE_QPN"], old.dmac, old.dip
@@ -641,7 +642,7 @@ async def fuzz_doorbells(dut):
     async def body():
         eng = EngineModel(Port(PORT_MAC, PORT_IP), {qp.qpn: QpContext(qpn=qp.qpn, remote_qpn=qp.remote_qpn,
                           dmac=qp.dmac, dip=qp.dip, sq_base=qp.sq_base, log_depth=depth_log, cqn=0,
-                          start_psn=qp.start_psn, mtu=qp.mtu) for qp in qps},
+                          start_psn=qp.start_psn, mtu=qp.mtu, user_index=qp.user_index) for qp in qps},
                           {0: CqContext(0, 12, base=cq.base)}, env.mem.read)
         for q, wqe in posts:
             eng.post(q, wqe)

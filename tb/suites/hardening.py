@@ -44,7 +44,7 @@ async def responses_that_do_not_belong(dut):
     model = RcRequester(Port(smac=PORT_MAC, sip=PORT_IP), {0: CqContext(0, 6, base=cq.base)}, env.mem.read)
     for qp in (rc, rc_err):
         model.add_qp(QpContext(qpn=qp.qpn, remote_qpn=qp.remote_qpn, dmac=qp.dmac, dip=qp.dip,
-                               start_psn=qp.start_psn, mtu=1024, cqn=0), timeout_ns=NEVER)
+                               start_psn=qp.start_psn, mtu=1024, cqn=0, user_index=qp.user_index), timeout_ns=NEVER)
     expect = []
     for qp, sizes in ((rc, (8, 1500, 16)), (rc_err, (24,)), (uc, (4, 4, 4))):
         for n in sizes:

@@ -167,9 +167,11 @@ async def nop_and_error_wqes(dut):
     await env.check_counters(pred)
     errors = [c for c in a.cq.cqes] if a.cq.cqes else []
     cqes = await a.cq.poll(5, timeout_cycles=1000)
-    assert [(c.opcode, c.syndrome, c.wqe_counter) for c in cqes] == [
-        (CqeOp.REQ, 0, 0), (CqeOp.REQ, 0, 1), (CqeOp.REQ_ERR, Syndrome.LOCAL_QP_OP_ERR, 2),
-        (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 3), (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 4)]
+    assert [(c.opcode, c.syndrome, c.wqe_counter, c.wqe_opcode) for c in cqes] == [
+        (CqeOp.REQ, 0, 0, WqeOp.NOP), (CqeOp.REQ, 0, 1, WqeOp.RDMA_WRITE),
+        (CqeOp.REQ_ERR, Syndrome.LOCAL_QP_OP_ERR, 2, WqeOp.ATOMIC_FA),
+        (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 3, WqeOp.RDMA_WRITE), (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 4, WqeOp.NOP)]
+    assert {c.user_index for c in cqes} == {a.user_index} and a.user_index != b.user_index   # QP_USER_INDEX
     assert not any(b"never" in f.data for f in env.wire.frames)
 
 

@@ -196,7 +196,8 @@ async def rc_access_errors(dut):
     req = RcRequester(Port(smac=NIC_MACS[0], sip=NIC_IPS[0]), {0: CqContext(0, 7)}, a.mem.read)
     for qp in qps:
         req.add_qp(QpContext(qpn=qp.qpn, remote_qpn=qp.remote_qpn, dmac=NIC_MACS[1], dip=NIC_IPS[1],
-                             start_psn=qp.start_psn, mtu=mtu, cqn=0), timeout_ns=2 * timeout, retry_cnt=retry_cnt)
+                             start_psn=qp.start_psn, mtu=mtu, cqn=0, user_index=qp.user_index),
+                   timeout_ns=2 * timeout, retry_cnt=retry_cnt)
     rsp = RcResponder(Port(smac=NIC_MACS[1], sip=NIC_IPS[1]), ack_every=2)
     for qp_a, qp_b in pairs:
         rsp.add_qp(QpContext(qpn=qp_b.qpn, remote_qpn=qp_a.qpn, dmac=NIC_MACS[0], dip=NIC_IPS[0],
@@ -244,7 +245,7 @@ def _one_qp_models(a, cq_a, qp_a, mtu, ack_every, timeout):
     """The golden RC requester and responder of ``_one_qp_pair`` (timeout in cycles of 2 ns)."""
     req = RcRequester(Port(smac=NIC_MACS[0], sip=NIC_IPS[0]), {0: CqContext(0, 4, base=cq_a.base)}, a.mem.read)
     req.add_qp(QpContext(qpn=1, remote_qpn=11, dmac=NIC_MACS[1], dip=NIC_IPS[1], start_psn=qp_a.start_psn, mtu=mtu,
-                         cqn=0), timeout_ns=2 * timeout, retry_cnt=3)
+                         cqn=0, user_index=qp_a.user_index), timeout_ns=2 * timeout, retry_cnt=3)
     rsp = RcResponder(Port(smac=NIC_MACS[1], sip=NIC_IPS[1]), ack_every=ack_every)
     rsp.add_qp(QpContext(qpn=11, remote_qpn=1, dmac=NIC_MACS[0], dip=NIC_IPS[0], start_psn=qp_a.start_psn, mtu=mtu), PD)
     rsp.register(REGION)

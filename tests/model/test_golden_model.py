@@ -64,11 +64,12 @@ def hand_ctrl(opcode, index, qpn, ds, fm=0x08, opmod=0):
     return struct.pack(">IIB2xBI", (opmod << 24) | (index << 8) | opcode, (qpn << 8) | ds, 0, fm, 0)
 
 
-def hand_cqe(opcode, qpn, counter, byte_cnt, owner, syndrome=0):
+def hand_cqe(opcode, qpn, counter, byte_cnt, owner, syndrome=0, wqe_op=0, uidx=0):
     b = bytearray(64)
+    b[32:36] = struct.pack(">I", uidx)
     b[44:48] = struct.pack(">I", byte_cnt)
     b[55] = syndrome
-    b[56:60] = struct.pack(">I", qpn & 0xFFFFFF)
+    b[56:60] = struct.pack(">I", wqe_op << 24 | qpn & 0xFFFFFF)
     b[60:62] = struct.pack(">H", counter)
     b[63] = (opcode << 4) | owner
     return bytes(b)
@@ -125,7 +126,7 @@ def test_inline_write_8_bytes_frame():
     assert (d["va"], d["rkey"], d["dma_len"], d["payload"]) == (0xDEADBEEF000, 0x5555, 8, data)
     assert d["sport"] == 0xC000 | 0x2345 and d["flags_frag"] == 0x4000 and d["ttl"] == 64
     # wqe_counter is the WQE's position in the send queue (0), not its ctrl index field (7)
-    assert res.cqes[0][0].cqe == hand_cqe(0, qp.qpn, 0, 8, 0)
+    assert res.cqes[0][0].cqe == hand_cqe(0, qp.qpn, 0, 8, 0, wqe_op=0x08)
 
 
 def test_split_10000_mtu_4096_with_psn_wrap():
@@ -155,7 +156,7 @@ def test_split_10000_mtu_4096_with_psn_wrap():
     t = res.totals
     assert (t.messages, t.payload_bytes, t.packets) == (1, 10000, 3)
     assert t.frame_bytes == 4170 + 4154 + 1866 and t.wire_bytes == t.frame_bytes + 3 * 24
-    assert res.cqes[0][0].cqe == hand_cqe(0, qp.qpn, 0, 10000, 0)       # the position, not the field (3)
+    assert res.cqes[0][0].cqe == hand_cqe(0, qp.qpn, 0, 10000, 0, wqe_op=0x08)   # the position, not the field (3)
 
 
 @pytest.mark.parametrize("length,mtu,expect", [
@@ -217,6 +218,8 @@ def test_parse_errors(wqe):
 # ---- CQ ---------------------------------------------------------------------------------
 def test_cqe_layout():
     assert build_cqe(0, 0x123456, 0xABCD, 4096, 1) == hand_cqe(0, 0x123456, 0xABCD, 4096, 1)
+    assert build_cqe(13, 0x123456, 7, 0, 0, 5, wqe_opcode=0x10, user_index=0xABCDEF) == \
+        hand_cqe(13, 0x123456, 7, 0, 0, 5, wqe_op=0x10, uidx=0xABCDEF)
     e = build_cqe(13, 5, 2, 0, 0, syndrome=2)
     assert e[63] == 0xD0 and e[55] == 2 and e[54] == 0 and e[62] == 0
     assert parse_cqe(e)["qpn"] == 5 and parse_cqe(e)["opcode"] == 13
@@ -247,7 +250,7 @@ def test_collapsed_cq_always_slot_0():
 
 # ---- engine semantics ---------------------------------------------------------------------
 def test_error_wqe_semantics():
-    a, b = qp_ctx(qpn=1, psn=0), qp_ctx(qpn=2, psn=50)
+    a, b = qp_ctx(qpn=1, psn=0), qp_ctx(qpn=2, psn=50, user_index=0x2222)
     eng = EngineModel(PORT, {1: a, 2: b}, {0: CqContext(0, 4)}, Memory().read)
     posts = [
         (1, build_write_wqe(0, 1, 0x100, 1, inline=b"abcd")),
@@ -263,9 +266,9 @@ def test_error_wqe_semantics():
     assert [r.psn for r in res.frames[2]] == [50]
     assert res.qp_error == {1: True, 2: False}
     assert [r.cqe for r in res.cqes[0]] == [
-        hand_cqe(0, 1, 0, 4, 0), hand_cqe(13, 1, 1, 0, 0, syndrome=2),
-        hand_cqe(0, 2, 0, 2, 0), hand_cqe(13, 1, 2, 0, 0, syndrome=5), hand_cqe(13, 1, 3, 0, 0, syndrome=5),
-        hand_cqe(0, 2, 1, 0, 0)]
+        hand_cqe(0, 1, 0, 4, 0, wqe_op=0x08), hand_cqe(13, 1, 1, 0, 0, syndrome=2, wqe_op=0x0A),
+        hand_cqe(0, 2, 0, 2, 0, wqe_op=0x08, uidx=0x2222), hand_cqe(13, 1, 2, 0, 0, syndrome=5, wqe_op=0x08),
+        hand_cqe(13, 1, 3, 0, 0, syndrome=5), hand_cqe(0, 2, 1, 0, 0, uidx=0x2222)]
     t = res.totals
     assert (t.messages, t.packets, t.cqes, t.error_cqes, t.wqes_executed, t.flushed_wqes) == (2, 2, 6, 3, 3, 2)
 
