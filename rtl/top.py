@@ -35,7 +35,7 @@ class IbgdaNic(wiring.Component):
     Parameters
     ----------
     num_qps, num_cqs : int
-        Sizes of the QP and CQ tables (RAMs).
+        Sizes of the QP and CQ tables (RAMs); num_cqs defaults to num_qps (a CQ per QP).
     quantum : int
         WQEBBs fetched per scheduler turn for a QP of weight 1 (weight w: w x quantum).
     wqe_buffer : int
@@ -53,8 +53,10 @@ class IbgdaNic(wiring.Component):
     m_axis_tx_* AXI4-Stream master: frames to the MAC.
     s_axis_rx_* AXI4-Stream slave: frames from the MAC (32-byte frame starts, ``tuser`` 8 bits).
     """
-    def __init__(self, *, num_qps=P.NUM_QPS, num_cqs=P.NUM_CQS, quantum=P.QUANTUM_WQEBBS,
+    def __init__(self, *, num_qps=P.NUM_QPS, num_cqs=None, quantum=P.QUANTUM_WQEBBS,
                  wqe_buffer=P.WQE_BUFFER_WQEBBS, payload_buffer=P.PAYLOAD_BUFFER_BEATS):
+        if num_cqs is None:             # as many CQs as QPs (spec NUM_CQS = NUM_QPS): one per QP
+            num_cqs = num_qps
         for name, value in (("num_qps", num_qps), ("num_cqs", num_cqs)):
             if not isinstance(value, int) or value < 2 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= 2, not {value!r}")

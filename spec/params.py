@@ -22,7 +22,7 @@ AXI_ID_PAYLOAD_FETCH = 1           # ARID on m_axi
 AXI_ID_CQE_WRITE = 0               # AWID on m_axi
 AXI_ID_RX_WRITE = 2                # AWID of the received payload writes (m_axi and m_axi_rx)
 NUM_QPS = 1024                     # QP contexts in RAM (issue 3: 1024 and more)
-NUM_CQS = 64
+NUM_CQS = NUM_QPS                  # one collapsed CQ per QP, as NVSHMEM creates them (issue 16)
 DEFAULT_MTU = 4096
 # Engine build defaults (rtl/top.py) that the cycle model must know too.
 # Scheduler quantum: a QP of weight w gets up to w x QUANTUM_WQEBBS WQEBBs per turn.

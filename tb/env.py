@@ -79,7 +79,7 @@ class NicEnv:
                              write_prefixes=(pre + "m_axi_rx",))
         self.wire = Wire400G(dut, counter, prefix=pre + "m_axis_tx")
         self.rx = MacRx400G(dut, counter, prefix=pre + "s_axis_rx")
-        self.ctl = NicControl(dut, prefix=pre + "s_axil", num_qps=self.num_qps)
+        self.ctl = NicControl(dut, prefix=pre + "s_axil", num_qps=self.num_qps, num_cqs=self.num_qps)
         self.gpu = GpuModel(dut, self.mem, self.ctl, counter, poll_interval=self.poll_interval, prefix=pre + "s_axi_db")
         self.qps, self.cqs = {}, {}
 

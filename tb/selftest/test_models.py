@@ -16,7 +16,7 @@ from cocotbext.axi import AxiLiteBus, AxiLiteRam, AxiMasterWrite, AxiRamWrite, A
 from cocotbext.axi.sparse_memory import SparseMemory as AxiSparseMemory
 
 from spec.formats import CQE64, CTRL_SEG, DATA_SEG, RADDR_SEG, CqeOp, WqeOp, pack, unpack
-from spec.params import NUM_QPS, wire_bytes
+from spec.params import NUM_CQS, NUM_QPS, wire_bytes
 from tb.clock import CycleCounter
 from spec.csr import ADDR, ID_VALUE
 from tb.control import NicControl
@@ -424,7 +424,7 @@ async def test_control_and_gpu(dut):
         with pytest.raises(ValueError):
             await ctl.create_qp(**args)
     with pytest.raises(ValueError):
-        await ctl.create_cq(64, 0x1000, 2)
+        await ctl.create_cq(NUM_CQS, 0x1000, 2)
 
     gpu = GpuModel(dut, mem, ctl, counter, poll_interval=4)
     cq = await gpu.create_cq(3, 2)

@@ -42,7 +42,7 @@ async def _point(dut, p):
     size, batch, nmsgs = p["size"], p["batch"], p["msgs"]
     qps = []
     for q in range(p["qps"]):
-        cqn = q % P.NUM_CQS                   # more QPs than CQs: QPs share collapsed CQs
+        cqn = q % P.NUM_CQS                   # one collapsed CQ per QP (NUM_CQS = NUM_QPS), as NVSHMEM
         cq = env.cqs.get(cqn) or await env.cq(cqn, 0, collapsed=True)
         qps.append(await env.qp(q, cq, log_depth=max(8, (nmsgs * 4).bit_length())))
 
