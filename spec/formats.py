@@ -132,7 +132,7 @@ DOORBELL_DROP_NAMES = tuple(n for n, _ in DOORBELL_DROPS)
 # ---- mlx5 send queue ------------------------------------------------------------
 WQEBB = 64
 DS_UNIT = 16
-MAX_WQEBBS = 4                     # largest WQE the engine accepts (256 bytes)
+MAX_WQEBBS = 16                    # largest WQE: ds 63 (the 6-bit field's limit), 1 KiB, 972 B inline
 CTRL_SEG = (("opmod_idx_opcode", 0, 4), ("qpn_ds", 4, 4), ("signature", 8, 1),
             ("rsvd", 9, 2), ("fm_ce_se", 11, 1), ("imm", 12, 4))
 RADDR_SEG = (("raddr", 0, 8), ("rkey", 8, 4), ("rsvd", 12, 4))

@@ -21,7 +21,7 @@ class PacketBuilder(wiring.Component):
     Packets: ONLY (length <= MTU) or FIRST, MIDDLE..., LAST, one PSN each, the RETH
     on FIRST/ONLY, AckReq on LAST/ONLY. The payload comes from the payload fetch
     (raw beats, the data starting at ``addr % 128``) or from the WQE (inline beats,
-    starting at byte 36). An aligner cuts the raw beats into chunks at packet
+    the data starting at ``addr``, its offset in the WQE: 36, more when resumed). An aligner cuts the raw beats into chunks at packet
     boundaries and a packer shifts each chunk behind the header, so every frame
     leaves as full 128-byte beats and a partial last beat; 4 zero bytes are
     reserved at the end for the ICRC, which the next block fills in.
@@ -187,7 +187,7 @@ class PacketBuilder(wiring.Component):
                     msg.eq(p), msg_left.eq(p.length), pkt_len.eq(first_len), pkt_left.eq(first_len),
                     rest.eq(p.length - first_len), is_last_pkt.eq(p.length == first_len),
                     pkt_first.eq(~p.resume), pkt_start.eq(1), psn.eq(p.psn),
-                    pos.eq(Mux(p.inline, F.WQE_INLINE_OFFSET, p.addr[:7])),
+                    pos.eq(p.addr[:7]),          # inline: the data's offset in the WQE (parser)
                 ]
                 with m.If(p.kind == MessageKind.WRITE):
                     m.next = "PACKET"

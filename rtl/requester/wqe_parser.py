@@ -59,8 +59,9 @@ class WqeParser(wiring.Component):
         The WQEBB of each BlueFlame burst (``bf``), read instead of ``wqebbs``.
     messages : Out(stream.Signature(Message))
     inline : Out(stream.Signature(1024))
-        WQE bytes 0..127 (and 128..255 when the inline data reaches them) of each
-        inline WRITE, in message order: the payload starts at byte 36.
+        The 128-byte beats of each inline WRITE's WQE that hold its data, in message
+        order: from the beat holding byte 36 (the message's ``addr`` is the data's offset
+        in the WQE, 36, or 36 + the advance of a resumed WQE) to the last data byte.
     updates : Out(stream.Signature(QpUpdate))
     retransmit : In(stream.Signature(...))
         ``qpn``, ``index``, ``psn`` (the restart point: a WQE index and its first PSN)
@@ -145,7 +146,7 @@ class WqeParser(wiring.Component):
                      oversize.eq((got == 0) & (nbb_first > F.MAX_WQEBBS))]
         too_long = Signal()
         m.d.comb += too_long.eq(no_ctrl | oversize)
-        nbb = Signal(4)                              # WQEBBs gathered: 1 for a malformed size
+        nbb = Signal(range(F.MAX_WQEBBS + 1))        # WQEBBs gathered: 1 for a malformed size
         m.d.comb += nbb.eq(Mux(got == 0, Mux(too_long, 1, nbb_first), need))
         size = Signal.like(nbb_first)                # WQEBBs the WQE takes in the ring
         m.d.comb += size.eq(Mux(oversize, nbb_first, nbb))
@@ -207,8 +208,17 @@ class WqeParser(wiring.Component):
         next_fail, next_syn = Signal(), Signal(8)   # failure state and syndrome of the WQE after this one
         m.d.comb += [next_fail.eq(cur_fail | malformed),
                      next_syn.eq(Mux((cur_fail & ~skip_wqe) | malformed, F.Syndrome.WR_FLUSH_ERR, cur_syn))]
-        two_beats = Signal()
-        m.d.comb += two_beats.eq(self.INLINE_OFFSET + inline_len > 128)
+        # Inline data: the WQE's 128-byte beats from the one holding byte 36 (or, resumed
+        # inside the WQE, the one holding byte 36 + advance) to its last data byte.
+        nbeats = Signal(range(F.MAX_WQEBBS // 2 + 1))
+        m.d.comb += nbeats.eq((self.INLINE_OFFSET + inline_len + 127) >> 7)
+        data_off = Signal(36)                        # where the (resumed) data starts in the WQE
+        m.d.comb += data_off.eq(self.INLINE_OFFSET + Mux(resume_wqe, advance, 0))
+        skip_beats = Signal.like(nbeats)
+        m.d.comb += skip_beats.eq(data_off >> 7)
+        more_beats = Signal()
+        m.d.comb += more_beats.eq(skip_beats + 1 < nbeats)
+        ibeat, iend = Signal.like(nbeats), Signal.like(nbeats)   # INLINE: next beat, beats in all
 
         m.d.comb += [
             self.messages.p.qpn.eq(job.qpn), self.messages.p.cfg.eq(job.cfg),
@@ -219,7 +229,8 @@ class WqeParser(wiring.Component):
             self.messages.p.rkey.eq(rkey), self.messages.p.opcode.eq(opcode),
             self.messages.p.length.eq(Mux(kind == MessageKind.WRITE, Mux(resume_wqe, length - advance, length), 0)),
             self.messages.p.inline.eq(is_inline & (ds != 2)),
-            self.messages.p.addr.eq(Mux(resume_wqe, seg_addr + advance, seg_addr)),
+            # inline: the data's offset in the WQE (the builder starts there in the first beat)
+            self.messages.p.addr.eq(Mux(is_inline, data_off, Mux(resume_wqe, seg_addr + advance, seg_addr))),
             self.messages.p.psn.eq(Mux(resume_wqe, ctx.skip_to, cur_psn)),
             self.messages.p.resume.eq(resume_wqe), self.messages.p.next_index.eq(index + size),
             self.updates.p.qpn.eq(job.qpn), self.updates.p.ci.eq(index),
@@ -316,15 +327,16 @@ class WqeParser(wiring.Component):
                         m.d.comb += [
                             self.messages.valid.eq(emit & inline_ok),
                             self.inline.valid.eq(emit & send_inline & self.messages.ready),
-                            self.inline.p.eq(view[:1024]),
+                            self.inline.p.eq(view.word_select(skip_beats, 1024)),
                         ]
                         with m.If(~emit | (self.messages.ready & inline_ok)):
                             m.d.comb += src.ready.eq(1)
                             m.d.sync += [index.eq(index + size), left.eq(left - 1), got.eq(0), fresh.eq(0),
                                          psn.eq(cur_psn + npk), wqe.eq(view), resuming.eq(skip_wqe),
                                          failing.eq(next_fail), fsyn.eq(next_syn)]
-                            with m.If(emit & send_inline & two_beats):
-                                m.next = "INLINE1"
+                            with m.If(emit & send_inline & more_beats):
+                                m.d.sync += [ibeat.eq(skip_beats + 1), iend.eq(nbeats)]
+                                m.next = "INLINE"
                             with m.Elif(oversize):
                                 # skip the rest of the oversized WQE, then go on
                                 m.d.sync += [left.eq(left - nbb_first), drop.eq(nbb_first - 1), after_drop.eq(1)]
@@ -336,13 +348,16 @@ class WqeParser(wiring.Component):
                                 store_ctx(index + size, cur_psn + npk, skip_wqe, next_syn, next_fail)
                                 m.next = "IDLE"
                                 start_burst()
-            with m.State("INLINE1"):
-                m.d.comb += [commit_ok.eq(1), self.inline.valid.eq(1), self.inline.p.eq(wqe[1024:])]
+            with m.State("INLINE"):
+                # the inline WRITE's further beats, one a cycle, from the gathered WQE
+                m.d.comb += [commit_ok.eq(1), self.inline.valid.eq(1), self.inline.p.eq(wqe.word_select(ibeat, 1024))]
                 with m.If(self.inline.ready):
-                    with m.If(left == 0):
-                        m.next = "END"
-                    with m.Else():
-                        m.next = "RUN"
+                    m.d.sync += ibeat.eq(ibeat + 1)
+                    with m.If(ibeat + 1 == iend):
+                        with m.If(left == 0):
+                            m.next = "END"
+                        with m.Else():
+                            m.next = "RUN"
             with m.State("DROP"):
                 # Discard WQEBBs: the burst's rest (after a cut WQE, past its own WQEs, or
                 # all of a stale burst), or the head its predecessor already took.

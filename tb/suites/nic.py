@@ -44,6 +44,29 @@ async def inline_writes(dut):
 
 
 @cocotb.test()
+async def long_inline_writes(dut):
+    """Inline WRITEs up to the ds field's limit (ds 63: 16 WQEBBs, 972 bytes), NVSHMEM's
+    warp-wide p of 32 x 8 bytes (ds 19, 5 WQEBBs) among them, at MTU 4096 (one packet)
+    and at MTU 256 (up to 4 packets, each cut from the WQE's beats): frames byte for byte
+    and CQEs as the model's."""
+    env, (big,) = await env_with(dut, 1, sq_depth=10)
+    small_mtu = await env.qp(2, env.cqs[0], log_depth=10, mtu=256)
+    sizes = [221, 256, 257, 300, 476, 477, 600, 972]
+    for i, n in enumerate(sizes):
+        for qp in (big, small_mtu):
+            qp.post_write(0x10000 * i, 0x55, inline=bytes((3 * i + j) & 0xFF for j in range(n)))
+            await qp.ring_nvshmem()
+    warp = big.post_write(0x90000, 0x55, inline=bytes(range(256)), signaled=False)   # 32 x 8 B
+    big.post_nop()                                         # NVSHMEM's trailing NOP
+    await big.ring_nvshmem()
+    assert warp.ds == 19 and warp.nwqebbs == 5
+    pred = env.check(await env.drain())
+    await env.check_counters(pred)
+    assert pred.totals.packets == len(sizes) + sum(-(-n // 256) for n in sizes) + 1
+    assert pred.totals.error_cqes == 0
+
+
+@cocotb.test()
 async def multi_packet_writes(dut):
     """Messages across the path MTU: FIRST/MIDDLE/LAST, unaligned sources, three MTUs, PSN wrap."""
     env = await NicEnv(dut).start()
@@ -389,11 +412,11 @@ async def wqe_sizes(dut):
     await wrong.ring_nvshmem()
     pred = env.check(await env.drain())
     await env.check_counters(pred)
-    # Which are good, stated here (not taken from the model): a NOP of ds 1..16, a WRITE
+    # Which are good, stated here (not taken from the model): a NOP of ds 1..63, a WRITE
     # of ds 2 (no data) or 3 (one pointer), the inline WRITE whose data fills its ds (4).
     npoint = 2 * len(dss)
     good = {q for q, (op, ds, _) in enumerate(cases[:npoint])
-            if (op == WqeOp.NOP and 1 <= ds <= 16) or (op == WqeOp.RDMA_WRITE and ds in (2, 3))}
+            if (op == WqeOp.NOP and 1 <= ds <= 63) or (op == WqeOp.RDMA_WRITE and ds in (2, 3))}
     good.add(npoint + 1)
     bad = len(cases) - len(good)                          # each: its error CQE and the NOP's flush
     assert (pred.totals.error_cqes, pred.totals.flushed_wqes) == (2 * bad, bad), (pred.totals, bad)

@@ -358,6 +358,37 @@ async def rc_local_error_flush(dut):
 
 
 @cocotb.test()
+async def rc_long_inline_resume(dut):
+    """Go-back-N inside an inline WQE: two 972-byte inline WRITEs (ds 63, 16 WQEBBs) at
+    MTU 256, 4 packets each. The first WRITE's second packet is lost (a NAK: the go-back
+    resumes inside the first WQE, from the beat holding byte 36 + 256), then the resent
+    last packet of the second (the timer: it resumes inside the second WQE, at byte
+    36 + 768). The remote memory gets both, and every frame on both directions equals
+    the golden model's (``simulate``)."""
+    mtu, n, timeout = 256, 972, 400
+    pattern = [(1, "drop"), (14, "drop")]        # frame 14: PSN 7 as resent after the NAK
+    a, b, cq_a, qp_a = await _one_qp_pair(dut, {("tx", 0): FaultSpec(pattern=pattern)}, mtu, 1, timeout)
+    sent = []
+    for e in range(2):
+        data = bytes((e * 41 + j * 7) & 0xFF for j in range(n))
+        w = qp_a.post_write(DST + 0x1000 * e, KEY, inline=data, signaled=True)
+        assert w.ds == 63
+        sent.append((DST + 0x1000 * e, data))
+    await qp_a.ring_rdma_core()
+    await a.wait_for(lambda: len(a.cqe_writes()) >= 2, 30 * timeout, "2 CQEs")
+    await ClockCycles(dut.clk, 4 * timeout)
+    for raddr, data in sent:
+        assert b.mem.read(raddr, len(data)) == data, f"remote memory at {raddr:#x}"
+    req, rsp = _one_qp_models(a, cq_a, qp_a, mtu, 1, timeout)
+    res = simulate(req, rsp, [(0, 1, w.wqe) for w in qp_a.posted], faults=pattern, latency_ns=200)
+    assert not res.hung
+    _assert_frames_as_model(res, a, b)
+    assert [raw for _, _, raw, _ in a.cqe_writes()] == [rec.cqe for rec in req.completions], "CQEs differ from the model's"
+    ca = await a.ctl.read_counters()
+    assert ca["retransmits"] == req.counters.go_back_n >= 2, ca
+
+
+@cocotb.test()
 async def rc_unsignaled_tail(dut):
     """A lost packet of an unsignaled WQE with nothing sent after it: only the ACK
     timer can recover it (no later packet shows the gap, no CQE waits). Two unsignaled

@@ -386,16 +386,23 @@ def test_memory_region_rules():
 
 
 def test_every_ds_value():
-    """ds 0..63: a NOP is good for ds 1..16 (ceil(ds/4) WQEBBs), a WRITE for ds 2 (no data)
-    or 3 (one pointer); ds 0 and ds over 16 (beyond MAX_WQEBBS) are malformed for both.
-    The WQEBB count takes the whole 6-bit field: ds 61..63 are 16 WQEBBs, not 0."""
+    """ds 0..63: a NOP is good for ds 1..63 (ceil(ds/4) WQEBBs, up to the 6-bit field's
+    limit of 16), a WRITE for ds 2 (no data) or 3 (one pointer); ds 0 is malformed for
+    both. The WQEBB count takes the whole field: ds 61..63 are 16 WQEBBs, not 0. An
+    inline WRITE is good exactly when its data fills its ds, up to ds 63 (972 bytes)."""
     for ds in range(64):
         nop = parse_wqe(hand_ctrl(WqeOp.NOP, 0, 5, ds) + bytes(16 * 63))
-        assert nop.valid == (1 <= ds <= 16), ds
+        assert nop.valid == (1 <= ds <= 63), ds
         assert nop.num_wqebbs == max(1, -(-ds // 4)), ds
         body = struct.pack(">QII", 0x1000, 7, 0) + struct.pack(">IIQ", 8, 9, 0x2000) + bytes(16 * 63)
         wr = parse_wqe(hand_ctrl(WqeOp.RDMA_WRITE, 0, 5, ds) + body)
         assert wr.valid == (ds in (2, 3)), ds
+    for n, ds in ((12, 3), (256, 19), (972, 63)):          # 19: NVSHMEM's warp-wide p of 32 x 8 B
+        inline = struct.pack(">QII", 0x1000, 7, 0) + struct.pack(">I", 0x80000000 | n) + bytes(range(256)) * 4
+        for d in (ds - 1, ds, ds + 1):
+            if 2 < d < 64:                                  # ds 2 is the WRITE without data
+                w = parse_wqe((hand_ctrl(WqeOp.RDMA_WRITE, 0, 5, d) + inline)[:16 * 64])
+                assert w.valid == (d == ds) and (not w.valid or w.inline_data == (bytes(range(256)) * 4)[:n]), (n, d)
 
 
 def test_wqe_counter_is_the_position():
