@@ -21,13 +21,13 @@ from spec.formats import (
     BTH, CTRL_SEG, DATA_SEG, DEFAULT_PKEY, DS_UNIT, ETH, ETH_LEN, ETHERTYPE_IPV4,
     FM_CE_SE_CQ_UPDATE, HDR_LEN_NO_RETH, HDR_LEN_RETH, ICRC_LEN, INLINE_FLAG, IP_PROTO_UDP,
     IPV4, IPV4_FLAGS_DF, IPV4_LEN, IPV4_TTL, IPV4_VER_IHL, MAX_WQEBBS, OFF_BTH, OFF_EXT,
-    OFF_IP, OFF_UDP, Op, PSN_MASK, QpState, RADDR_SEG, RETH, ROCE_SPORT_BASE, ROCEV2_UDP_PORT, UDP,
+    OFF_IP, OFF_UDP, Op, PSN_MASK, QpState, RADDR_SEG, RETH, RETH_LEN, ROCE_SPORT_BASE, ROCEV2_UDP_PORT, UDP,
     WQEBB, WqeOp, get_field, mtu_code, pack, unpack,
 )
 from model.icrc import icrc, ipv4_checksum
 
 __all__ = [
-    "Port", "QpContext", "mac_bytes", "ip_bytes", "split_message", "build_packet",
+    "Port", "QpContext", "mac_bytes", "ip_bytes", "split_message", "build_packet", "build_rc_frame",
     "build_write_frames", "frame_len", "Wqe", "parse_wqe", "build_ctrl", "build_write_wqe",
     "build_nop_wqe", "sq_slot_address", "PSN_MASK", "BTH_ACKREQ",
 ]
@@ -193,10 +193,25 @@ def build_packet(qp, port, bth_opcode, psn, payload, reth=None):
         raise ValueError(f"bth_opcode must be an RC RDMA WRITE opcode, got {bth_opcode:#x}")
     if (bth_opcode in _RETH_OPCODES) != (reth is not None):
         raise ValueError(f"opcode {bth_opcode:#x}: RETH must be given exactly for WRITE FIRST/ONLY")
+    ext = b""
+    if reth is not None:
+        e = bytearray(RETH_LEN)
+        pack(RETH, e, 0, va=reth[0], rkey=reth[1], dma_len=reth[2])
+        ext = bytes(e)
+    return build_rc_frame(qp, port, bth_opcode, psn, ext, payload, ackreq=bth_opcode in _ACKREQ_OPCODES)
+
+
+def build_rc_frame(qp, port, bth_opcode, psn, ext=b"", payload=b"", *, ackreq=False):
+    """One RoCEv2 frame of any BTH opcode (without FCS, with ICRC): Ethernet, IPv4, UDP,
+    BTH (``ackreq`` sets its AckReq bit), the extension headers ``ext`` as given, the
+    payload. ``qp`` gives dmac, dip, remote_qpn and qpn (UDP source port), ``port``
+    smac and sip."""
+    if not 0 <= bth_opcode <= 0xFF:
+        raise ValueError(f"bth_opcode must be a byte, got {bth_opcode!r}")
     payload = bytes(payload)
-    hdr = HDR_LEN_RETH if reth is not None else HDR_LEN_NO_RETH
+    hdr = OFF_EXT + len(ext)
     total = hdr + len(payload) + ICRC_LEN
-    f = bytearray(hdr)
+    f = bytearray(OFF_EXT)
     pack(ETH, f, 0, dmac=int.from_bytes(mac_bytes(qp.dmac), "big"),
          smac=int.from_bytes(mac_bytes(port.smac), "big"), ethertype=ETHERTYPE_IPV4)
     pack(IPV4, f, OFF_IP, ver_ihl=IPV4_VER_IHL, tos=0, total_len=total - ETH_LEN, ident=0,
@@ -206,12 +221,8 @@ def build_packet(qp, port, bth_opcode, psn, payload, reth=None):
     pack(UDP, f, OFF_UDP, sport=ROCE_SPORT_BASE | (qp.qpn & 0x3FFF), dport=ROCEV2_UDP_PORT,
          length=total - OFF_UDP, checksum=0)
     pack(BTH, f, OFF_BTH, opcode=bth_opcode, flags=0, pkey=DEFAULT_PKEY, fecn_becn=0,
-         dqpn=qp.remote_qpn, ackreq=BTH_ACKREQ if bth_opcode in _ACKREQ_OPCODES else 0,
-         psn=psn & PSN_MASK)
-    if reth is not None:
-        va, rkey, dma_len = reth
-        pack(RETH, f, OFF_EXT, va=va, rkey=rkey, dma_len=dma_len)
-    f += payload
+         dqpn=qp.remote_qpn, ackreq=BTH_ACKREQ if ackreq else 0, psn=psn & PSN_MASK)
+    f += bytes(ext) + payload
     return bytes(f) + icrc(f)
 
 

@@ -16,6 +16,16 @@ BTH = (("opcode", 0, 1), ("flags", 1, 1), ("pkey", 2, 2), ("fecn_becn", 4, 1),
        ("dqpn", 5, 3), ("ackreq", 8, 1), ("psn", 9, 3))
 RETH = (("va", 0, 8), ("rkey", 8, 4), ("dma_len", 12, 4))
 AETH = (("syndrome", 0, 1), ("msn", 1, 3))
+# IBTA AtomicETH (COMPARE_SWAP, FETCH_ADD) and AtomicAckETH (ATOMIC ACKNOWLEDGE)
+ATOMIC_ETH = (("va", 0, 8), ("rkey", 8, 4), ("swap_add", 12, 8), ("compare", 20, 8))
+ATOMIC_ACK_ETH = (("orig", 0, 8),)
+# MaskedAtomicETH (MASKED_COMPARE_SWAP, MASKED_FETCH_ADD; this engine's format): log2 of
+# the operand size (2: 4 bytes, 3: 8 bytes), then four 8-byte operands, a 4-byte operand
+# in the low half of its field. Compare-swap: swap, compare, swap_mask, compare_mask;
+# fetch-add: add, field_boundary, 0, 0 (mlx5's ext_cs / ext_fa segments, in that order).
+MASKED_ATOMIC_ETH = (("va", 0, 8), ("rkey", 8, 4), ("log_size", 12, 1), ("rsvd", 13, 3),
+                     ("op0", 16, 8), ("op1", 24, 8), ("op2", 32, 8), ("op3", 40, 8))
+ATOMIC_ETH_LEN, ATOMIC_ACK_ETH_LEN, MASKED_ATOMIC_ETH_LEN = 28, 8, 48
 
 ETH_LEN, IPV4_LEN, UDP_LEN, BTH_LEN, RETH_LEN, AETH_LEN, ICRC_LEN, FCS_LEN = 14, 20, 8, 12, 16, 4, 4, 4
 ETHERTYPE_IPV4 = 0x0800
@@ -48,7 +58,14 @@ class Op:
     SEND_FIRST, SEND_MIDDLE, SEND_LAST, SEND_LAST_IMM, SEND_ONLY, SEND_ONLY_IMM = 0x00, 0x01, 0x02, 0x03, 0x04, 0x05
     WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_LAST_IMM, WRITE_ONLY, WRITE_ONLY_IMM = 0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B
     READ_REQUEST = 0x0C
+    READ_RESP_FIRST, READ_RESP_MIDDLE, READ_RESP_LAST, READ_RESP_ONLY = 0x0D, 0x0E, 0x0F, 0x10
     ACK = 0x11
+    ATOMIC_ACK = 0x12                  # AETH + AtomicAckETH
+    COMPARE_SWAP, FETCH_ADD = 0x13, 0x14                        # IBTA 8-byte atomics: AtomicETH
+    # This engine's masked and 4-byte atomics (no IBTA wire format exists): opcodes of the
+    # manufacturer-specific range (transport bits 7:5 = 110) with MaskedAtomicETH,
+    # answered by a standard ATOMIC ACKNOWLEDGE (docs/interfaces.md, "Atomics on the wire").
+    MASKED_COMPARE_SWAP, MASKED_FETCH_ADD = 0xC0, 0xC1
 
 PSN_BITS = 24                      # BTH PSN and AETH MSN width
 PSN_MASK = (1 << PSN_BITS) - 1
