@@ -164,6 +164,19 @@ FM_CE_SE_SOLICITED = 0x02
 class WqeOp:
     NOP, RDMA_WRITE, RDMA_WRITE_IMM, SEND, SEND_IMM = 0x00, 0x08, 0x09, 0x0A, 0x0B
     RDMA_READ, ATOMIC_CS, ATOMIC_FA, ATOMIC_MASKED_CS, ATOMIC_MASKED_FA = 0x10, 0x11, 0x12, 0x14, 0x15
+    DUMP = 0x23                        # NVSHMEM's consistency point: a local read, then its CQE
+
+
+# Atomic WQE segments (../shared/VERBS.md section 1): the IBTA atomic segment, and mlx5's
+# extended (masked) ones, 4-byte (opmod 0x08) and 8-byte (opmod 0x09).
+ATOMIC_SEG = (("swap_add", 0, 8), ("compare", 8, 8))
+EXT_FA32_SEG = (("add", 0, 4), ("field_boundary", 4, 4), ("rsvd", 8, 8))
+EXT_CS32_SEG = (("swap", 0, 4), ("compare", 4, 4), ("swap_mask", 8, 4), ("compare_mask", 12, 4))
+EXT_FA64_SEG = (("add", 0, 8), ("field_boundary", 8, 8))
+EXT_CS64_SEG = (("swap", 0, 8), ("compare", 8, 8), ("swap_mask", 16, 8), ("compare_mask", 24, 8))
+OPMOD_EXT_ATOMIC_4B, OPMOD_EXT_ATOMIC_8B = 0x08, 0x09
+# ctrl fm_ce_se [7:5]: the fence modes (mlx5 MLX5_FENCE_MODE_*)
+FENCE_INITIATOR_SMALL, FENCE_FENCE, FENCE_STRONG_ORDERING, FENCE_SMALL_AND_FENCE = 0x20, 0x40, 0x60, 0x80
 
 # ---- doorbells -------------------------------------------------------------------
 UAR_PAGE_SHIFT = 12               # one 4 KiB UAR page per QP: page number = QPN

@@ -12,9 +12,10 @@ import cocotb
 from cocotb.triggers import ClockCycles, Lock, RisingEdge
 from cocotbext.axi import AxiMasterWrite, AxiWriteBus
 
-from spec.formats import (CQE64, CQE_SIZE, CTRL_SEG, DATA_SEG, DS_UNIT, FM_CE_SE_CQ_UPDATE, INLINE_FLAG,
-                          MAX_WQEBBS, RADDR_SEG, UAR_DB_OFFSET, UAR_DB_OFFSET_ALT, UAR_PAGE_SHIFT, WQEBB,
-                          CqeOp, QpState, WqeOp, pack, unpack)
+from spec.formats import (ATOMIC_SEG, CQE64, CQE_SIZE, CTRL_SEG, DATA_SEG, DS_UNIT, EXT_CS32_SEG, EXT_CS64_SEG,
+                          EXT_FA32_SEG, EXT_FA64_SEG, FENCE_FENCE, FM_CE_SE_CQ_UPDATE, INLINE_FLAG,
+                          MAX_WQEBBS, OPMOD_EXT_ATOMIC_4B, OPMOD_EXT_ATOMIC_8B, RADDR_SEG, UAR_DB_OFFSET,
+                          UAR_DB_OFFSET_ALT, UAR_PAGE_SHIFT, WQEBB, CqeOp, QpState, WqeOp, pack, unpack)
 from spec.params import DB_DATA_BYTES
 
 from .clock import CycleCounter
@@ -373,10 +374,10 @@ class Qp:
         self._bf_toggle = 0
 
     # ---- WQE building ------------------------------------------------------------------
-    def _ctrl(self, opcode, ds, signaled, imm=0, opmod=0):
+    def _ctrl(self, opcode, ds, signaled, imm=0, opmod=0, fence=0):
         ctrl = bytearray(16)
         pack(CTRL_SEG, ctrl, 0, opmod_idx_opcode=(opmod << 24) | ((self.pi & 0xFFFF) << 8) | opcode,
-             qpn_ds=(self.qpn << 8) | ds, fm_ce_se=FM_CE_SE_CQ_UPDATE if signaled else 0, imm=imm)
+             qpn_ds=(self.qpn << 8) | ds, fm_ce_se=(FM_CE_SE_CQ_UPDATE if signaled else 0) | fence, imm=imm)
         return ctrl
 
     def _post(self, segs, opcode, signaled, **rec):
@@ -388,7 +389,8 @@ class Qp:
             raise ValueError(f"WQE of {ds} ds units needs {nwqebbs} WQEBBs; at most {MAX_WQEBBS} allowed")
         if nwqebbs > self.depth:
             raise ValueError(f"WQE of {nwqebbs} WQEBBs does not fit an SQ of {self.depth}")
-        wqe = bytes(self._ctrl(opcode, ds, signaled, rec.pop("imm", 0))) + body
+        wqe = bytes(self._ctrl(opcode, ds, signaled, rec.pop("imm", 0), rec.pop("opmod", 0),
+                               rec.pop("fence", 0))) + body
         wqe += bytes(nwqebbs * WQEBB - len(wqe))
         for i in range(nwqebbs):        # wraps at the ring end WQEBB by WQEBB
             slot = (self.pi + i) & (self.depth - 1)
@@ -436,6 +438,81 @@ class Qp:
             rec = dict(local_addr=local_addr, lkey=lkey, inline=False)
         return self._post([bytes(raddr_seg), bytes(seg)], opcode, signaled, raddr=raddr, rkey=rkey,
                           payload=payload, length=len(payload), imm=imm, **rec)
+
+    # ---- READ, atomics and NVSHMEM's / DeepEP's WQE forms (../shared/VERBS.md, section 1) ----
+    def _seg(self, table, **values):
+        b = bytearray(max(off + w for _, off, w in table))
+        pack(table, b, 0, **values)
+        return bytes(b)
+
+    def _data_seg(self, local_addr, length, lkey):
+        _check("local_addr", local_addr, 0, 2**64 - 1)
+        _check("lkey", lkey, 0, 2**32 - 1)
+        return self._seg(DATA_SEG, byte_count=length, lkey=lkey, addr=local_addr)
+
+    def post_read(self, raddr, rkey, local_addr, length, *, lkey=0x100, signaled=True):
+        """NVSHMEM's get / g: RDMA READ, ctrl + raddr + data (ds 3), the data landing at
+        ``local_addr``."""
+        _check("raddr", raddr, 0, 2**64 - 1), _check("rkey", rkey, 0, 2**32 - 1)
+        _check("length", length, 0, 2**31 - 1)
+        return self._post([self._seg(RADDR_SEG, raddr=raddr, rkey=rkey), self._data_seg(local_addr, length, lkey)],
+                          WqeOp.RDMA_READ, signaled, raddr=raddr, rkey=rkey, payload=b"", length=length,
+                          local_addr=local_addr, lkey=lkey, inline=False)
+
+    def post_atomic(self, opcode, raddr, rkey, swap_add, compare=0, *, local_addr, lkey=0x100, signaled=True):
+        """An 8-byte IBTA atomic, ATOMIC_FA or ATOMIC_CS: ctrl + raddr + atomic (16) + data (8
+        bytes: where the original value lands), ds 4."""
+        if opcode not in (WqeOp.ATOMIC_FA, WqeOp.ATOMIC_CS):
+            raise ValueError(f"opcode must be ATOMIC_FA or ATOMIC_CS, not {opcode!r}")
+        _check("raddr", raddr, 0, 2**64 - 1), _check("rkey", rkey, 0, 2**32 - 1)
+        _check("swap_add", swap_add, 0, 2**64 - 1), _check("compare", compare, 0, 2**64 - 1)
+        segs = [self._seg(RADDR_SEG, raddr=raddr, rkey=rkey), self._seg(ATOMIC_SEG, swap_add=swap_add, compare=compare),
+                self._data_seg(local_addr, 8, lkey)]
+        return self._post(segs, opcode, signaled, raddr=raddr, rkey=rkey, payload=b"", length=8,
+                          local_addr=local_addr, lkey=lkey, inline=False)
+
+    def post_masked_atomic(self, opcode, nbytes, raddr, rkey, operands, *, local_addr, lkey=0x100, signaled=True):
+        """mlx5's extended atomics as NVSHMEM and DeepEP post them: ATOMIC_MASKED_FA with
+        ``operands`` {add, field_boundary} or ATOMIC_MASKED_CS with {swap, compare,
+        swap_mask, compare_mask}; ``nbytes`` 4 (opmod 0x08) or 8 (0x09). ds 4 (1 WQEBB),
+        but ds 5 (2 WQEBBs) for the 8-byte compare-swap's 32-byte segment."""
+        tables = {(WqeOp.ATOMIC_MASKED_FA, 4): EXT_FA32_SEG, (WqeOp.ATOMIC_MASKED_FA, 8): EXT_FA64_SEG,
+                  (WqeOp.ATOMIC_MASKED_CS, 4): EXT_CS32_SEG, (WqeOp.ATOMIC_MASKED_CS, 8): EXT_CS64_SEG}
+        if (opcode, nbytes) not in tables:
+            raise ValueError(f"a masked atomic is ATOMIC_MASKED_FA/CS of 4 or 8 bytes, not {opcode!r}/{nbytes!r}")
+        table = tables[opcode, nbytes]
+        names = [n for n, _, _ in table if n != "rsvd"]
+        if set(operands) != set(names):
+            raise ValueError(f"operands must be {names}, got {sorted(operands)}")
+        for k, v in operands.items():
+            _check(k, v, 0, 2 ** (8 * nbytes) - 1)
+        _check("raddr", raddr, 0, 2**64 - 1), _check("rkey", rkey, 0, 2**32 - 1)
+        segs = [self._seg(RADDR_SEG, raddr=raddr, rkey=rkey), self._seg(table, **operands),
+                self._data_seg(local_addr, nbytes, lkey)]
+        opmod = OPMOD_EXT_ATOMIC_4B if nbytes == 4 else OPMOD_EXT_ATOMIC_8B
+        return self._post(segs, opcode, signaled, raddr=raddr, rkey=rkey, payload=b"", length=nbytes,
+                          local_addr=local_addr, lkey=lkey, inline=False, opmod=opmod)
+
+    def amo_nonfetch_add(self, raddr, rkey, value, *, scratch, lkey=0x100):
+        """DeepEP's signal: a 4-byte masked fetch-add (boundary 0), CQ_UPDATE set, the
+        original value landing in a scratch slot."""
+        return self.post_masked_atomic(WqeOp.ATOMIC_MASKED_FA, 4, raddr, rkey,
+                                       {"add": value & 0xFFFF_FFFF, "field_boundary": 0}, local_addr=scratch,
+                                       lkey=lkey)
+
+    def post_dump(self, local_addr, *, lkey=0x100):
+        """NVSHMEM's consistency point (quiet with consistency): DUMP, ctrl + data (1 byte
+        of a local buffer), ds 2, fence 0x40 and CQ_UPDATE."""
+        return self._post([self._data_seg(local_addr, 1, lkey)], WqeOp.DUMP, True, raddr=0, rkey=0,
+                          payload=b"", length=1, local_addr=local_addr, lkey=lkey, inline=False, fence=FENCE_FENCE)
+
+    def put_warp_p(self, raddr, rkey, values, width):
+        """NVSHMEM's warp-wide p: 32 values of ``width`` bytes (1, 2, 4, 8) in one unsignaled
+        inline WRITE (ds 5 / 7 / 11 / 19), then a signaled NOP; returns both."""
+        if width not in (1, 2, 4, 8) or len(values) != 32:
+            raise ValueError("a warp-wide p is 32 values of 1, 2, 4 or 8 bytes")
+        data = b"".join(int(v).to_bytes(width, "little") for v in values)   # as they lie in GPU memory
+        return self.post_write(raddr, rkey, inline=data, signaled=False), self.post_nop()
 
     def post_raw(self, opcode, ds, body=b"", *, signaled=True, index=None):
         """Post a WQE exactly as given, well-formed or not (malformed-WQE tests): a ctrl
