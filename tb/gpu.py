@@ -417,8 +417,7 @@ class Qp:
         _check("rkey", rkey, 0, 2**32 - 1)
         _check("opcode", opcode, 0, 0xFF)
         _check("imm", imm, 0, 2**32 - 1)
-        raddr_seg = bytearray(16)
-        pack(RADDR_SEG, raddr_seg, 0, raddr=raddr, rkey=rkey)
+        raddr_seg = self._seg(RADDR_SEG, raddr=raddr, rkey=rkey)
         if inline is not None:
             if local_addr is not None or length is not None:
                 raise ValueError("give either inline data or local_addr/length, not both")
@@ -429,12 +428,9 @@ class Qp:
         else:
             if local_addr is None or length is None:
                 raise ValueError("a pointer WQE needs local_addr and length (or pass inline=)")
-            _check("local_addr", local_addr, 0, 2**64 - 1)
             _check("length", length, 0, 2**31 - 1)
-            _check("lkey", lkey, 0, 2**32 - 1)
+            seg = self._data_seg(local_addr, length, lkey)
             payload = self.gpu.read(local_addr, length)
-            seg = bytearray(16)
-            pack(DATA_SEG, seg, 0, byte_count=length, lkey=lkey, addr=local_addr)
             rec = dict(local_addr=local_addr, lkey=lkey, inline=False)
         return self._post([bytes(raddr_seg), bytes(seg)], opcode, signaled, raddr=raddr, rkey=rkey,
                           payload=payload, length=len(payload), imm=imm, **rec)

@@ -138,18 +138,13 @@ class WqeParser(wiring.Component):
         ds_first = first.word_select(7, 8)[:6]
         nbb_first = Signal(range(64 // F.DS_PER_WQEBB + 1))   # ds 0..63: 0..16 WQEBBs (a 4-bit count wraps)
         m.d.comb += nbb_first.eq((ds_first + F.DS_PER_WQEBB - 1) >> 2)
-        # Malformed by size: ds 0 (no ctrl segment: 1 WQEBB) or over MAX_WQEBBS (its
-        # ceil(ds / 4) WQEBBs are skipped, not gathered, so the WQEs after it, flushed,
-        # are found where they were posted).
-        no_ctrl, oversize = Signal(), Signal()
-        m.d.comb += [no_ctrl.eq((got == 0) & (ds_first == 0)),
-                     oversize.eq((got == 0) & (nbb_first > F.MAX_WQEBBS))]
-        too_long = Signal()
-        m.d.comb += too_long.eq(no_ctrl | oversize)
-        nbb = Signal(range(F.MAX_WQEBBS + 1))        # WQEBBs gathered: 1 for a malformed size
-        m.d.comb += nbb.eq(Mux(got == 0, Mux(too_long, 1, nbb_first), need))
-        size = Signal.like(nbb_first)                # WQEBBs the WQE takes in the ring
-        m.d.comb += size.eq(Mux(oversize, nbb_first, nbb))
+        # Every ds of the 6-bit field fits (MAX_WQEBBS covers ds 63), so the only WQE
+        # malformed by size is ds 0 (no ctrl segment), taken as 1 WQEBB.
+        assert -(-63 // F.DS_PER_WQEBB) <= F.MAX_WQEBBS, "the parser gathers a WQE of any ds"
+        no_ctrl = Signal()
+        m.d.comb += no_ctrl.eq((got == 0) & (ds_first == 0))
+        nbb = Signal(range(F.MAX_WQEBBS + 1))        # WQEBBs of the WQE (1 for ds 0)
+        m.d.comb += nbb.eq(Mux(got == 0, Mux(no_ctrl, 1, nbb_first), need))
 
         # Fields of the WQE.
         ctrl, raddr_seg, data_seg = view[0:128], view[128:256], view[256:384]
@@ -165,7 +160,7 @@ class WqeParser(wiring.Component):
         length = Signal(32)
         kind = Signal(MessageKind)
         m.d.comb += length.eq(Mux(ds == 2, 0, Mux(is_inline, inline_len, byte_count)))
-        with m.If(too_long):
+        with m.If(no_ctrl):
             m.d.comb += kind.eq(MessageKind.ERROR)
         with m.Elif(opcode == F.WqeOp.NOP):
             m.d.comb += kind.eq(MessageKind.NOP)
@@ -232,7 +227,7 @@ class WqeParser(wiring.Component):
             # inline: the data's offset in the WQE (the builder starts there in the first beat)
             self.messages.p.addr.eq(Mux(is_inline, data_off, Mux(resume_wqe, seg_addr + advance, seg_addr))),
             self.messages.p.psn.eq(Mux(resume_wqe, ctx.skip_to, cur_psn)),
-            self.messages.p.resume.eq(resume_wqe), self.messages.p.next_index.eq(index + size),
+            self.messages.p.resume.eq(resume_wqe), self.messages.p.next_index.eq(index + nbb),
             self.updates.p.qpn.eq(job.qpn), self.updates.p.ci.eq(index),
             self.updates.p.end.eq(job.ci + job.count),
         ]
@@ -331,21 +326,17 @@ class WqeParser(wiring.Component):
                         ]
                         with m.If(~emit | (self.messages.ready & inline_ok)):
                             m.d.comb += src.ready.eq(1)
-                            m.d.sync += [index.eq(index + size), left.eq(left - 1), got.eq(0), fresh.eq(0),
+                            m.d.sync += [index.eq(index + nbb), left.eq(left - 1), got.eq(0), fresh.eq(0),
                                          psn.eq(cur_psn + npk), wqe.eq(view), resuming.eq(skip_wqe),
                                          failing.eq(next_fail), fsyn.eq(next_syn)]
                             with m.If(emit & send_inline & more_beats):
                                 m.d.sync += [ibeat.eq(skip_beats + 1), iend.eq(nbeats)]
                                 m.next = "INLINE"
-                            with m.Elif(oversize):
-                                # skip the rest of the oversized WQE, then go on
-                                m.d.sync += [left.eq(left - nbb_first), drop.eq(nbb_first - 1), after_drop.eq(1)]
-                                m.next = "DROP"
                             with m.Elif(left == 1):
                                 # The burst's last WQE: store the QP's state and take the
                                 # next burst in this same cycle (no END cycle).
                                 m.d.comb += end_now.eq(1)
-                                store_ctx(index + size, cur_psn + npk, skip_wqe, next_syn, next_fail)
+                                store_ctx(index + nbb, cur_psn + npk, skip_wqe, next_syn, next_fail)
                                 m.next = "IDLE"
                                 start_burst()
             with m.State("INLINE"):
