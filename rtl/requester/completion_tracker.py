@@ -2,6 +2,7 @@
 from amaranth.hdl import *
 from amaranth.lib import wiring, data, stream
 from amaranth.lib.memory import Memory
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from spec.formats import Aeth, Syndrome, PSN_BITS, PSN_HALF
@@ -26,9 +27,18 @@ class CompletionTracker(wiring.Component):
     Completions: a completion of the transmit path (a signaled WQE whose last packet has
     left, a NOP, a WQE that failed locally) carries the PSN of its message's last packet
     and the index of the WQE after it. A UC QP's completion passes at once. An RC QP's
-    completion waits in the QP's queue (a ring per QP in one RAM) until the QP's
-    acknowledged PSN reaches it (serial arithmetic mod 2^24), and leaves in order. A
-    completion of a WQE already queued or released (a retransmitted WQE) is dropped.
+    completion waits in the QP's queue until the QP's acknowledged PSN reaches it (serial
+    arithmetic mod 2^24), and leaves in order. A completion of a WQE already queued or
+    released (a retransmitted WQE) is dropped.
+
+    Queues: every QP's queue is a linked list in one shared pool of ``pool`` entries (a
+    RAM of completions beside a RAM of links, free entries in a FIFO), so one QP may
+    hold every entry the others do not: a QP that signals every WQE (DeepEP) waits for
+    ACKs, not for a per-QP limit. A full pool holds the transmit path until ACKs free
+    entries. Entries a QP can no longer release (its failure, or a create of the QP
+    again) are counted ``dead`` and freed by the drain, like released ones, without
+    going out; a drain releases at most 16 entries a visit (so a QP create waits for at
+    most 16) and marks the QP for the scan to finish it.
 
     Go-back-N: the QP's restart point is the WQE after its last released completion
     (index and first PSN). A PSN-sequence NAK for PSN e acknowledges every PSN before e
@@ -65,8 +75,8 @@ class CompletionTracker(wiring.Component):
     ----------
     num_qps, num_cqs : int
         Table sizes.
-    depth : int
-        Waiting completions per QP (a power of two).
+    pool : int
+        Waiting completions, all QPs together (a power of two).
 
     Members
     -------
@@ -87,12 +97,14 @@ class CompletionTracker(wiring.Component):
     failed : Out(valid, qpn)
         A QP failed by its retry count (so the ``ResponseChecker`` drops its responses).
     """
-    def __init__(self, *, num_qps, num_cqs, depth=16):
+    DRAIN_BUDGET = 16       # entries a drain releases or frees per visit
+
+    def __init__(self, *, num_qps, num_cqs, pool=4096):
         if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
             raise ValueError(f"num_qps must be a power of two >= 2, not {num_qps!r}")
-        if not isinstance(depth, int) or depth < 2 or depth & (depth - 1):
-            raise ValueError(f"depth must be a power of two >= 2, not {depth!r}")
-        self.num_qps, self.num_cqs, self.depth = num_qps, num_cqs, depth
+        if not isinstance(pool, int) or pool < 2 or pool & (pool - 1):
+            raise ValueError(f"pool must be a power of two >= 2, not {pool!r}")
+        self.num_qps, self.num_cqs, self.pool = num_qps, num_cqs, pool
         cpl = Completion(num_qps, num_cqs)
         super().__init__({
             "sent": In(stream.Signature(cpl)),
@@ -109,10 +121,12 @@ class CompletionTracker(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        qb, db = qp_bits(self.num_qps), (self.depth - 1).bit_length()
+        qb, pb = qp_bits(self.num_qps), (self.pool - 1).bit_length()
         cpl_layout = Completion(self.num_qps, self.num_cqs)
         state_layout = data.StructLayout({
-            "head": unsigned(db + 1), "tail": unsigned(db + 1),
+            # the QP's list in the pool: first and last entry, entries, dead ones at the head
+            "head": unsigned(pb), "tail": unsigned(pb), "count": unsigned(pb + 1), "dead": unsigned(pb + 1),
+            "more": unsigned(1),                             # a drain stopped at its budget
             "acked": unsigned(PSN_BITS),                     # last acknowledged PSN
             "rs_index": unsigned(16), "rs_psn": unsigned(PSN_BITS),   # restart point
             "last_index": unsigned(16), "has_last": unsigned(1),      # last WQE queued or released
@@ -123,10 +137,19 @@ class CompletionTracker(wiring.Component):
             "timeout": unsigned(32), "retry_cnt": unsigned(3),
         })
         m.submodules.state = st_ram = Memory(shape=state_layout, depth=self.num_qps, init=[])
-        m.submodules.queue = q_ram = Memory(shape=cpl_layout, depth=self.num_qps * self.depth, init=[])
+        m.submodules.pool = q_ram = Memory(shape=cpl_layout, depth=self.pool, init=[])
+        m.submodules.links = ln_ram = Memory(shape=unsigned(pb), depth=self.pool, init=[])
         st_wr, st_rd = st_ram.write_port(), st_ram.read_port(transparent_for=())
         q_wr, q_rd = q_ram.write_port(), q_ram.read_port(transparent_for=())
-        m.d.comb += [st_rd.en.eq(1), q_rd.en.eq(1)]
+        ln_wr, ln_rd = ln_ram.write_port(), ln_ram.read_port(transparent_for=())
+        m.d.comb += [st_rd.en.eq(1), q_rd.en.eq(1), ln_rd.en.eq(1), ln_rd.addr.eq(q_rd.addr)]
+        # Free entries: those never used (``fresh`` counts them out after reset), then the
+        # freed ones, from a FIFO (pushed by the drain, popped by an enqueue: never both)
+        m.submodules.free = free = SyncFIFOBuffered(width=pb, depth=self.pool)
+        fresh = Signal(pb + 1)
+        alloc_ok = Signal()
+        alloc = Signal(pb)
+        m.d.comb += [alloc_ok.eq(~fresh[pb] | free.r_rdy), alloc.eq(Mux(~fresh[pb], fresh[:pb], free.r_data))]
         now = Signal(32)                                   # cycles, for the ACK timers
         m.d.sync += now.eq(now + 1)
         # The last PSN sent per QP: written by the transmit path (any cycle) and cleared by
@@ -186,6 +209,9 @@ class CompletionTracker(wiring.Component):
         with m.If(self.sent.valid & self.sent.p.uc & uc_free):
             m.d.sync += [uc_out.valid.eq(1), uc_out.p.eq(self.sent.p)]
 
+        commit = Signal.like(self.commit.p)
+        budget = Signal(range(self.DRAIN_BUDGET + 1))   # entries the drain may still take
+
         def write_state(value):
             m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(qpn), st_wr.data.eq(value)]
 
@@ -193,11 +219,9 @@ class CompletionTracker(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += self.commit.ready.eq(1)         # not dependent on valid: commits join others
                 with m.If(self.commit.valid):
-                    c = self.commit.p
-                    m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(c.qpn), st_wr.data.eq(0),
-                                 st_wr.data.acked.eq(c.start_psn - 1), st_wr.data.rs_psn.eq(c.start_psn),
-                                 st_wr.data.timeout.eq(c.timeout), st_wr.data.retry_cnt.eq(c.retry_cnt),
-                                 sp_clr.en.eq(1), sp_clr.addr.eq(c.qpn), sp_clr.data.eq(0)]
+                    m.d.comb += st_rd.addr.eq(self.commit.p.qpn)
+                    m.d.sync += [commit.eq(self.commit.p), qpn.eq(self.commit.p.qpn)]
+                    m.next = "COMMIT"
                 with m.Elif(self.acks.valid & ~(sent_first & self.sent.valid & ~self.sent.p.uc)):
                     m.d.comb += [self.acks.ready.eq(1), st_rd.addr.eq(self.acks.p.qpn[:qb])]
                     m.d.sync += [ack.eq(self.acks.p), qpn.eq(self.acks.p.qpn[:qb]), sent_first.eq(1)]
@@ -212,10 +236,22 @@ class CompletionTracker(wiring.Component):
                     m.d.sync += [qpn.eq(scan), scan.eq(scan + 1)]
                     m.next = "SCAN"
 
+            with m.State("COMMIT"):
+                # a fresh QP: its list stays, every entry in it dead (the drain frees them)
+                m.d.comb += st.eq(st_rd.data)
+                c = commit
+                m.d.comb += [st_wr.en.eq(1), st_wr.addr.eq(c.qpn), st_wr.data.eq(0),
+                             st_wr.data.head.eq(st.head), st_wr.data.tail.eq(st.tail),
+                             st_wr.data.count.eq(st.count), st_wr.data.dead.eq(st.count),
+                             st_wr.data.acked.eq(c.start_psn - 1), st_wr.data.rs_psn.eq(c.start_psn),
+                             st_wr.data.timeout.eq(c.timeout), st_wr.data.retry_cnt.eq(c.retry_cnt),
+                             sp_clr.en.eq(1), sp_clr.addr.eq(c.qpn), sp_clr.data.eq(0)]
+                m.next = "IDLE"
+
             with m.State("ENQUEUE"):
                 m.d.comb += st.eq(st_rd.data)
-                empty = st.head == st.tail
-                full = (st.tail - st.head)[:db + 1] == self.depth
+                empty = st.count == st.dead                  # nothing live waits
+                full = ~alloc_ok
                 seen = st.has_last & ((cpl.index - st.last_index)[15] | (cpl.index == st.last_index))
                 nxt = Signal(state_layout)
                 m.d.comb += [nxt.eq(st), nxt.last_index.eq(cpl.index), nxt.has_last.eq(1)]
@@ -243,8 +279,14 @@ class CompletionTracker(wiring.Component):
                         m.next = "IDLE"
                 with m.Elif(~full):
                     m.d.comb += [sent_rc_ready.eq(1),
-                                 q_wr.en.eq(1), q_wr.addr.eq(Cat(st.tail[:db], qpn)), q_wr.data.eq(cpl),
-                                 nxt.tail.eq(st.tail + 1)]
+                                 q_wr.en.eq(1), q_wr.addr.eq(alloc), q_wr.data.eq(cpl),
+                                 ln_wr.en.eq(st.count != 0), ln_wr.addr.eq(st.tail), ln_wr.data.eq(alloc),
+                                 nxt.tail.eq(alloc), nxt.count.eq(st.count + 1),
+                                 free.r_en.eq(fresh[pb])]
+                    with m.If(st.count == 0):
+                        m.d.comb += nxt.head.eq(alloc)
+                    with m.If(~fresh[pb]):
+                        m.d.sync += fresh.eq(fresh + 1)
                     with m.If(~st.armed):
                         m.d.comb += [nxt.deadline.eq(now + st.timeout), nxt.armed.eq(1)]   # the timer starts
                     write_state(nxt)
@@ -285,38 +327,51 @@ class CompletionTracker(wiring.Component):
                         m.d.comb += fatal_syn.eq(Syndrome.BAD_RESP_ERR)
                 m.d.sync += [st_reg.eq(nxt), nak_rtx.eq(is_seq_nak & ~st.failed), nak_fail.eq(is_fatal & ~st.failed),
                              rtx_from.eq(ack.psn), rtx_fail.eq(is_fatal), rtx_syn.eq(fatal_syn)]
-                m.d.comb += q_rd.addr.eq(Cat(st.head[:db], qpn))
+                m.d.comb += q_rd.addr.eq(st.head)
+                m.d.sync += budget.eq(self.DRAIN_BUDGET)
                 m.next = "DRAIN"
 
             with m.State("DRAIN"):
-                # st_reg is the QP's state; q_rd.data the head entry
+                # st_reg is the QP's state; q_rd.data the head entry, ln_rd.data its link.
+                # Dead entries are freed first; then live ones go out while an ACK covers
+                # them. A go-back or failure drains all it covers (they are rare), other
+                # visits at most DRAIN_BUDGET entries.
                 head = q_rd.data
-                new_head = Signal(db + 1)
-                m.d.comb += new_head.eq(st_reg.head + 1)
-                with m.If((st_reg.head == st_reg.tail) | ~covered(head.psn, st_reg.acked)):
+                upd = Signal(state_layout)
+                m.d.comb += [upd.eq(st_reg), upd.head.eq(ln_rd.data), upd.count.eq(st_reg.count - 1)]
+                dead = st_reg.dead != 0
+                live = (st_reg.count != 0) & covered(head.psn, st_reg.acked)
+                spent = (budget == 0) & ~nak_rtx & ~nak_fail
+                with m.If(~(dead | live) | spent):
                     m.next = "IDLE"
+                    m.d.comb += [upd.eq(st_reg), upd.more.eq(spent)]
+                    write_state(upd)
                     with m.If(nak_rtx):
                         m.next = "RETX"
                     with m.If(nak_fail):
-                        # the rest of the queue is flushed by the failure walk
-                        m.d.sync += [st_reg.failed.eq(1), st_reg.head.eq(st_reg.tail)]
+                        # the rest of the queue is flushed by the failure walk; its entries
+                        # are freed by later drains
+                        m.d.sync += [st_reg.failed.eq(1), st_reg.dead.eq(st_reg.count), st_reg.more.eq(0)]
                         m.next = "RETX"
-                with m.Elif(out_free):
-                    upd = Signal(state_layout)
-                    m.d.comb += [upd.eq(st_reg), upd.head.eq(new_head), upd.rs_index.eq(head.next_index),
-                                 upd.rs_psn.eq(head.psn + 1)]
-                    m.d.sync += [out.valid.eq(1), out.p.eq(head), st_reg.eq(upd)]
+                with m.Elif(dead | out_free):
+                    with m.If(dead):
+                        m.d.comb += upd.dead.eq(st_reg.dead - 1)
+                    with m.Else():
+                        m.d.comb += [upd.rs_index.eq(head.next_index), upd.rs_psn.eq(head.psn + 1)]
+                        m.d.sync += [out.valid.eq(1), out.p.eq(head)]
+                    m.d.comb += [free.w_en.eq(1), free.w_data.eq(st_reg.head)]
+                    m.d.sync += [st_reg.eq(upd), budget.eq(budget - (budget != 0))]
                     write_state(upd)
-                    m.d.comb += q_rd.addr.eq(Cat(new_head[:db], qpn))
+                    m.d.comb += q_rd.addr.eq(ln_rd.data)
                 with m.Else():
-                    m.d.comb += q_rd.addr.eq(Cat(st_reg.head[:db], qpn))
+                    m.d.comb += q_rd.addr.eq(st_reg.head)
 
             with m.State("SCAN"):
                 m.d.comb += st.eq(st_rd.data)
                 waiting = Signal()              # completions or packets wait for an ACK
                 late = Signal()                 # ... and the armed timer ran out (mod 2^32)
                 m.d.comb += [
-                    waiting.eq(~st.failed & ((st.head != st.tail)
+                    waiting.eq(~st.failed & ((st.count != st.dead)
                                              | (last_sent.valid & ~covered(last_sent.psn, st.acked)))),
                     # (after a go-back, also a timeout after the QP's last packet sent: a
                     # retransmission restarts the timer when it leaves, which is well after
@@ -329,6 +384,12 @@ class CompletionTracker(wiring.Component):
                     m.d.sync += [st_reg.eq(st), rtx_from.eq(st.rtx_skip), rtx_fail.eq(st.rtx_fail),
                                  rtx_syn.eq(st.rtx_syn)]
                     m.next = "RETX"
+                with m.Elif(st.more | (st.dead != 0)):
+                    # finish a drain cut at its budget; free the entries of a failed or
+                    # created QP
+                    m.d.comb += q_rd.addr.eq(st.head)
+                    m.d.sync += [st_reg.eq(st), budget.eq(self.DRAIN_BUDGET), nak_rtx.eq(0), nak_fail.eq(0)]
+                    m.next = "DRAIN"
                 with m.Elif(late):
                     nxt = Signal(state_layout)
                     m.d.comb += [nxt.eq(st), nxt.retries.eq(st.retries + 1), nxt.deadline.eq(now + st.timeout)]
@@ -338,7 +399,7 @@ class CompletionTracker(wiring.Component):
                     with m.If(st.retries >= st.retry_cnt):
                         # out of retries: fail the WQE of the first unacknowledged PSN
                         m.d.comb += [self.retry_exceeded.eq(1), self.failed.valid.eq(1), self.failed.qpn.eq(qpn)]
-                        m.d.sync += [st_reg.failed.eq(1), st_reg.head.eq(st.tail)]
+                        m.d.sync += [st_reg.failed.eq(1), st_reg.dead.eq(st.count), st_reg.more.eq(0)]
                     m.next = "RETX"
                 with m.Else():
                     with m.If(waiting != st.armed):

@@ -83,7 +83,7 @@ class RequesterPath(WiringLevel):
             "builder": PacketBuilder(num_qps=nq, num_cqs=nc),
             "cpl_fifo": StreamFifo(Completion(nq, nc), COMPLETION_QUEUE),
             "cqe_writer": CqeWriter(num_qps=nq, num_cqs=nc),
-            "cpl_tracker": CompletionTracker(num_qps=nq, num_cqs=nc, depth=P.RC_COMPLETIONS_PER_QP),
+            "cpl_tracker": CompletionTracker(num_qps=nq, num_cqs=nc, pool=P.RC_COMPLETION_POOL),
             "response_checker": ResponseChecker(num_qps=nq),
             "ack_mailbox": AckMailbox(num_qps=nq),
         }

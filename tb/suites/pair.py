@@ -422,6 +422,35 @@ async def rc_unsignaled_tail(dut):
     assert ca["retransmits"] == req.counters.go_back_n == 1
 
 
+@cocotb.test()
+async def rc_signal_every_wqe(dut):
+    """DeepEP's habit: a CQE requested on every WQE. One RC QP posts 64 signaled 8-byte
+    WRITEs under one doorbell across a cable of 1,500 cycles each way: all 64 packets
+    leave before the first ACK is back (64 completions wait for their ACKs at once, in
+    the tracker's shared pool: with 16 per QP the 17th held MAC TX for a round trip);
+    then 64 CQEs, in order, each after its ACK, frames and CQEs as the transmit model."""
+    env = await NicPairEnv(dut, latency_cycles=1500).start()
+    a, b = env.nics
+    cq_a, cq_b = await a.cq(0, 7), await b.cq(0, 7)
+    await b.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
+    qp_a, qp_b = await env.connect(0, 1, 1, 11, cq_a=cq_a, cq_b=cq_b, mtu=1024, pd=PD, timeout=20_000)
+    n = 64
+    for i in range(n):
+        qp_a.post_write(DST + 8 * i, KEY, inline=(0x1122334455667700 + i).to_bytes(8, "little"), signaled=True)
+    await qp_a.ring_nvshmem()
+    pred = a.check(await a.drain(timeout_cycles=60_000))
+    assert len(a.wire.frames) == n and len(a.cqe_writes()) == n
+    first_ack = min(first for _, first, _ in a.rx.sent)
+    assert a.wire.frames[-1].last_cycle < first_ack, (
+        f"the 64th packet left at cycle {a.wire.frames[-1].last_cycle}, after the first ACK came ({first_ack})")
+    for i in range(n):
+        assert b.mem.read(DST + 8 * i, 8) == (0x1122334455667700 + i).to_bytes(8, "little")
+    counters = [unpack(CQE64, raw)["wqe_counter"] for _, _, raw, _ in a.cqe_writes()]
+    assert counters == list(range(n)), counters
+    dut._log.info(f"{n} packets by cycle {a.wire.frames[-1].last_cycle}, first ACK at {first_ack}, "
+                  f"{len(pred.frames)} QPs in the model")
+
+
 async def _faulty(dut, kind, rate, seed):
     """WRITEs from NIC 0 to NIC 1 with ``kind`` faults at ``rate`` on both directions
     of the cable: every message arrives once and intact, every CQE comes, in order,

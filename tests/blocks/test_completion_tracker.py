@@ -31,7 +31,7 @@ async def send_ack(ctx, dut, q, psn, syn):
 
 def test_completion_tracker():
     rnd = random.Random(4)
-    dut = CompletionTracker(num_qps=8, num_cqs=4, depth=8)
+    dut = CompletionTracker(num_qps=8, num_cqs=4, pool=32)
     timeout = 3000
     start = {q: (0xFFFFF0 if q == 1 else rnd.randrange(1 << 24)) for q in range(4)}
     uc_qp = 3
@@ -58,7 +58,7 @@ def test_completion_tracker():
             target = plan[q][rnd.randrange(pos[q])][1]
             events.append(("ack", q, target, Aeth.ACK))
         if q != uc_qp and pos[q] % 6 == 0 and pos[q] <= 24:
-            # a responder acknowledges everything eventually: the queue (depth 8) never
+            # a responder acknowledges everything eventually: the pool (32 entries: 8 per QP) never
             # needs more than 6 (a full queue stalls the transmit path until ACKs come)
             events.append(("ack", q, psn, Aeth.ACK))
         if q != uc_qp and rnd.random() < 0.08 and pos[q] < 24:
@@ -165,7 +165,7 @@ def test_completion_tracker_failure():
     of the queue is dropped, one failure walk (fail, REMOTE_ACCESS_ERR, skip to the NAK's
     PSN) goes to the parser; afterwards the QP's error completions pass in order, its
     other completions are dropped, ACKs and NAKs change nothing, and other QPs carry on."""
-    dut = CompletionTracker(num_qps=4, num_cqs=4, depth=8)
+    dut = CompletionTracker(num_qps=4, num_cqs=4, pool=32)
     out, rtx = [], []
     base = 100
 
@@ -224,7 +224,7 @@ def test_completion_tracker_timer_without_completions():
     (no early timeout); the retransmission skips to the new PSN. During the quiet time a
     flood of stale ACKs for QP 3 keeps the scanner away, so only the ACK itself can have
     stopped QP 2's timer."""
-    dut = CompletionTracker(num_qps=4, num_cqs=4, depth=8)
+    dut = CompletionTracker(num_qps=4, num_cqs=4, pool=32)
     timeout, base = 400, 0xFFFFFC             # PSNs wrap at 2^24
     rtx, marks = [], {}
 
@@ -279,3 +279,83 @@ def test_completion_tracker_timer_without_completions():
     q2 = [r for r in rtx if r[1] == 2]
     assert q2 and q2[0][4] == (base + 10) & PSN_MASK, q2
     assert q2[0][0] - marks["late_send"] >= timeout - 2, (marks, q2)
+
+
+def test_completion_tracker_shared_pool():
+    """Every QP's waiting completions share one pool (32 entries here).
+
+    QP 0 fills 30 entries (more than a fair share, more than one drain's budget of 16);
+    QP 1 takes the last 2 and its third waits (a full pool holds the transmit path)
+    until one ACK of QP 0 releases all 30, in order (the scan finishes what the drain's
+    budget cut). Then, three times: QP 2 fills the pool, a NAK remote access fails it
+    (nothing released: its entries are dead), and a create of QP 2 follows; the freed
+    entries must be reusable: QP 3 then fills all 32 and an ACK releases them all. A
+    pool that lost the dead entries would stall QP 3 for good."""
+    dut = CompletionTracker(num_qps=4, num_cqs=4, pool=32)
+    out, taken = [], {}
+    cycle = Signal(32)
+
+    async def drive(ctx):
+        ctx.set(dut.retransmit.ready, 1)
+        for q in range(4):
+            await put(ctx, dut.commit, qpn=q, start_psn=0, timeout=1 << 30, retry_cnt=3)
+
+        async def sent(q, i):
+            await put(ctx, dut.sent, qpn=q, index=i, next_index=i + 1, psn=i)
+            taken[(q, i)] = ctx.get(cycle)
+
+        for i in range(30):
+            await sent(0, i)
+        await sent(1, 0)
+        await sent(1, 1)
+
+        # QP 1's third waits for the ACK (the handshake by hand: the ACK goes in from here)
+        ctx.set(dut.sent.p.as_value(), 0)
+        ctx.set(dut.sent.p.qpn, 1)
+        ctx.set(dut.sent.p.index, 2)
+        ctx.set(dut.sent.p.next_index, 3)
+        ctx.set(dut.sent.p.psn, 2)
+        ctx.set(dut.sent.valid, 1)
+        for _ in range(200):
+            await ctx.tick()
+            assert not ctx.get(dut.sent.ready), "the pool was full: QP 1's third must wait"
+        await send_ack(ctx, dut, 0, 29, Aeth.ACK)
+        taken["ack0"] = ctx.get(cycle)
+        await ctx.tick().until(dut.sent.ready)
+        ctx.set(dut.sent.valid, 0)
+        taken[(1, 2)] = ctx.get(cycle)
+        await ctx.tick().repeat(100)
+        for rnd_ in range(3):
+            for i in range(29):
+                await sent(2, i)
+            await send_ack(ctx, dut, 2, 0, 0x62)           # NAK remote access at PSN 0
+            await ctx.tick().repeat(10)
+            await put(ctx, dut.commit, qpn=2, start_psn=0, timeout=1 << 30, retry_cnt=3)
+            await ctx.tick().repeat(60)
+        await send_ack(ctx, dut, 1, 2, Aeth.ACK)
+        await ctx.tick().repeat(20)
+        for i in range(32):
+            await sent(3, i)
+        await send_ack(ctx, dut, 3, 31, Aeth.ACK)
+        await ctx.tick().repeat(100)
+        taken["done"] = 1
+
+    async def sink(ctx):
+        ctx.set(dut.completions.ready, 1)
+        async for _, _, v, p, n in ctx.tick().sample(dut.completions.valid, dut.completions.p, cycle):
+            if v:
+                out.append((p.qpn, p.index, n))
+            ctx.set(cycle, n + 1)
+
+    sim = Simulator(dut)
+    sim.add_clock(2e-9)
+    sim.add_testbench(drive)
+    sim.add_process(sink)
+    sim.run_until(2e-9 * 6000)
+    assert taken.get("done"), "the pool stalled for good"
+    assert [(q, i) for q, i, _ in out if q == 0] == [(0, i) for i in range(30)], out
+    assert all(n > taken["ack0"] for q, _, n in out if q == 0)
+    assert taken[(1, 2)] >= taken["ack0"]
+    assert [(q, i) for q, i, _ in out if q == 1] == [(1, 0), (1, 1), (1, 2)], out
+    assert not [o for o in out if o[0] == 2], "a failed QP's entries are never released"
+    assert [(q, i) for q, i, _ in out if q == 3] == [(3, i) for i in range(32)], out
