@@ -10,7 +10,8 @@ expected CQ for the interleaving actually observed with ``EngineModel.cq_for_ord
 Rules modelled (see the brief / SPEC):
     - A CQE's wqe_counter is the WQE's position in the send queue (the engine's consumer
       index, in WQEBBs mod 2^16), as mlx5 reports it; the ctrl segment's index is not read.
-    - NOP: no packet; CQE (REQ, byte_cnt 0) if CQ_UPDATE.
+    - NOP: no packet; CQE (REQ, byte_cnt 0) if CQ_UPDATE. DUMP (ds 2, one pointer data
+      segment): a local read of its data segment, no packet, then a CQE as a NOP's.
     - RDMA_WRITE (one pointer or inline segment, or none with ds=2): packets per
       ``model.frames.split_message``, consecutive PSNs (24-bit wrap) from the QP's
       start_psn; CQE (REQ, byte_cnt = length) after the last packet if CQ_UPDATE.
@@ -19,13 +20,14 @@ Rules modelled (see the brief / SPEC):
       that QP completes with REQ_ERR / WR_FLUSH_ERR, signaled or not, and sends nothing
       (verbs flushes every work request of a QP in error).
     - A QP whose context state is not RTS (set through the control path) drops its
-      WQEs: the engine takes no doorbell for it.
+      WQEs: the engine takes no doorbell for it; but a QP in ERR completes each with
+      REQ_ERR / WR_FLUSH_ERR (``modify``: QP_MODIFY as ``spec.formats.qp_modify_action``).
 """
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from spec.formats import CqeOp, QpState, Syndrome, WqeOp
+from spec.formats import CqeOp, QpModify, QpState, Syndrome, WqeOp, qp_modify_action
 from spec.params import wire_bytes
 from model.cqe import CqContext, CqModel
 from model.frames import PSN_MASK, Port, QpContext, build_write_frames, parse_wqe, split_message
@@ -145,7 +147,9 @@ class EngineModel:
         # the field as rdma-core and NVSHMEM do.
         self.ci = {qpn: 0 for qpn in self.qps}
         self.qp_error = {qpn: ctx.state == QpState.ERR for qpn, ctx in self.qps.items()}
-        self.failed = {qpn: False for qpn in self.qps}   # a WQE failed: the rest is flushed
+        # a WQE failed, or the QP is in ERR: the rest is flushed
+        self.failed = {qpn: ctx.state == QpState.ERR for qpn, ctx in self.qps.items()}
+        self.ctl_state = {qpn: ctx.state for qpn, ctx in self.qps.items()}   # as the control path last set it
         self.frames = {qpn: [] for qpn in self.qps}
         self.results = []
         self.totals = Totals()
@@ -191,7 +195,9 @@ class EngineModel:
             qp.state = QpState.ERR
             cqe = self._complete(qp, CqeOp.REQ_ERR, pos, 0, Syndrome.LOCAL_QP_OP_ERR, wqe)
             res = WqeResult(qpn, wqe, "error", cqe=cqe)
-        elif wqe.opcode == WqeOp.NOP:
+        elif wqe.opcode in (WqeOp.NOP, WqeOp.DUMP):
+            # a DUMP's local read has no effect on memory: it completes as a NOP does
+            # (after everything before it, on RC after its ACK), byte count 0
             self.totals.wqes_executed += 1
             cqe = self._complete(qp, CqeOp.REQ, pos, 0, 0, wqe) if wqe.cq_update else None
             res = WqeResult(qpn, wqe, "nop", cqe=cqe)
@@ -220,6 +226,30 @@ class EngineModel:
             res = WqeResult(qpn, wqe, "sent", recs, cqe)
         self.results.append(res)
         return res
+
+    def modify(self, qpn, state, start_psn=None):
+        """QP_MODIFY of ``qpn`` to ``state`` after everything posted so far (the send side
+        only: this model completes each WQE when it is posted). Returns False when the
+        engine refuses it (``qp_modify_action`` REJECT), else True."""
+        if qpn not in self.qps:
+            raise ValueError(f"unknown QP {qpn}")
+        action = qp_modify_action(self.ctl_state[qpn], state)
+        if action == QpModify.REJECT:
+            return False
+        self.ctl_state[qpn] = state
+        qp = self.qps[qpn]
+        if action in (QpModify.CREATE, QpModify.SEND_RESET):
+            if start_psn is not None:
+                qp.start_psn = start_psn
+            self.next_psn[qpn], self.ci[qpn] = qp.start_psn, 0
+            self.qp_error[qpn] = self.failed[qpn] = state == QpState.ERR
+            qp.state = state
+        elif action == QpModify.FLUSH:
+            self.qp_error[qpn] = self.failed[qpn] = True
+            qp.state = QpState.ERR
+        elif not self.failed[qpn]:
+            qp.state = state
+        return True
 
     def run(self, posts):
         """Execute ``posts``, an ordered iterable of ``(qpn, wqe_bytes)``; returns ``result()``."""

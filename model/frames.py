@@ -311,7 +311,8 @@ def parse_wqe(wqe_bytes):
     Returns a ``Wqe``. Malformed WQEs (ds 0 or beyond MAX_WQEBBS WQEBBs for any
     opcode; an opcode other than NOP/RDMA_WRITE; a WRITE with ds < 2, more than one
     data segment or inline data overrunning ds) are returned with ``error`` set, not
-    raised: the engine reports them with an error CQE. A NOP of ds 1..16 is valid. ValueError is raised only when the bytes
+    raised: the engine reports them with an error CQE. A NOP of any ds 1..63 is valid,
+    and a DUMP of ds 2 with a pointer data segment (``kind`` "dump"). ValueError is raised only when the bytes
     given are too short to decode.
     """
     b = bytes(wqe_bytes)
@@ -329,6 +330,19 @@ def parse_wqe(wqe_bytes):
         w.error = f"ds={w.ds} exceeds {MAX_WQEBBS} WQEBBs ({max_ds})"
         return w
     if w.opcode == WqeOp.NOP:
+        return w
+    if w.opcode == WqeOp.DUMP:
+        # NVSHMEM's consistency point: ctrl + one data segment (a local read, no packet)
+        if w.ds != 2:
+            w.error = f"DUMP with ds={w.ds} (ctrl + one data segment is ds=2)"
+            return w
+        if len(b) < 2 * DS_UNIT:
+            raise ValueError(f"WQE with ds=2 needs {2 * DS_UNIT} bytes, got {len(b)}")
+        d = unpack(DATA_SEG, b, DS_UNIT)
+        if d["byte_count"] & INLINE_FLAG:
+            w.error = "DUMP with an inline segment (it reads local memory through a pointer)"
+            return w
+        w.kind, w.length, w.lkey, w.addr = "dump", d["byte_count"], d["lkey"], d["addr"]
         return w
     if w.opcode != WqeOp.RDMA_WRITE:
         w.error = f"unsupported opcode {w.opcode:#04x}"

@@ -25,9 +25,9 @@ Decisions (the RTL must follow them; the tests hold the model to them):
 """
 
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from spec.formats import CqeOp, Op, QpState, WqeOp
+from spec.formats import CqeOp, Op, QpModify, QpState, WqeOp, qp_modify_action
 from model.cqe import CqContext, CqModel
 from model.frames import (PSN_MASK, Port, QpContext, build_packet, build_write_frames, parse_wqe,
                           split_message)
@@ -154,6 +154,7 @@ class _ReqQp:
     last_nak_psn: object = None
     msn_acked: int = 0         # WRITE messages fully acknowledged
     ci: int = 0                # consumer index: the next WQE's position (WQEBBs, mod 2^16) = its CQE's wqe_counter
+    ctl_state: int = None      # the state the control path last set (a failure moves ``state`` only)
 
     @property
     def una(self):
@@ -219,7 +220,7 @@ class RcRequester:
         if not isinstance(retry_cnt, int) or not 0 <= retry_cnt <= 7:
             raise ValueError(f"retry_cnt must be 0..7, got {retry_cnt!r}")
         self.qps[ctx.qpn] = _ReqQp(ctx=ctx, timeout=timeout_ns, retry_cnt=retry_cnt, state=ctx.state,
-                                   next_psn=ctx.start_psn)
+                                   next_psn=ctx.start_psn, ctl_state=ctx.state)
 
     def _qp(self, qpn):
         if qpn not in self.qps:
@@ -326,7 +327,8 @@ class RcRequester:
             q.wqes.append(_ReqWqe(w.index, "error", True, opcode=w.opcode))
             self._advance(q, out)
             return []
-        if w.opcode == WqeOp.NOP:   # parse_wqe accepts only NOP and RDMA_WRITE
+        if w.opcode in (WqeOp.NOP, WqeOp.DUMP):   # parse_wqe accepts NOP, DUMP and RDMA_WRITE
+            # a DUMP (a local read) completes as a NOP: after every WQE before it
             q.wqes.append(_ReqWqe(w.index, "nop", w.cq_update, opcode=w.opcode))
             if not q.blocked:
                 self._advance(q, out)
@@ -381,12 +383,36 @@ class RcRequester:
             tx += self._retry(q, now, cqes)
         return tx, cqes
 
-    def modify(self, qpn, state):
-        """Move QP ``qpn`` to ``state`` through the control path (QP_MODIFY): outside RTS
-        it takes no response (``qp_state``)."""
+    def modify(self, qpn, state, start_psn=None):
+        """Move QP ``qpn`` to ``state`` through the control path (QP_MODIFY), as
+        ``spec.formats.qp_modify_action`` says for the state the control path last set:
+        refused (returns None, nothing changes), the send side started afresh (PSN
+        ``start_psn``, default the QP's), a flush (to ERR: the WQE of the first
+        unacknowledged PSN and every later one complete with WR_FLUSH_ERR, signaled or
+        not, and so does every WQE posted later), or only the state. Outside RTS the QP
+        takes no response (``qp_state``). Returns the CqeRecords the move produced."""
         if state not in range(QpState.ERR + 1):
             raise ValueError(f"unknown QP state {state!r}")
-        self._qp(qpn).state = state
+        q = self._qp(qpn)
+        action = qp_modify_action(q.ctl_state, state)
+        if action == QpModify.REJECT:
+            return None
+        out = []
+        if action in (QpModify.CREATE, QpModify.SEND_RESET):
+            ctx = replace(q.ctx, state=state, start_psn=q.ctx.start_psn if start_psn is None else start_psn)
+            self.qps[qpn] = _ReqQp(ctx=ctx, timeout=q.timeout, retry_cnt=q.retry_cnt, state=state,
+                                   next_psn=ctx.start_psn, ctl_state=state)
+            return out
+        q.ctl_state = state
+        if action == QpModify.FLUSH and q.state != QpState.ERR:
+            if q.wqes:
+                self._fail(q, CqeSyndrome.WR_FLUSH_ERR, out)
+            q.state = QpState.ERR
+            q.outstanding.clear()
+            q.deadline = None
+        elif action == QpModify.CONFIG and q.state != QpState.ERR:
+            q.state = state
+        return out
 
     def _drop_response(self, res, reason):
         self.counters.dropped_responses[reason] += 1

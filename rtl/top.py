@@ -13,7 +13,7 @@ from amaranth.hdl import *
 from amaranth.lib import wiring
 
 from spec import params as P
-from spec.formats import DOORBELL_DROP_NAMES, RESPONSE_DROP_NAMES
+from spec.formats import DOORBELL_DROP_NAMES, RESPONSE_DROP_NAMES, QpState
 from rtl.common.axi import (AxiLiteSignature, AxiWriteSignature, AxiReadSignature, AxiSignature, AxiStreamSignature,
                             flat_members, connect_flat)
 from rtl.common.axi_write_arbiter import AxiWriteArbiter
@@ -112,28 +112,42 @@ class IbgdaNic(wiring.Component):
         connect_flat(m, self, "m_axis_tx", ptx.tx)
 
         # Control path: commits become one-entry streams. A QP commit goes to the QP table;
-        # a create also to the parser (PSN, consumer index), the tracker and the receive side,
-        # all in the same cycle: each one's valid waits for the others' ready (the parser's
-        # ready does not depend on valid, the table's does).
-        create = host.qp_commit & host.qp_commit_reset
+        # a send-side reset (a create, or the RTR -> RTS modify) also to the parser (PSN,
+        # consumer index), the tracker and the CQE writer's user index; a receive-side
+        # reset (a create) to the responder, another commit there as a state change; a move
+        # to ERR (flush) to the tracker (RC: a failure walk) or the parser (UC). All in the
+        # same cycle: each one's valid waits for the others' ready (none of those readies
+        # depends on valid but the QP table's, which therefore is in every other valid).
+        reset, rx_reset = host.qp_commit_reset, host.qp_commit_rx_reset
+        flush_rc = host.qp_flush & ~host.qp_cfg.uc
+        flush_uc = host.qp_flush & host.qp_cfg.uc
         qp_ready, wp_ready = req.qp_commit.ready, req.parser_commit.ready
         trk_ready, rsp_ready = req.tracker_commit.ready, rsp.commit.ready
+        others = Signal()        # every part but the QP table takes its part this cycle
+        m.d.comb += others.eq((~reset | (wp_ready & trk_ready)) & (~rx_reset | rsp_ready)
+                              & (~flush_rc | req.tracker_flush.ready) & (~flush_uc | req.parser_flush.ready))
+        go = Signal()            # the commit happens this cycle
+        m.d.comb += go.eq(host.qp_commit & others & qp_ready)
+        create = go & reset
         m.d.comb += [
-            req.qp_commit.valid.eq(host.qp_commit & ((wp_ready & rsp_ready & trk_ready) | ~host.qp_commit_reset)),
+            req.qp_commit.valid.eq(host.qp_commit & others),
             req.qp_commit.p.qpn.eq(host.qp_num), req.qp_commit.p.cfg.eq(host.qp_cfg),
-            req.qp_commit.p.reset.eq(host.qp_commit_reset),
-            req.parser_commit.valid.eq(create & qp_ready & rsp_ready & trk_ready),
-            req.tracker_commit.valid.eq(create & qp_ready & rsp_ready & wp_ready),
+            req.qp_commit.p.reset.eq(reset),
+            req.parser_commit.valid.eq(create),
+            req.tracker_commit.valid.eq(create),
             req.tracker_commit.p.qpn.eq(host.qp_num), req.tracker_commit.p.start_psn.eq(host.qp_start_psn),
             req.tracker_commit.p.timeout.eq(host.qp_timeout), req.tracker_commit.p.retry_cnt.eq(host.qp_retry_cnt),
             req.parser_commit.p.qpn.eq(host.qp_num), req.parser_commit.p.psn.eq(host.qp_start_psn),
+            req.parser_commit.p.error.eq(host.qp_cfg.state == QpState.ERR),
+            req.tracker_flush.valid.eq(go & flush_rc), req.tracker_flush.p.qpn.eq(host.qp_num),
+            req.parser_flush.valid.eq(go & flush_uc), req.parser_flush.p.qpn.eq(host.qp_num),
             # the CQE writer's user-index RAM is always ready: written with the create
-            req.uidx_commit.valid.eq(create & qp_ready & rsp_ready & trk_ready & wp_ready),
+            req.uidx_commit.valid.eq(create),
             req.uidx_commit.p.qpn.eq(host.qp_num), req.uidx_commit.p.user_index.eq(host.qp_user_index),
-            host.qp_commit_ack.eq(qp_ready),
+            host.qp_commit_ack.eq(go),
             # every commit also tells the response checker the QP's peer, service and state
-            req.checker_commit.valid.eq(req.qp_commit.valid & qp_ready),
-            req.checker_commit.p.qpn.eq(host.qp_num), req.checker_commit.p.create.eq(host.qp_commit_reset),
+            req.checker_commit.valid.eq(go),
+            req.checker_commit.p.qpn.eq(host.qp_num), req.checker_commit.p.create.eq(reset),
             req.checker_commit.p.start_psn.eq(host.qp_start_psn), req.checker_commit.p.dmac.eq(host.qp_cfg.dmac),
             req.checker_commit.p.dip.eq(host.qp_cfg.dip), req.checker_commit.p.uc.eq(host.qp_cfg.uc),
             req.checker_commit.p.state.eq(host.qp_cfg.state),
@@ -144,13 +158,13 @@ class IbgdaNic(wiring.Component):
             rsp.port_mac.eq(host.port_mac), rsp.port_ip.eq(host.port_ip),
             prx.port_mac.eq(host.port_mac), prx.port_ip.eq(host.port_ip),
             # A create also sets up the QP's receive side.
-            rsp.commit.valid.eq(create & qp_ready & wp_ready & trk_ready),
+            rsp.commit.valid.eq(go & rx_reset),
             rsp.commit.p.qpn.eq(host.qp_num), rsp.commit.p.epsn.eq(host.qp_rq_psn),
             rsp.commit.p.cfg.state.eq(host.qp_cfg.state), rsp.commit.p.cfg.pd.eq(host.qp_pd),
             rsp.commit.p.cfg.ack_every.eq(host.qp_ack_every), rsp.commit.p.cfg.mtu.eq(host.qp_cfg.mtu),
             rsp.commit.p.cfg.peer_mac.eq(host.qp_cfg.dmac), rsp.commit.p.cfg.peer_ip.eq(host.qp_cfg.dip),
             # a QP_MODIFY moves the receive side's state too (a QP in ERR takes no request)
-            rsp.modify.valid.eq(host.qp_commit & ~host.qp_commit_reset & qp_ready),
+            rsp.modify.valid.eq(go & ~rx_reset),
             rsp.modify.p.qpn.eq(host.qp_num), rsp.modify.p.state.eq(host.qp_cfg.state),
             rsp.peer_commit.valid.eq(rsp.commit.valid & rsp.commit.ready),
             rsp.peer_commit.p.qpn.eq(host.qp_num), rsp.peer_commit.p.addr.remote_qpn.eq(host.qp_cfg.remote_qpn),
@@ -197,6 +211,7 @@ class IbgdaNic(wiring.Component):
         incs["rx_ack_received"] = incs["rx_ack_received"] + prx.acks_received
         incs["acks_sent"], incs["naks_sent"] = rsp.acks_sent, rsp.naks_sent
         incs["acks_coalesced"] = rsp.acks_coalesced
+        incs["qp_modify_rejected"] = host.modify_rejected
         incs.update({"naks_received": req.naks, "retransmits": req.retransmits, "timeouts": req.timeouts,
                      "retry_exceeded": req.retry_exceeded, "acks_merged": req.acks_merged})
         for j, name in enumerate(RESPONSE_DROP_NAMES):

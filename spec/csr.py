@@ -45,13 +45,16 @@ REGISTERS = (
     Reg("QP_DMAC_HI", 0x120, RW, 16, "destination MAC bytes 0..1"),
     Reg("QP_DIP", 0x124, RW, 32, "destination IPv4"),
     Reg("QP_MTU", 0x128, RW, 3, "path MTU as ibv_mtu: 1=256 .. 5=4096"),
-    Reg("QP_STATE", 0x12C, RW, 3, "ibv_qp_state: 0 RESET .. 3 RTS .. 6 ERR; only RTS sends"),
+    Reg("QP_STATE", 0x12C, RW, 3, "ibv_qp_state: 0 RESET .. 3 RTS .. 6 ERR; only RTS sends; in ERR every "
+        "WQE completes with WR_FLUSH_ERR"),
     Reg("QP_COMMIT", 0x130, WO, 0, "any write: create: store the staged context into QP_NUM, reset its "
         "producer/consumer indices to 0 and its PSN to QP_START_PSN"),
     Reg("QP_WEIGHT", 0x134, RW, 4, "scheduler weight 1..15 (0 counts as 1): a turn of the QP is up to "
         "weight x 128 WQEBBs"),
-    Reg("QP_MODIFY", 0x138, WO, 0, "any write: store the staged context into QP_NUM, keep its indices and "
-        "PSN (weight or state changes on a live QP; the receive side takes the new state, nothing else)"),
+    Reg("QP_MODIFY", 0x138, WO, 0, "any write: move QP QP_NUM to QP_STATE as verbs allows "
+        "(spec.formats.qp_modify_action; another transition: SLVERR, nothing changes): to RESET, RESET->INIT "
+        "and INIT->RTR start the QP afresh from the staged context; RTR->RTS the send side (QP_START_PSN); "
+        "to ERR flushes every outstanding and later WQE; in the same state only the configuration changes"),
     Reg("QP_RQ_PSN", 0x13C, RW, 24, "receive side: first expected PSN (the peer's start PSN)"),
     Reg("QP_PD", 0x140, RW, PD_BITS, "protection domain of the QP (24 bits): memory keys must belong to it"),
     Reg("QP_ACK_EVERY", 0x144, RW, 8, "ACK coalescing: one ACK per this many accepted packets (0 counts as "
@@ -120,7 +123,9 @@ CHECK_COUNTERS = _block(0x400, [r for r in _RX if r[0][3:] in _LATER]
                         + [(f"resp_{name}", f"responses dropped: {meaning}") for name, meaning in RESPONSE_DROPS]
                         + [(f"db_{name}", f"doorbells dropped: {meaning}") for name, meaning in DOORBELL_DROPS]
                         + [("acks_coalesced", "re-ACKs not sent: identical to the last ACK queued, while the ACK "
-                            "queue was full (acks_sent + acks_coalesced = ACKs owed)")])
+                            "queue was full (acks_sent + acks_coalesced = ACKs owed)"),
+                           ("qp_modify_rejected", "QP_MODIFY writes refused: not a transition verbs allows "
+                            "(answered SLVERR)")])
 COUNTERS = TX_COUNTERS + RX_COUNTERS + REQ_COUNTERS + CHECK_COUNTERS
 COUNTER_NAMES = tuple(c.name for c in COUNTERS)
 

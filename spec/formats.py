@@ -140,7 +140,7 @@ RESPONSE_DROP_NAMES = tuple(n for n, _ in RESPONSE_DROPS)
 DOORBELL_DROPS = (
     ("bad_write", "UAR write not a doorbell: offset, partial strobes, QPN not the page's, page beyond the "
      "QP table, burst length, BlueFlame WQE of more than one WQEBB"),
-    ("qp_not_rts", "the QP is not in RTS"),
+    ("qp_not_rts", "the QP is not in RTS (nor in ERR, whose WQEs are fetched and flushed)"),
     ("stale", "producer index behind the QP's (mod 2^16): it would replay the ring"),
     ("over_depth", "producer index more than the send-queue depth past the fetch index"),
 )
@@ -263,6 +263,46 @@ class MrCheck:                     # outcome of a memory-key check (responder si
 # ---- QP states (ibv_qp_state) and path MTU (ibv_mtu) ---------------------------------
 class QpState:
     RESET, INIT, RTR, RTS, SQD, SQE, ERR = range(7)
+
+# QP_MODIFY: the transitions ibv_modify_qp allows (the kernel's ib_modify_qp_is_ok; SQD
+# and SQE, which the engine does not implement, are never a target), and what each does.
+QP_TRANSITIONS = {
+    QpState.RESET: (QpState.RESET, QpState.INIT),
+    QpState.INIT: (QpState.RESET, QpState.INIT, QpState.RTR, QpState.ERR),
+    QpState.RTR: (QpState.RESET, QpState.RTS, QpState.ERR),
+    QpState.RTS: (QpState.RESET, QpState.RTS, QpState.ERR),
+    QpState.SQD: (QpState.RESET, QpState.ERR),     # only a create (QP_COMMIT) reaches these
+    QpState.SQE: (QpState.RESET, QpState.ERR),
+    QpState.ERR: (QpState.RESET, QpState.ERR),
+}
+
+
+class QpModify:
+    """What a QP_MODIFY from one state to another does (``qp_modify_action``)."""
+    REJECT = 0        # not a transition verbs allows: SLVERR, nothing changes (qp_modify_rejected)
+    CREATE = 1        # both sides start afresh from the staged context (indices 0, staged PSNs)
+    SEND_RESET = 2    # RTR -> RTS: the send side starts afresh (staged QP_START_PSN), the receive side keeps its state
+    FLUSH = 3         # to ERR: every outstanding and later WQE completes with WR_FLUSH_ERR
+    CONFIG = 4        # same state: the staged configuration (weight) only
+
+
+def qp_modify_action(cur, new):
+    """The ``QpModify`` action of a QP_MODIFY from state ``cur`` to ``new`` (ibv_qp_state).
+
+    Before RTS a QP has sent nothing and (before RTR) taken nothing, so the engine moves
+    it forward by starting afresh from the staged registers: RESET -> INIT and INIT -> RTR
+    take QP_RQ_PSN (verbs sets rq_psn at RTR) and RTR -> RTS takes QP_START_PSN (sq_psn
+    at RTS)."""
+    if new not in QP_TRANSITIONS.get(cur, ()):
+        return QpModify.REJECT
+    if new == QpState.RESET or (cur, new) in ((QpState.RESET, QpState.INIT), (QpState.INIT, QpState.RTR)):
+        return QpModify.CREATE
+    if (cur, new) == (QpState.RTR, QpState.RTS):
+        return QpModify.SEND_RESET
+    if new == QpState.ERR and cur != QpState.ERR:
+        return QpModify.FLUSH
+    return QpModify.CONFIG
+
 
 def mtu_bytes(code):
     """ibv_mtu enum (1=256 .. 5=4096) to bytes."""

@@ -5,7 +5,7 @@ Register map: docs/interfaces.md ("CSR map").
 
 import logging
 
-from cocotbext.axi import AxiLiteBus, AxiLiteMaster
+from cocotbext.axi import AxiLiteBus, AxiLiteMaster, AxiResp
 
 from spec import csr
 from spec.csr import ID_VALUE  # noqa: F401  (re-exported: tb.control.ID_VALUE)
@@ -54,10 +54,18 @@ class NicControl:
             side.log.setLevel(logging.WARNING)      # cocotbext logs every access at INFO
         self._qp_regs = {}                          # qpn -> staged context registers, for modify_qp
 
-    async def write_reg(self, addr, value):
-        """Write a 32-bit CSR: ``addr`` an address or a register name of spec/csr.py."""
+    async def write_reg(self, addr, value, *, may_fail=False):
+        """Write a 32-bit CSR: ``addr`` an address or a register name of spec/csr.py.
+        Returns True when the NIC answered OKAY; an error response (SLVERR) raises
+        RuntimeError unless ``may_fail`` (then False is returned)."""
         _check("CSR value", value, 0, 2**32 - 1)
-        await self.axil.write_dword(ADDR.get(addr, addr), value)
+        a = ADDR.get(addr, addr)
+        resp = await self.axil.write(a, int(value).to_bytes(4, "little"))
+        if resp.resp != AxiResp.OKAY:
+            if not may_fail:
+                raise RuntimeError(f"CSR write of {value:#x} to {addr!r} ({a:#x}) answered {resp.resp.name}")
+            return False
+        return True
 
     async def read_reg(self, addr):
         """Read a 32-bit CSR: ``addr`` an address or a register name of spec/csr.py."""
@@ -129,8 +137,12 @@ class NicControl:
         await self.write_reg("QP_COMMIT", 1)
         self._qp_regs[qpn] = regs
 
-    async def modify_qp(self, qpn, *, weight=None, state=None):
-        """Change a created QP's weight or state in place (QP_MODIFY: indices and PSN kept)."""
+    async def modify_qp(self, qpn, *, weight=None, state=None, start_psn=None, rq_psn=None):
+        """QP_MODIFY: move a created QP to ``state`` and/or change its weight
+        (``spec.formats.qp_modify_action`` says what each transition does; ``start_psn`` and
+        ``rq_psn`` are staged for the transitions that take them). Returns True when the
+        NIC took it, False when it refused (SLVERR: not a transition verbs allows; the
+        QP is unchanged)."""
         if qpn not in self._qp_regs:
             raise ValueError(f"QP {qpn} was not created through this driver")
         regs = dict(self._qp_regs[qpn])
@@ -140,10 +152,18 @@ class NicControl:
         if state is not None:
             _check("state", state, QpState.RESET, QpState.ERR)
             regs["QP_STATE"] = state
+        if start_psn is not None:
+            _check("start_psn", start_psn, 0, 2**24 - 1)
+            regs["QP_START_PSN"] = start_psn
+        if rq_psn is not None:
+            _check("rq_psn", rq_psn, 0, 2**24 - 1)
+            regs["QP_RQ_PSN"] = rq_psn
         for addr, value in regs.items():
             await self.write_reg(addr, value)
-        await self.write_reg("QP_MODIFY", 1)
-        self._qp_regs[qpn] = regs
+        ok = await self.write_reg("QP_MODIFY", 1, may_fail=True)
+        if ok:
+            self._qp_regs[qpn] = regs
+        return ok
 
     async def create_cq(self, cqn, base, log_depth, collapsed=False):
         """Stage a CQ context and commit it to ``cqn`` (producer count reset to 0).

@@ -16,7 +16,8 @@ from model.cycle_model import isolated_write
 from model.engine import EngineModel
 from model.frames import Port, QpContext
 from spec import params as P
-from spec.formats import BTH, CQE_SIZE, CTRL_SEG, OFF_BTH, mtu_code, unpack, CQE64, doorbell_limit, read_field
+from spec.formats import (BTH, CQE_SIZE, CTRL_SEG, OFF_BTH, mtu_code, unpack, CQE64, doorbell_limit, read_field,
+                          QpModify, QpState, qp_modify_action)
 from tb.clock import CycleCounter
 from tb.control import NicControl
 from tb.gpu import GpuModel
@@ -120,8 +121,22 @@ class NicEnv:
                                       dip=dip, start_psn=start_psn, mtu_code=mtu_code(mtu),
                                       weight=weight, uc=uc, **receive)
         qp.mtu, qp.start_psn, qp.remote_qpn, qp.dmac, qp.dip = mtu, start_psn, remote_qpn, dmac, dip
+        qp.ctl_state = qp.created_state = receive.get("state", QpState.RTS)
         self.qps[qpn] = qp
         return qp
+
+    async def modify_qp(self, qp, state, *, start_psn=None, rq_psn=None):
+        """QP_MODIFY of ``qp`` to ``state`` (``spec.formats.qp_modify_action``): True when
+        the NIC took it (recorded for the model; a send-side reset restarts the ring),
+        False when it answered SLVERR."""
+        ok = await self.ctl.modify_qp(qp.qpn, state=state, start_psn=start_psn, rq_psn=rq_psn)
+        if ok:
+            action = qp_modify_action(qp.ctl_state, state)
+            qp.modifies.append((len(qp.posted), state, start_psn))
+            qp.ctl_state = state
+            if action in (QpModify.CREATE, QpModify.SEND_RESET):
+                qp.restart()
+        return ok
 
     async def set_weight(self, qp, weight):
         """Change a QP's scheduler weight through the control path (QP_MODIFY)."""
@@ -141,7 +156,7 @@ class NicEnv:
             if predicate():
                 return
             await ClockCycles(self.dut.clk, 16)
-        raise TimeoutError(f"timed out after {timeout_cycles} cycles waiting for {what}")
+        raise TimeoutError(f"timed out after {timeout_cycles} cycles waiting for {what() if callable(what) else what}")
 
     async def drain(self, timeout_cycles=200_000):
         """Wait until the model's frames and CQEs have all appeared, then a little more."""
@@ -150,7 +165,7 @@ class NicEnv:
         want_cqes = pred.totals.cqes
         await self.wait_for(lambda: len(self.wire.frames) >= want_frames
                             and len(self.cqe_writes()) >= want_cqes,
-                            timeout_cycles, f"{want_frames} frames and {want_cqes} CQEs "
+                            timeout_cycles, lambda: f"{want_frames} frames and {want_cqes} CQEs "
                             f"(got {len(self.wire.frames)} and {len(self.cqe_writes())})")
         await ClockCycles(self.dut.clk, 2 * self.dma_latency + 200)   # nothing extra may follow
         return pred
@@ -159,7 +174,8 @@ class NicEnv:
     def model(self):
         qps = {q: QpContext(qpn=q, remote_qpn=qp.remote_qpn, dmac=qp.dmac, dip=qp.dip,
                             sq_base=qp.sq_base, log_depth=qp.log_depth, cqn=qp.cq.cqn,
-                            start_psn=qp.start_psn, mtu=qp.mtu, user_index=qp.user_index)
+                            start_psn=qp.start_psn, mtu=qp.mtu, user_index=qp.user_index,
+                            state=getattr(qp, "created_state", QpState.RTS))
                for q, qp in self.qps.items()}
         cqs = {c: CqContext(cqn=c, log_depth=cq.log_depth, base=cq.base, collapsed=cq.collapsed)
                for c, cq in self.cqs.items()}
@@ -168,8 +184,13 @@ class NicEnv:
     def predict(self):
         engine = self.model()
         for qpn, qp in self.qps.items():
-            for w in qp.posted:
-                engine.post(qpn, w.wqe)
+            mods = list(qp.modifies)
+            for i, w in enumerate(qp.posted + [None]):
+                while mods and mods[0][0] == i:
+                    _, state, psn = mods.pop(0)
+                    engine.modify(qpn, state, psn)
+                if w is not None:
+                    engine.post(qpn, w.wqe)
         self.engine = engine
         return engine.result()
 

@@ -372,6 +372,13 @@ class Qp:
         self.posted = []                # PostedWqe, in post order
         self._unrung = 0                # posted[_unrung:] have no doorbell yet
         self._bf_toggle = 0
+        self.modifies = []              # (len(posted) then, state, start_psn): QP_MODIFYs the NIC took
+
+    def restart(self):
+        """The send queue starts afresh (after a QP_MODIFY that resets the send side, as
+        rdma-core resets its producer index when a QP goes to RESET): the next WQE is at
+        index 0. What was posted before stays in ``posted`` (the model replays it)."""
+        self.pi = 0
 
     # ---- WQE building ------------------------------------------------------------------
     def _ctrl(self, opcode, ds, signaled, imm=0, opmod=0, fence=0):

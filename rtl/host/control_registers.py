@@ -1,12 +1,14 @@
 """CPU control path: the AXI4-Lite register file (map in docs/interfaces.md)."""
 from amaranth.hdl import *
 from amaranth.lib import wiring, data
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from rtl.common.axi import AxiLiteSignature, Resp
 from rtl.common.contexts import QpConfig, CqConfig, qp_bits, cq_bits
 from spec import csr
 from spec.csr import ID_VALUE, counter_address
+from spec.formats import QpModify, qp_modify_action
 
 
 def MrStage(pd_bits):
@@ -39,8 +41,13 @@ class ControlRegisters(wiring.Component):
         Source MAC and IPv4 address of this port.
     qp_commit : Out(1)
         Write ``qp_cfg`` into QP ``qp_num``; held until ``qp_commit_ack``. With
-        ``qp_commit_reset`` (QP_COMMIT, create) the QP's indices are reset and its PSN
-        is ``qp_start_psn``; without (QP_MODIFY) only the configuration changes.
+        ``qp_commit_reset`` the send side starts afresh (indices 0, PSN ``qp_start_psn``),
+        with ``qp_commit_rx_reset`` the receive side (expected PSN ``qp_rq_psn``); without
+        either only the configuration and state change. ``qp_flush``: the QP moves to ERR
+        (every outstanding and later WQE completes with WR_FLUSH_ERR). QP_COMMIT (create)
+        resets both sides; QP_MODIFY does what ``spec.formats.qp_modify_action`` says for
+        the QP's state (kept here in a RAM) and the staged one, and answers SLVERR without
+        a commit for a transition verbs does not allow (``modify_rejected``, a strobe).
     cq_commit : Out(1)
         Likewise for CQ ``cq_num`` with ``cq_cfg``.
     qp_rq_psn, qp_pd, qp_ack_every : Out
@@ -62,7 +69,8 @@ class ControlRegisters(wiring.Component):
             "port_mac": Out(48), "port_ip": Out(32),
             "qp_num": Out(qp_bits(num_qps)), "qp_cfg": Out(QpConfig(num_cqs)),
             "qp_start_psn": Out(24),
-            "qp_commit": Out(1), "qp_commit_reset": Out(1), "qp_commit_ack": In(1),
+            "qp_commit": Out(1), "qp_commit_reset": Out(1), "qp_commit_rx_reset": Out(1), "qp_flush": Out(1),
+            "qp_commit_ack": In(1), "modify_rejected": Out(1),
             "cq_num": Out(cq_bits(num_cqs)), "cq_cfg": Out(CqConfig),
             "cq_commit": Out(1), "cq_commit_ack": In(1),
             "qp_rq_psn": Out(24), "qp_pd": Out(pd_bits), "qp_ack_every": Out(8),
@@ -99,10 +107,33 @@ class ControlRegisters(wiring.Component):
         ro = {"ID": Const(ID_VALUE, 32),
               "PARAMS": Cat(Const(self.num_qps, 16), Const(self.num_cqs, 16))}
         ro.update(zip(COUNTERS, counters))
+        do_write = Signal()
+        # Each QP's state as the last commit set it, for QP_MODIFY's transition check (read
+        # at QP_NUM: a register write is at least two cycles after the one before)
+        m.submodules.qp_states = states = Memory(shape=unsigned(3), depth=self.num_qps, init=[])
+        st_wr = states.write_port()
+        st_rd = states.read_port(transparent_for=(st_wr,))
+        m.d.comb += [st_rd.addr.eq(self.qp_num), st_wr.addr.eq(self.qp_num), st_wr.data.eq(qp.state),
+                     st_wr.en.eq(self.qp_commit & self.qp_commit_ack)]
+        action = Signal(3)
+        with m.Switch(Cat(qp.state, st_rd.data)):
+            for cur in range(8):
+                for new in range(8):
+                    with m.Case(new | cur << 3):
+                        m.d.comb += action.eq(qp_modify_action(cur, new))
+        modify = [self.qp_commit.eq(action != QpModify.REJECT),
+                  self.qp_commit_reset.eq((action == QpModify.CREATE) | (action == QpModify.SEND_RESET)),
+                  self.qp_commit_rx_reset.eq(action == QpModify.CREATE),
+                  self.qp_flush.eq(action == QpModify.FLUSH),
+                  bus.bresp.eq(Mux(action == QpModify.REJECT, Resp.SLVERR, Resp.OKAY))]
+        m.d.comb += self.modify_rejected.eq(do_write & ((bus.awaddr & 0xFFFC) == csr.ADDR["QP_MODIFY"])
+                                            & (action == QpModify.REJECT))
+
         # Write-only registers: the action of a write.
         wo = {
-            "QP_COMMIT": [self.qp_commit.eq(1), self.qp_commit_reset.eq(1)],
-            "QP_MODIFY": [self.qp_commit.eq(1), self.qp_commit_reset.eq(0)],
+            "QP_COMMIT": [self.qp_commit.eq(1), self.qp_commit_reset.eq(1), self.qp_commit_rx_reset.eq(1),
+                          self.qp_flush.eq(0)],
+            "QP_MODIFY": modify,
             "CQ_COMMIT": self.cq_commit.eq(1),
             "MR_COMMIT": [self.mr_commit.eq(1), self.mr_valid.eq(1)],
             "MR_DEREG": [self.mr_commit.eq(1), self.mr_valid.eq(0)],
@@ -120,7 +151,6 @@ class ControlRegisters(wiring.Component):
             m.d.sync += self.mr_commit.eq(0)
         busy = Signal()
         m.d.comb += busy.eq(self.qp_commit | self.cq_commit | self.mr_commit)
-        do_write = Signal()
         m.d.comb += [
             do_write.eq(bus.awvalid & bus.wvalid & ~bus.bvalid & ~busy),
             bus.awready.eq(do_write), bus.wready.eq(do_write),
@@ -134,9 +164,9 @@ class ControlRegisters(wiring.Component):
                 for name, reg in rw.items():
                     with m.Case(csr.ADDR[name]):
                         m.d.sync += reg.eq(bus.wdata[:len(reg)])
-                for name, action in wo.items():
+                for name, act in wo.items():
                     with m.Case(csr.ADDR[name]):
-                        m.d.sync += action
+                        m.d.sync += act
                 with m.Default():
                     m.d.sync += bus.bresp.eq(Resp.SLVERR)     # no such register
 

@@ -88,6 +88,10 @@ class CompletionTracker(wiring.Component):
         The PSN of each RC request packet sent (also retransmitted ones), any cycle.
     commit : In(stream.Signature(...))
         ``qpn``, ``start_psn``, ``timeout`` (cycles), ``retry_cnt``: a QP create.
+    flush : In(stream.Signature(...))
+        ``qpn``: the control path moved the RC QP to ERR. Unless it has failed already,
+        it fails as on a fatal NAK, with WR_FLUSH_ERR for every WQE not acknowledged: the
+        failure walk skips to the first unacknowledged PSN.
     completions : Out(stream.Signature(Completion))
         To the CQE writer.
     retransmit : Out(stream.Signature(Retransmit))
@@ -113,6 +117,7 @@ class CompletionTracker(wiring.Component):
             "commit": In(stream.Signature(data.StructLayout({
                 "qpn": unsigned(qp_bits(num_qps)), "start_psn": unsigned(PSN_BITS),
                 "timeout": unsigned(32), "retry_cnt": unsigned(3)}))),
+            "flush": In(stream.Signature(data.StructLayout({"qpn": unsigned(qp_bits(num_qps))}))),
             "completions": Out(stream.Signature(cpl)),
             "retransmit": Out(stream.Signature(Retransmit(num_qps))),
             "naks": Out(1), "retransmits": Out(1), "timeouts": Out(1), "retry_exceeded": Out(1),
@@ -217,11 +222,16 @@ class CompletionTracker(wiring.Component):
 
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += self.commit.ready.eq(1)         # not dependent on valid: commits join others
+                # (not dependent on valid: commits join others)
+                m.d.comb += [self.commit.ready.eq(1), self.flush.ready.eq(1)]
                 with m.If(self.commit.valid):
                     m.d.comb += st_rd.addr.eq(self.commit.p.qpn)
                     m.d.sync += [commit.eq(self.commit.p), qpn.eq(self.commit.p.qpn)]
                     m.next = "COMMIT"
+                with m.Elif(self.flush.valid):
+                    m.d.comb += st_rd.addr.eq(self.flush.p.qpn)
+                    m.d.sync += qpn.eq(self.flush.p.qpn)
+                    m.next = "FLUSH"
                 with m.Elif(self.acks.valid & ~(sent_first & self.sent.valid & ~self.sent.p.uc)):
                     m.d.comb += [self.acks.ready.eq(1), st_rd.addr.eq(self.acks.p.qpn[:qb])]
                     m.d.sync += [ack.eq(self.acks.p), qpn.eq(self.acks.p.qpn[:qb]), sent_first.eq(1)]
@@ -247,6 +257,18 @@ class CompletionTracker(wiring.Component):
                              st_wr.data.timeout.eq(c.timeout), st_wr.data.retry_cnt.eq(c.retry_cnt),
                              sp_clr.en.eq(1), sp_clr.addr.eq(c.qpn), sp_clr.data.eq(0)]
                 m.next = "IDLE"
+
+            with m.State("FLUSH"):
+                # moved to ERR: a failure walk from the restart point, the WQE holding the
+                # first unacknowledged PSN and all after it with WR_FLUSH_ERR; the waiting
+                # completions are dead (their WQEs are flushed by the walk)
+                m.d.comb += st.eq(st_rd.data)
+                m.next = "IDLE"
+                with m.If(~st.failed):
+                    m.d.comb += [self.failed.valid.eq(1), self.failed.qpn.eq(qpn)]
+                    m.d.sync += [st_reg.eq(st), st_reg.failed.eq(1), st_reg.dead.eq(st.count), st_reg.more.eq(0),
+                                 rtx_from.eq(st.acked + 1), rtx_fail.eq(1), rtx_syn.eq(Syndrome.WR_FLUSH_ERR)]
+                    m.next = "RETX"
 
             with m.State("ENQUEUE"):
                 m.d.comb += st.eq(st_rd.data)

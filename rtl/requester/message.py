@@ -11,6 +11,7 @@ class MessageKind(enum.Enum, shape=2):
     WRITE = 0      # RDMA WRITE: packets, then a CQE if signaled
     NOP = 1        # no packets, a CQE if signaled
     ERROR = 2      # malformed or unsupported WQE: no packets, an error CQE, QP to error
+    DUMP = 3       # NVSHMEM's consistency point: a local read of its data segment, no packets, a CQE if signaled
 
 
 def Message(num_qps, num_cqs):

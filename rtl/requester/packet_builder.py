@@ -155,7 +155,7 @@ class PacketBuilder(wiring.Component):
         cur_cpl = Signal(Completion(self.num_qps, self.num_cqs))
         m.d.comb += [
             cur_cpl.qpn.eq(msg.qpn), cur_cpl.cqn.eq(msg.cfg.cqn), cur_cpl.index.eq(msg.index),
-            cur_cpl.byte_cnt.eq(msg.length), cur_cpl.error.eq(msg.kind == MessageKind.ERROR),
+            cur_cpl.byte_cnt.eq(Mux(msg.kind == MessageKind.WRITE, msg.length, 0)), cur_cpl.error.eq(msg.kind == MessageKind.ERROR),
             cur_cpl.psn.eq(Mux(msg.kind == MessageKind.WRITE, psn, psn - 1)), cur_cpl.uc.eq(msg.cfg.uc),
             cur_cpl.next_index.eq(msg.next_index), cur_cpl.syndrome.eq(msg.syndrome), cur_cpl.opcode.eq(msg.opcode),
             out.p.cpl.eq(cur_cpl), out.p.flen.eq(flen),
@@ -191,6 +191,8 @@ class PacketBuilder(wiring.Component):
                 ]
                 with m.If(p.kind == MessageKind.WRITE):
                     m.next = "PACKET"
+                with m.Elif((p.kind == MessageKind.DUMP) & (p.length != 0)):
+                    m.next = "DUMP"
                 with m.Elif(p.signaled | (p.kind == MessageKind.ERROR)):
                     m.next = "MARKER"
 
@@ -219,6 +221,17 @@ class PacketBuilder(wiring.Component):
                     m.d.comb += [out.valid.eq(1), out.p.frame.eq(0), out.p.last.eq(1), out.p.cpl_valid.eq(1)]
                     with m.If(out.ready):
                         take_message()
+            with m.State("DUMP"):
+                # NVSHMEM's consistency point: its local read's beats arrive (in order with
+                # every payload read before it) and are dropped; then its CQE, if signaled
+                m.d.comb += self.payload.ready.eq(1)
+                with m.If(self.payload.valid):
+                    m.d.sync += [pos.eq(0), msg_left.eq(msg_left - Mux(msg_left < avail, msg_left, avail))]
+                    with m.If(msg_left <= avail):
+                        with m.If(msg.signaled):
+                            m.next = "MARKER"
+                        with m.Else():
+                            take_message()
             with m.State("PACKET"):
                 with m.If(held & pkt_start & ~merge):
                     emit_held()

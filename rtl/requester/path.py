@@ -47,6 +47,8 @@ class RequesterPath(WiringLevel):
         QP and CQ contexts from the control registers: every QP commit goes to the QP
         table and the response checker, a create also to the parser (PSN, consumer
         index), the tracker and the CQE writer (user index).
+    tracker_flush, parser_flush : In(stream.Signature(...))
+        A QP moved to ERR: an RC one to the tracker (failure walk), a UC one to the parser.
     port_mac, port_ip : In
         The port's own addresses (frame headers).
     wqe_dma : Out(AxiReadSignature)
@@ -91,8 +93,8 @@ class RequesterPath(WiringLevel):
         self._ports = [
             (b["qp_table"], {"doorbells": "doorbells", "qp_commit": "commit", "db_accepted": "db_accepted",
                               "db_drop": "db_drop"}),
-            (b["wqe_parser"], {"parser_commit": "commit"}),
-            (b["cpl_tracker"], {"tracker_commit": "commit", "naks": "naks", "retransmits": "retransmits",
+            (b["wqe_parser"], {"parser_commit": "commit", "parser_flush": "flush"}),
+            (b["cpl_tracker"], {"tracker_commit": "commit", "tracker_flush": "flush", "naks": "naks", "retransmits": "retransmits",
                                 "timeouts": "timeouts", "retry_exceeded": "retry_exceeded"}),
             (b["cqe_writer"], {"cq_commit": "commit", "uidx_commit": "uidx_commit", "cqe_dma": "dma", "cqes_written": "written",
                                "error_cqes": "errors"}),

@@ -73,7 +73,7 @@ class PayloadFetch(wiring.Component):
         m.d.comb += burst.eq(Mux(to_4k < by_len, to_4k, by_len))
 
         msg = self.messages_in.p
-        needs_dma = (msg.kind == MessageKind.WRITE) & ~msg.inline & (msg.length != 0)
+        needs_dma = ((msg.kind == MessageKind.WRITE) | (msg.kind == MessageKind.DUMP)) & ~msg.inline & (msg.length != 0)
         first_beat = msg.addr & ~((1 << beat_shift) - 1)
         last_byte = msg.addr + msg.length - 1
         nbeats = ((last_byte >> beat_shift) - (msg.addr >> beat_shift) + 1)[:32]

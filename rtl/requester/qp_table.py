@@ -152,7 +152,7 @@ class QpTable(wiring.Component):
         m.d.comb += wr.data.eq(new)
 
         pending = Signal(16)
-        rts = Signal()
+        rts = Signal()                    # RTS, or ERR (its WQEs are fetched and flushed)
         weight = Signal(4)
         quantum = Signal(range(self.max_burst + 1))
         if self.max_weight < 15:
@@ -192,7 +192,7 @@ class QpTable(wiring.Component):
                     m.d.sync += [op.eq(QpOp.SCHEDULE), qpn.eq(active.r_data)]
                     m.next = "EXEC"
             with m.State("EXEC"):
-                m.d.comb += [new.eq(entry), rts.eq(entry.cfg.state == QpState.RTS)]
+                m.d.comb += [new.eq(entry), rts.eq((entry.cfg.state == QpState.RTS) | (entry.cfg.state == QpState.ERR))]
                 m.d.comb += pending.eq(entry.dyn.pi - entry.dyn.fi)
                 m.next = "IDLE"
                 with m.Switch(op):

@@ -49,10 +49,15 @@ class WqeParser(wiring.Component):
     WR_FLUSH_ERR (verbs: a QP in error completes every work request with a flush error).
     The QP table keeps fetching for it, as for an RC failure, so nothing posted is lost.
 
+    Moved to ERR (UC): ``flush`` marks the QP (a bit per QP in its own RAM, so it is taken
+    in any cycle); from its next burst on every WQE leaves as an ERROR message with
+    WR_FLUSH_ERR. (An RC QP is flushed by the tracker's failure walk instead.)
+
     Members
     -------
     commit : In(stream.Signature(...))
-        ``qpn``, ``psn``: a QP is created; its consumer index is 0, its next PSN ``psn``.
+        ``qpn``, ``psn``: a QP is created; its consumer index is 0, its next PSN ``psn``;
+        ``error``: it is created in ERR (its WQEs are flushed).
     bursts : In(stream.Signature(FetchJob))
     wqebbs : In(stream.Signature(512))
     bf_wqebbs : In(stream.Signature(512))
@@ -67,6 +72,8 @@ class WqeParser(wiring.Component):
         ``qpn``, ``index``, ``psn`` (the restart point: a WQE index and its first PSN)
         and ``skip_to`` (the first PSN to send again); ``fail``: fail the WQE holding
         ``skip_to`` with ``syndrome`` and flush the rest. Taken between bursts.
+    flush : In(stream.Signature(...))
+        ``qpn``: the QP moved to ERR (UC); always taken.
     """
     INLINE_OFFSET = F.WQE_INLINE_OFFSET     # 36: ctrl (16) + raddr (16) + inline byte count (4)
 
@@ -74,7 +81,7 @@ class WqeParser(wiring.Component):
         self.num_qps, self.num_cqs = num_qps, num_cqs
         super().__init__({
             "commit": In(stream.Signature(data.StructLayout({"qpn": unsigned(qp_bits(num_qps)),
-                                                            "psn": unsigned(24)}))),
+                                                            "psn": unsigned(24), "error": unsigned(1)}))),
             "bursts": In(stream.Signature(FetchJob(num_qps, num_cqs, max_burst))),
             "wqebbs": In(stream.Signature(8 * F.WQEBB)),
             "bf_wqebbs": In(stream.Signature(8 * F.WQEBB)),
@@ -84,6 +91,7 @@ class WqeParser(wiring.Component):
             "retransmit": In(stream.Signature(data.StructLayout({
                 "qpn": unsigned(qp_bits(num_qps)), "index": unsigned(16), "psn": unsigned(24),
                 "skip_to": unsigned(24), "fail": unsigned(1), "syndrome": unsigned(8)}))),
+            "flush": In(stream.Signature(data.StructLayout({"qpn": unsigned(qp_bits(num_qps))}))),
         })
 
     def elaborate(self, platform):
@@ -95,8 +103,14 @@ class WqeParser(wiring.Component):
         wr = ctx_ram.write_port()
         rd = ctx_ram.read_port(transparent_for=(wr,))   # a burst may follow its QP's previous one
         m.d.comb += rd.en.eq(0)
+        # A QP moved to ERR (``flush``, cleared by a create): read beside the context
+        m.submodules.flushed = fl_ram = Memory(shape=unsigned(1), depth=self.num_qps, init=[])
+        fl_wr = fl_ram.write_port()
+        fl_rd = fl_ram.read_port(transparent_for=(fl_wr,))
+        m.d.comb += [fl_rd.en.eq(rd.en), fl_rd.addr.eq(rd.addr), self.flush.ready.eq(1)]
         ctx = Signal(ctx_layout)
-        m.d.comb += ctx.eq(rd.data)
+        m.d.comb += [ctx.eq(rd.data), ctx.fail.eq(rd.data.fail | fl_rd.data),
+                     ctx.fsyn.eq(Mux(rd.data.fail, rd.data.fsyn, F.Syndrome.WR_FLUSH_ERR))]
 
         job = Signal.like(self.bursts.p)
         # WQEBB source of the current burst: the fetch, or the doorbell (BlueFlame).
@@ -157,6 +171,9 @@ class WqeParser(wiring.Component):
         seg_addr = from_be(data_seg, *F.get_field(F.DATA_SEG, "addr"))
         is_inline = byte_count[31]
         inline_len = byte_count[:31]
+        # DUMP: ctrl + one data segment (where the raddr segment of a WRITE is)
+        dump_count = from_be(raddr_seg, *F.get_field(F.DATA_SEG, "byte_count"))
+        dump_addr = from_be(raddr_seg, *F.get_field(F.DATA_SEG, "addr"))
         length = Signal(32)
         kind = Signal(MessageKind)
         m.d.comb += length.eq(Mux(ds == 2, 0, Mux(is_inline, inline_len, byte_count)))
@@ -164,6 +181,8 @@ class WqeParser(wiring.Component):
             m.d.comb += kind.eq(MessageKind.ERROR)
         with m.Elif(opcode == F.WqeOp.NOP):
             m.d.comb += kind.eq(MessageKind.NOP)
+        with m.Elif((opcode == F.WqeOp.DUMP) & (ds == 2) & ~dump_count[31]):
+            m.d.comb += kind.eq(MessageKind.DUMP)
         with m.Elif((opcode == F.WqeOp.RDMA_WRITE)
                     & ((ds == 2)
                        | ((ds >= 3) & is_inline & ((inline_len + 4 + 15) >> 4 == ds - 2))
@@ -222,10 +241,12 @@ class WqeParser(wiring.Component):
             self.messages.p.signaled.eq((fm_ce_se & F.FM_CE_SE_CQ_UPDATE) != 0),
             self.messages.p.index.eq(index), self.messages.p.raddr.eq(Mux(resume_wqe, raddr + advance, raddr)),
             self.messages.p.rkey.eq(rkey), self.messages.p.opcode.eq(opcode),
-            self.messages.p.length.eq(Mux(kind == MessageKind.WRITE, Mux(resume_wqe, length - advance, length), 0)),
-            self.messages.p.inline.eq(is_inline & (ds != 2)),
+            self.messages.p.length.eq(Mux(kind == MessageKind.WRITE, Mux(resume_wqe, length - advance, length),
+                                          Mux(kind == MessageKind.DUMP, dump_count, 0))),
+            self.messages.p.inline.eq(is_inline & (ds != 2) & (kind == MessageKind.WRITE)),
             # inline: the data's offset in the WQE (the builder starts there in the first beat)
-            self.messages.p.addr.eq(Mux(is_inline, data_off, Mux(resume_wqe, seg_addr + advance, seg_addr))),
+            self.messages.p.addr.eq(Mux(kind == MessageKind.DUMP, dump_addr,
+                                        Mux(is_inline, data_off, Mux(resume_wqe, seg_addr + advance, seg_addr)))),
             self.messages.p.psn.eq(Mux(resume_wqe, ctx.skip_to, cur_psn)),
             self.messages.p.resume.eq(resume_wqe), self.messages.p.next_index.eq(index + nbb),
             self.updates.p.qpn.eq(job.qpn), self.updates.p.ci.eq(index),
@@ -238,7 +259,10 @@ class WqeParser(wiring.Component):
         with m.If(self.commit.valid & commit_ok):
             m.d.comb += [wr.en.eq(1), wr.addr.eq(self.commit.p.qpn), wr.data.index.eq(0),
                          wr.data.psn.eq(self.commit.p.psn), wr.data.resume.eq(0),
-                         wr.data.fail.eq(0)]
+                         wr.data.fail.eq(0),
+                         fl_wr.en.eq(1), fl_wr.addr.eq(self.commit.p.qpn), fl_wr.data.eq(self.commit.p.error)]
+        with m.If(self.flush.valid):            # (never in a create's cycle: one commit at a time)
+            m.d.comb += [fl_wr.en.eq(1), fl_wr.addr.eq(self.flush.p.qpn), fl_wr.data.eq(1)]
 
         end_now = Signal()                           # RUN ends the burst this cycle (RAM write)
 

@@ -13,7 +13,7 @@ from model.frames import Port, QpContext, build_write_frames
 from model.parse import _patch_bth, build_response
 from model.requester import RcRequester
 from model.responder import RcResponder
-from spec.formats import Aeth, QpState, RESPONSE_DROP_NAMES
+from spec.formats import Aeth, QpState, RESPONSE_DROP_NAMES, Syndrome
 from tb.env import NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
 from tb.rc_env import DST, KEY, PD, REGIONS
 
@@ -108,7 +108,8 @@ async def responses_that_do_not_belong(dut):
     got = [(c.opcode, c.qpn, c.wqe_counter, c.byte_cnt, c.syndrome) for c in cqes]
     assert got == want, f"CQEs {got}, the model writes {want}"
     assert [c.raw for c in cqes] == [c.cqe for c in model.completions]
-    assert len(want) == 3
+    # three WRITEs completed, and QP 7's outstanding one flushed by its move to ERR
+    assert len(want) == 4 and [(w[1], w[4]) for w in want if w[4]] == [(7, Syndrome.WR_FLUSH_ERR)], want
     await ClockCycles(dut.clk, 2000)
     assert cq.try_poll() is None and cq_uc.try_poll() is None, "a CQE the model does not write"
     c = await env.ctl.read_counters()
@@ -212,9 +213,9 @@ async def control_path_under_receive_flood(dut):
     latencies = []
     orig = env.ctl.write_reg
 
-    async def timed(addr, value):
+    async def timed(addr, value, **kw):
         t0 = env.counter.now
-        await orig(addr, value)
+        await orig(addr, value, **kw)
         latencies.append((env.counter.now - t0, addr))
     env.ctl.write_reg = timed
     await ClockCycles(dut.clk, 50)

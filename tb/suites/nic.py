@@ -199,6 +199,95 @@ async def nop_and_error_wqes(dut):
 
 
 @cocotb.test()
+async def dump_consistency_point(dut):
+    """NVSHMEM's quiet with consistency: a DUMP (ds 2, one byte of a local buffer, fence
+    0x40, CQ_UPDATE) between WRITEs. It sends nothing, reads its byte of GPU memory after
+    the payload reads of every WQE before it (one read port, in order), and completes as
+    a REQ CQE of byte count 0 with opcode 0x23, after the WQEs before it and before those
+    after; frames and CQEs as the model. A DUMP of another ds, or with an inline segment,
+    is malformed (LOCAL_QP_OP_ERR) and flushes what follows."""
+    env, (a, b) = await env_with(dut, 2)
+    src, _ = env.payload(300)
+    scratch = env.gpu.alloc(128, 128) + 77
+    a.post_write(0x1000, 1, local_addr=src, length=300)
+    a.post_write(0x2000, 1, inline=b"tiny", signaled=False)
+    a.post_dump(scratch)
+    a.post_write(0x3000, 1, local_addr=src, length=40)
+    await a.ring_nvshmem()
+    b.post_raw(WqeOp.DUMP, 1)                                        # no data segment
+    b.post_nop()
+    await b.ring_nvshmem()
+    pred = env.check(await env.drain())
+    await env.check_counters(pred)
+    cqes = await a.cq.poll(3, timeout_cycles=1000)
+    assert [(c.opcode, c.wqe_counter, c.byte_cnt, c.wqe_opcode) for c in cqes] == [
+        (CqeOp.REQ, 0, 300, WqeOp.RDMA_WRITE), (CqeOp.REQ, 2, 0, WqeOp.DUMP), (CqeOp.REQ, 3, 40, WqeOp.RDMA_WRITE)]
+    bad = await b.cq.poll(2, timeout_cycles=1000)
+    assert [(c.opcode, c.syndrome, c.wqe_opcode) for c in bad] == [
+        (CqeOp.REQ_ERR, Syndrome.LOCAL_QP_OP_ERR, WqeOp.DUMP), (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, WqeOp.NOP)]
+    # the DUMP's read: one beat holding its byte, after the first WRITE's payload reads
+    # and before the last WRITE's
+    reads = [r for r in env.mem.reads if r.addr <= scratch < r.addr + r.length]
+    assert len(reads) == 1 and reads[0].beats == 1, reads
+    payload = [r for r in env.mem.reads if src <= r.addr < src + 300]
+    order = sorted(payload + reads, key=lambda r: r.start_cycle)
+    assert order.index(reads[0]) == len(order) - 2, [(hex(r.addr), r.start_cycle) for r in order]
+    assert len(env.wire.frames) == 3
+
+
+@cocotb.test()
+async def qp_state_machine(dut):
+    """The QP state machine through QP_MODIFY (UC QP 0; QP 1 untouched carries on):
+    transitions verbs does not allow are answered SLVERR and change nothing; moved to ERR,
+    every WQE posted completes with WR_FLUSH_ERR, signaled or not, and sends nothing;
+    RESET drops doorbells; RESET -> INIT -> RTR -> RTS starts the send queue afresh at
+    index 0 with the PSN staged for RTS. Frames and CQEs as the model
+    (``EngineModel.modify``), counters too."""
+    env, (a, b) = await env_with(dut, 2)
+    a.post_write(0x10, 1, inline=b"first")
+    await a.ring_nvshmem()
+    await env.drain()
+    refused = 0
+    for state in (QpState.INIT, QpState.RTR, QpState.SQD):          # not from RTS
+        assert not await env.modify_qp(a, state), f"RTS -> {state} must be refused"
+        refused += 1
+    assert await env.modify_qp(a, QpState.RTS)                        # RTS -> RTS: taken
+    assert await env.modify_qp(a, QpState.ERR)
+    a.post_nop(signaled=True)
+    a.post_write(0x20, 1, inline=b"never", signaled=False)
+    a.post_write(0x30, 1, inline=b"never either")
+    await a.ring_nvshmem()
+    b.post_write(0x40, 2, inline=b"other QP")
+    await b.ring_nvshmem()
+    await env.drain()
+    assert not await env.modify_qp(a, QpState.RTS), "ERR -> RTS must be refused"
+    refused += 1
+    assert await env.modify_qp(a, QpState.RESET)
+    a.post_write(0x50, 1, inline=b"dropped")                         # a QP in RESET takes no doorbell
+    await a.ring_nvshmem()
+    await ClockCycles(dut.clk, 300)
+    assert not await env.modify_qp(a, QpState.RTR), "RESET -> RTR must be refused"
+    refused += 1
+    for state, psn in ((QpState.INIT, None), (QpState.RTR, None), (QpState.RTS, 0xFFFFFE)):
+        assert await env.modify_qp(a, state, start_psn=psn), f"to {state}"
+    a.post_write(0x60, 1, inline=b"again")
+    a.post_write(0x70, 1, inline=b"x" * 8)
+    await a.ring_nvshmem()
+    pred = env.check(await env.drain())
+    await env.check_counters(pred)
+    c = await env.ctl.read_counters()
+    assert (c["qp_modify_rejected"], c["db_qp_not_rts"]) == (refused, 1), c
+    cqes = await a.cq.poll(6, timeout_cycles=1000)
+    assert [(c_.opcode, c_.syndrome, c_.wqe_counter) for c_ in cqes] == [
+        (CqeOp.REQ, 0, 0), (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 1), (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 2),
+        (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 3), (CqeOp.REQ, 0, 0), (CqeOp.REQ, 0, 1)]
+    psns = [read_field(BTH, "psn", f.data, OFF_BTH) for f in env.wire.frames
+            if read_field(BTH, "dqpn", f.data, OFF_BTH) == a.remote_qpn]
+    assert psns == [a.start_psn, 0xFFFFFE, 0xFFFFFF], [hex(p) for p in psns]
+    assert not any(b"never" in f.data or b"dropped" in f.data for f in env.wire.frames)
+
+
+@cocotb.test()
 async def bad_doorbells(dut):
     """Doorbells at a wrong offset, with a QPN not matching the page, or to a QP not in RTS: dropped."""
     env, (a,) = await env_with(dut, 1)

@@ -17,7 +17,7 @@ from model.link import simulate
 from model.mr import MemoryRegion
 from model.requester import RcRequester
 from model.responder import RcResponder
-from spec.formats import BTH, OFF_BTH, Access, CQE64, CqeOp, Syndrome, read_field, unpack
+from spec.formats import BTH, OFF_BTH, Access, CQE64, CqeOp, QpState, Syndrome, read_field, unpack
 from tb.suites import fault_matrix
 from model.network import FaultSpec
 from tb.pair_env import NIC_IPS, NIC_MACS, NicPairEnv
@@ -449,6 +449,46 @@ async def rc_signal_every_wqe(dut):
     assert counters == list(range(n)), counters
     dut._log.info(f"{n} packets by cycle {a.wire.frames[-1].last_cycle}, first ACK at {first_ack}, "
                   f"{len(pred.frames)} QPs in the model")
+
+
+@cocotb.test()
+async def rc_modify_to_error(dut):
+    """An RC QP moved to ERR through the control path with WQEs unacknowledged (the peer's
+    QP is in ERR, so no ACK comes; the timer is far off): every outstanding WQE, signaled
+    or not, completes with WR_FLUSH_ERR in order (the tracker's failure walk), and so does
+    every WQE posted afterwards, with no packet; frames and CQEs equal the golden
+    requester's (``RcRequester.modify``)."""
+    mtu, timeout = 1024, 200_000
+    a, b, cq_a, qp_a = await _one_qp_pair(dut, None, mtu, 1, timeout)
+    qp_b = b.qps[11]
+    assert await b.modify_qp(qp_b, QpState.ERR)
+    req, _ = _one_qp_models(a, cq_a, qp_a, mtu, 1, timeout)
+    want_frames = []
+    for i, (n, signaled) in enumerate(((8, True), (8, False), (mtu + 100, True), (8, False))):
+        addr = a.gpu.alloc(n, 128)
+        a.gpu.write(addr, bytes((i * 17 + j) & 0xFF for j in range(n)))
+        w = qp_a.post_write(DST + 0x1000 * i, KEY, local_addr=addr, length=n, signaled=signaled)
+        want_frames += [t.frame for t in req.post(1, w.wqe)]
+    await qp_a.ring_nvshmem()
+    await a.wire.wait_frames(len(want_frames), timeout_cycles=20_000)
+    await ClockCycles(dut.clk, 500)
+    assert not a.cqe_writes(), "no ACK came: nothing may complete yet"
+    assert await a.modify_qp(qp_a, QpState.ERR)
+    flushed = req.modify(1, QpState.ERR)
+    assert len(flushed) == 4
+    qp_a.post_nop(signaled=True)
+    qp_a.post_write(DST, KEY, inline=b"never", signaled=False)
+    for w in qp_a.posted[-2:]:
+        assert req.post(1, w.wqe) == []
+    await qp_a.ring_nvshmem()
+    await a.wait_for(lambda: len(a.cqe_writes()) >= 6, 20_000, lambda: f"6 CQEs (got {len(a.cqe_writes())})")
+    await ClockCycles(dut.clk, 1000)
+    assert [f.data for f in a.wire.frames] == want_frames, "frames differ from the model's"
+    got = [raw for _, _, raw, _ in a.cqe_writes()]
+    assert got == [rec.cqe for rec in req.completions], "CQEs differ from the model's"
+    assert {unpack(CQE64, raw)["syndrome"] for raw in got} == {Syndrome.WR_FLUSH_ERR}
+    ca = await a.ctl.read_counters()
+    assert ca["error_cqes"] == 6 and ca["timeouts"] == 0, ca
 
 
 async def _faulty(dut, kind, rate, seed):
