@@ -193,8 +193,19 @@ class WqeParser(wiring.Component):
 
         mtu_shift = Signal(4)
         m.d.comb += mtu_shift.eq(job.cfg.mtu + 7)
+        # Packets: ceil(length / MTU), at least one, as (length >> s) + (a remainder, or
+        # nothing whole): constant shifts for each MTU, then one choice (no shifter or
+        # decrement on the path from the WQEBB to the PSN store)
         npkts = Signal(24)
-        m.d.comb += npkts.eq(Mux(length == 0, 1, ((length - 1) >> mtu_shift) + 1))
+        whole, part = Signal(24), Signal()
+        with m.Switch(job.cfg.mtu):
+            for code in range(1, 6):
+                with m.Case(code):
+                    sh = code + 7
+                    m.d.comb += [whole.eq(length >> sh), part.eq(length[:sh].any())]
+            with m.Default():                    # (not an ibv_mtu: taken as 4096)
+                m.d.comb += [whole.eq(length >> 12), part.eq(length[:12].any())]
+        m.d.comb += npkts.eq(whole + (part | (length == 0)))
         # Go-back-N: skip WQEs wholly before skip_to, resume the one holding it.
         resuming = Signal()                          # the QP is still walking up to skip_to
         resuming_now = Signal()
@@ -348,7 +359,9 @@ class WqeParser(wiring.Component):
                             self.inline.valid.eq(emit & send_inline & self.messages.ready),
                             self.inline.p.eq(view.word_select(skip_beats, 1024)),
                         ]
-                        with m.If(~emit | (self.messages.ready & inline_ok)):
+                        # (taken when a message could leave, emitted or skipped: the take does
+                        # not wait on the skip decision, one LUT level off the longest path)
+                        with m.If(self.messages.ready & inline_ok):
                             m.d.comb += src.ready.eq(1)
                             m.d.sync += [index.eq(index + nbb), left.eq(left - 1), got.eq(0), fresh.eq(0),
                                          psn.eq(cur_psn + npk), wqe.eq(view), resuming.eq(skip_wqe),
