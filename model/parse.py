@@ -79,6 +79,8 @@ class ParsedFrame:
     payload: bytes = b""
     smac: bytes = b""
     sip: bytes = b""
+    atomic: object = None      # an atomic request's AtomicETH or MaskedAtomicETH fields (dict)
+    orig: object = None        # an ATOMIC ACKNOWLEDGE's original value
 
     def from_peer(self, ctx):
         """True when the frame comes from QP context ``ctx``'s peer (its ``dmac`` and ``dip``)."""
@@ -138,6 +140,8 @@ def parse_frame(frame, opcodes=None, port=None):
         return None, "bad_version"         # BTH TVer (flags bits 3:0) must be 0
     op = b["opcode"]
     allowed = _EXT if opcodes is None else opcodes
+    if op in _REMOTE_EXT and op in allowed:
+        return _parse_remote_op(f, n, b, op)
     if op not in _EXT or op not in allowed:
         return None, "bad_opcode"
     has_reth, has_imm, has_aeth = _EXT[op]
@@ -160,6 +164,52 @@ def parse_frame(frame, opcodes=None, port=None):
         a = unpack(AETH, f, pos)
         p.aeth = (a["syndrome"], a["msn"])
         pos += AETH_LEN
+    p.payload = f[pos:end]
+    return p, None
+
+
+# READ and atomics (model/read_atomic.py builds them; the engine's receive path does not
+# take them yet, so ``parse_frame`` parses them only when the caller names them in
+# ``opcodes``): opcode -> (extension headers before the payload, payload allowed).
+_REMOTE_EXT = {
+    Op.READ_REQUEST: ((F.RETH,), False),
+    Op.READ_RESP_FIRST: ((F.AETH,), True), Op.READ_RESP_MIDDLE: ((), True),
+    Op.READ_RESP_LAST: ((F.AETH,), True), Op.READ_RESP_ONLY: ((F.AETH,), True),
+    Op.ATOMIC_ACK: ((F.AETH, F.ATOMIC_ACK_ETH), False),
+    Op.COMPARE_SWAP: ((F.ATOMIC_ETH,), False), Op.FETCH_ADD: ((F.ATOMIC_ETH,), False),
+    Op.MASKED_COMPARE_SWAP: ((F.MASKED_ATOMIC_ETH,), False), Op.MASKED_FETCH_ADD: ((F.MASKED_ATOMIC_ETH,), False),
+}
+REMOTE_OPCODES = frozenset(_REMOTE_EXT)
+ATOMIC_OPCODES = frozenset((Op.COMPARE_SWAP, Op.FETCH_ADD, Op.MASKED_COMPARE_SWAP, Op.MASKED_FETCH_ADD))
+
+
+def _table_len(table):
+    return max(off + width for _, off, width in table)
+
+
+def _parse_remote_op(f, n, b, op):
+    """The rest of ``parse_frame`` for a READ or atomic opcode: headers exactly as
+    ``_REMOTE_EXT`` says (a request or ATOMIC ACK carries nothing after them)."""
+    tables, payload_ok = _REMOTE_EXT[op]
+    padcnt = (b["flags"] >> 4) & 3
+    pos = OFF_EXT
+    ext = sum(_table_len(t) for t in tables)
+    end = n - ICRC_LEN - padcnt
+    if pos + ext > end or (not payload_ok and pos + ext != end):
+        return None, "bad_length"
+    p = ParsedFrame(opcode=op, padcnt=padcnt, pkey=b["pkey"], dqpn=b["dqpn"], ackreq=bool(b["ackreq"] & 0x80),
+                    psn=b["psn"], smac=f[6:12], sip=f[OFF_IP + 12:OFF_IP + 16])
+    for t in tables:
+        v = unpack(t, f, pos)
+        if t is F.RETH:
+            p.reth = (v["va"], v["rkey"], v["dma_len"])
+        elif t is F.AETH:
+            p.aeth = (v["syndrome"], v["msn"])
+        elif t is F.ATOMIC_ACK_ETH:
+            p.orig = v["orig"]
+        else:
+            p.atomic = v
+        pos += _table_len(t)
     p.payload = f[pos:end]
     return p, None
 

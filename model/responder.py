@@ -28,16 +28,32 @@ Decisions (the RTL must follow them; the tests hold the model to them):
       (IBA responder class A/C errors; Linux rxe, rxe_resp.c ``do_class_ac_error``, does so).
     - A multi-packet WRITE is checked once, on FIRST, for the whole RETH range; later
       packets write at ``RETH.va + offset`` and are held to that range.
+    - READ and atomics (``remote_ops=True``; the engine's receive path does not take them
+      yet, so the default drops them as bad_opcode, as the engine does). A READ REQUEST
+      (outside a message) is checked for REMOTE_READ over its whole RETH range and
+      answered by READ RESPONSE frames from GPU memory (``read_memory``), one PSN each
+      from its own, the MSN counting it; the expected PSN moves past them. An atomic
+      (IBTA FETCH_ADD / COMPARE_SWAP on 8 bytes, the engine's masked forms on 4 or 8) is
+      checked for REMOTE_ATOMIC and alignment to its size (misaligned: NAK invalid
+      request, as Linux rxe), executed on memory (its write in ``writes``: the caller
+      applies it before the next frame) and answered by an ATOMIC ACK with the original
+      value. The last ``responder_resources`` READs and atomics of a QP are remembered: a
+      duplicate READ inside one is executed again from its own PSN (key checked again,
+      MSN the current one), a duplicate atomic answered with the saved ATOMIC ACK, never
+      executed twice; a duplicate of neither is dropped without an answer (rxe's class D
+      rule), the requester's timer then resends from the start.
 """
 
 from collections import Counter
 from dataclasses import dataclass, field
 
-from spec.formats import Access, MrCheck, QpState
+from spec.formats import Access, MrCheck, Op, QpState
 from model.frames import PSN_MASK, Port, QpContext
 from model.mr import MemoryRegion, check as mr_check
-from model.parse import (MR_INDEX_SHIFT, MSN_MASK, PSN_HALF, WRITE_OPCODES, Aeth, _FIRST_OPCODES, _LAST_OPCODES,
-                         build_response, parse_frame)
+from model.parse import (ATOMIC_OPCODES, MR_INDEX_SHIFT, MSN_MASK, PSN_HALF, WRITE_OPCODES, Aeth, _FIRST_OPCODES,
+                         _LAST_OPCODES, build_response, parse_frame)
+from model.read_atomic import (build_atomic_ack, build_read_responses, compare_swap, fetch_add, masked_compare_swap,
+                               masked_fetch_add)
 
 __all__ = ["RxResult", "ResponderCounters", "RcResponder"]
 
@@ -57,6 +73,7 @@ class RxResult:
         imm: the immediate of a completed *_IMM message (no receive queue is modelled:
             the caller sees it here), else None.
         mr_status: ``spec.formats.MrCheck`` outcome of an access error, else None.
+        read_responses: a READ's RESPONSE frames, in order (``response`` is None then).
     """
     accepted: bool
     reason: object = None
@@ -69,6 +86,21 @@ class RxResult:
     message_done: bool = False
     imm: object = None
     mr_status: object = None
+    read_responses: list = field(default_factory=list)
+
+    @property
+    def frames_out(self):
+        """Every frame this packet is answered with, in order."""
+        return ([self.response] if self.response is not None else []) + list(self.read_responses)
+
+
+@dataclass
+class _Resource:
+    """A READ or atomic the responder remembers for duplicates (IBTA responder resources)."""
+    kind: str              # "read" or "atomic"
+    psn: int
+    npkts: int = 1
+    ack: bytes = b""       # an atomic's ATOMIC ACK, sent again for a duplicate
 
 
 @dataclass
@@ -106,6 +138,7 @@ class _RespQp:
     msg_va: int = 0
     msg_len: int = 0
     msg_off: int = 0
+    resources: list = field(default_factory=list)     # _Resource, oldest first
 
 
 class RcResponder:
@@ -129,13 +162,19 @@ class RcResponder:
     RETH.dma_len); see the module docstring for the ACK, NAK and duplicate rules.
     """
 
-    def __init__(self, port, ack_every=1):
+    def __init__(self, port, ack_every=1, *, remote_ops=False, read_memory=None, responder_resources=16):
         if not isinstance(port, Port):
             raise ValueError("port must be a model.frames.Port")
         if not isinstance(ack_every, int) or ack_every < 1:
             raise ValueError(f"ack_every must be an int >= 1, got {ack_every!r}")
+        if remote_ops and not callable(read_memory):
+            raise ValueError("remote_ops needs read_memory(addr, n) -> bytes")
+        if not isinstance(responder_resources, int) or not 1 <= responder_resources <= 255:
+            raise ValueError(f"responder_resources must be 1..255, got {responder_resources!r}")
         self.port = port
         self.ack_every = ack_every
+        self.remote_ops, self.read_memory, self.responder_resources = remote_ops, read_memory, responder_resources
+        self._opcodes = WRITE_OPCODES | ({Op.READ_REQUEST} | ATOMIC_OPCODES if remote_ops else set())
         self.qps = {}
         self.regions = {}
         self.counters = ResponderCounters()
@@ -219,10 +258,10 @@ class RcResponder:
         self.counters.rx_frames += 1
         # Frame-level checks as the NIC's receive port makes them, for every opcode it
         # knows (an ACK too: its length rules come before the opcode is refused here)
-        p, reason = parse_frame(frame, None, self.port)
+        p, reason = parse_frame(frame, (self._opcodes | {Op.ACK}) if self.remote_ops else None, self.port)
         if p is None:
             return self._drop(reason)
-        if p.opcode not in WRITE_OPCODES:
+        if p.opcode not in self._opcodes:
             return self._drop("bad_opcode")     # an ACK/NAK: the requester side's (RxDispatch)
         q = self.qps.get(p.dqpn)
         if q is None or q.state not in (QpState.RTR, QpState.RTS):
@@ -230,6 +269,8 @@ class RcResponder:
         if not p.from_peer(q.ctx):
             return self._drop("wrong_peer", p)     # an RC QP takes requests from its peer only
         d = (p.psn - q.epsn) & PSN_MASK
+        if d >= PSN_HALF and p.opcode not in WRITE_OPCODES:
+            return self._duplicate_remote_op(q, p)
         if d >= PSN_HALF:
             # Duplicate: not executed again; the ACK names the last accepted PSN.
             q.unacked = 0
@@ -241,6 +282,10 @@ class RcResponder:
             q.unacked = 0      # the NAK acknowledges every PSN before the expected one
             return self._drop("psn_out_of_order", p, self._respond(q, q.epsn, Aeth.NAK_PSN_SEQ), "nak_psn_seq")
         q.nak_sent = False
+        if p.opcode not in WRITE_OPCODES:
+            if q.in_msg:       # a READ or atomic between a WRITE's FIRST and LAST
+                return self._fatal(q, p, "invalid_request", Aeth.NAK_INVALID_REQ, "nak_invalid_request")
+            return self._read(q, p) if p.opcode == Op.READ_REQUEST else self._atomic(q, p)
         first, last = p.opcode in _FIRST_OPCODES, p.opcode in _LAST_OPCODES
         if first == q.in_msg:  # FIRST/ONLY inside a message, or MIDDLE/LAST outside one
             return self._fatal(q, p, "invalid_request", Aeth.NAK_INVALID_REQ, "nak_invalid_request")
@@ -282,3 +327,83 @@ class RcResponder:
             self._count_response(kind)
         return RxResult(True, None, p.dqpn, p.psn, p.opcode, writes, response, kind, last, imm)
 
+
+    # -- READ and atomics
+    def _remember(self, q, res):
+        q.resources.append(res)
+        del q.resources[:-self.responder_resources]
+
+    def _read_check(self, q, p):
+        va, rkey, n = p.reth
+        return mr_check(self.regions.get(rkey >> MR_INDEX_SHIFT), rkey, va, n, Access.REMOTE_READ, q.pd)
+
+    def _read_frames(self, q, p, msn):
+        va, _, n = p.reth
+        data = bytes(self.read_memory(va, n)) if n else b""
+        if len(data) != n:
+            raise ValueError(f"read_memory({va:#x}, {n}) returned {len(data)} bytes")
+        return build_read_responses(q.ctx, self.port, data, p.psn, msn)
+
+    def _read(self, q, p):
+        status = self._read_check(q, p)
+        if status != MrCheck.OK:
+            return self._fatal(q, p, "access_error", Aeth.NAK_REMOTE_ACCESS, "nak_remote_access", mr_status=status)
+        q.msn = (q.msn + 1) & MSN_MASK
+        frames = self._read_frames(q, p, q.msn)
+        q.epsn = (q.epsn + len(frames)) & PSN_MASK
+        q.unacked = 0                  # the responses acknowledge every earlier packet
+        self._remember(q, _Resource("read", p.psn, len(frames)))
+        c = self.counters
+        c.accepted += 1
+        c.messages += 1
+        return RxResult(True, None, p.dqpn, p.psn, p.opcode, message_done=True, read_responses=frames)
+
+    def _atomic(self, q, p):
+        a = p.atomic
+        masked = p.opcode in (Op.MASKED_COMPARE_SWAP, Op.MASKED_FETCH_ADD)
+        size = {2: 4, 3: 8}.get(a["log_size"]) if masked else 8
+        if size is None or a["va"] % size:
+            return self._fatal(q, p, "invalid_request", Aeth.NAK_INVALID_REQ, "nak_invalid_request")
+        status = mr_check(self.regions.get(a["rkey"] >> MR_INDEX_SHIFT), a["rkey"], a["va"], size,
+                          Access.REMOTE_ATOMIC, q.pd)
+        if status != MrCheck.OK:
+            return self._fatal(q, p, "access_error", Aeth.NAK_REMOTE_ACCESS, "nak_remote_access", mr_status=status)
+        orig = int.from_bytes(bytes(self.read_memory(a["va"], size)), "little")
+        mask = (1 << 8 * size) - 1
+        if p.opcode == Op.FETCH_ADD:
+            new, _ = fetch_add(orig, a["swap_add"])
+        elif p.opcode == Op.COMPARE_SWAP:
+            new, _ = compare_swap(orig, a["swap_add"], a["compare"])
+        elif p.opcode == Op.MASKED_FETCH_ADD:
+            new, _ = masked_fetch_add(orig, a["op0"] & mask, a["op1"] & mask, size)
+        else:
+            new, _ = masked_compare_swap(orig, *(a[f"op{i}"] & mask for i in range(4)), size)
+        q.msn = (q.msn + 1) & MSN_MASK
+        q.epsn = (q.epsn + 1) & PSN_MASK
+        q.unacked = 0
+        ack = build_atomic_ack(q.ctx, self.port, p.psn, q.msn, orig)
+        self._remember(q, _Resource("atomic", p.psn, 1, ack))
+        c = self.counters
+        c.accepted += 1
+        c.messages += 1
+        c.bytes_written += size
+        self._count_response("ack")
+        return RxResult(True, None, p.dqpn, p.psn, p.opcode, [(a["va"], new.to_bytes(size, "little"))], ack, "ack",
+                        True)
+
+    def _duplicate_remote_op(self, q, p):
+        """A READ or atomic behind the expected PSN: executed again (READ) or answered
+        again (atomic) when it is one of the QP's remembered ones, else dropped unanswered."""
+        for r in reversed(q.resources):
+            inside = ((p.psn - r.psn) & PSN_MASK) < r.npkts
+            if r.kind == "read" and p.opcode == Op.READ_REQUEST and inside:
+                status = self._read_check(q, p)
+                if status != MrCheck.OK:
+                    return self._fatal(q, p, "access_error", Aeth.NAK_REMOTE_ACCESS, "nak_remote_access",
+                                       mr_status=status)
+                frames = self._read_frames(q, p, q.msn)
+                self.counters.dropped["psn_duplicate"] += 1
+                return RxResult(False, "psn_duplicate", p.dqpn, p.psn, p.opcode, read_responses=frames)
+            if r.kind == "atomic" and p.opcode in ATOMIC_OPCODES and r.psn == p.psn:
+                return self._drop("psn_duplicate", p, r.ack, "ack")
+        return self._drop("psn_duplicate", p)
