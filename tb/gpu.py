@@ -503,6 +503,69 @@ class Qp:
                                        {"add": value & 0xFFFF_FFFF, "field_boundary": 0}, local_addr=scratch,
                                        lkey=lkey)
 
+    # NVSHMEM's atomics as its IBGDA device code posts them on an RC QP (NVSHMEM 3.4's
+    # ibgda_write_atomic_wqe; table in ../shared/VERBS.md section 1): op -> (masked form,
+    # operands from the value v and compare c; n = the size's all-ones)
+    NVSHMEM_AMO = {
+        "inc": ("FA", lambda v, c, n: {"add": 1, "field_boundary": 0}),
+        "fetch_inc": ("FA", lambda v, c, n: {"add": 1, "field_boundary": 0}),
+        "add": ("FA", lambda v, c, n: {"add": v, "field_boundary": 0}),
+        "signal_add": ("FA", lambda v, c, n: {"add": v, "field_boundary": 0}),
+        "fetch_add": ("FA", lambda v, c, n: {"add": v, "field_boundary": 0}),
+        "xor": ("FA", lambda v, c, n: {"add": v, "field_boundary": n}),
+        "fetch_xor": ("FA", lambda v, c, n: {"add": v, "field_boundary": n}),
+        "fetch": ("FA", lambda v, c, n: {"add": 0, "field_boundary": 0}),
+        "set": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": n, "compare_mask": 0}),
+        "swap": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": n, "compare_mask": 0}),
+        "signal": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": n, "compare_mask": 0}),
+        "signal_set": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": n, "compare_mask": 0}),
+        "and": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": ~v & n, "compare_mask": 0}),
+        "fetch_and": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": ~v & n, "compare_mask": 0}),
+        "or": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": v, "compare_mask": 0}),
+        "fetch_or": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": v, "compare_mask": 0}),
+        "compare_swap": ("CS", lambda v, c, n: {"swap": v, "compare": c, "swap_mask": n, "compare_mask": n}),
+    }
+
+    def nvshmem_amo(self, op, nbytes, raddr, rkey, value=0, compare=0, *, local_addr, lkey=0x100):
+        """One NVSHMEM atomic (``op`` a key of ``NVSHMEM_AMO``: inc, add, fetch_add,
+        compare_swap, set, swap, and, or, xor, fetch, the signal forms; ``nbytes`` 4 or 8)
+        as NVSHMEM posts it on an RC QP: the 8-byte fetch_add and compare_swap as IBTA's
+        ATOMIC_FA / ATOMIC_CS, every other as the masked form of its size; the original
+        value lands at ``local_addr`` (NVSHMEM's scratch slot for the non-fetching ones).
+        Signaled (CQ_UPDATE) unless a NOP must follow: the 8-byte masked compare-swap
+        takes 2 WQEBBs, so NVSHMEM closes it with a signaled NOP (its CQE's wqe_counter is
+        then the NOP's). Returns the WQEs posted."""
+        if op not in self.NVSHMEM_AMO or nbytes not in (4, 8):
+            raise ValueError(f"an NVSHMEM atomic is one of {sorted(self.NVSHMEM_AMO)} on 4 or 8 bytes, "
+                             f"not {op!r} / {nbytes!r}")
+        mask = (1 << 8 * nbytes) - 1
+        _check("value", value, 0, mask), _check("compare", compare, 0, mask)
+        if nbytes == 8 and op == "fetch_add":
+            return [self.post_atomic(WqeOp.ATOMIC_FA, raddr, rkey, value, local_addr=local_addr, lkey=lkey)]
+        if nbytes == 8 and op == "compare_swap":
+            return [self.post_atomic(WqeOp.ATOMIC_CS, raddr, rkey, value, compare, local_addr=local_addr, lkey=lkey)]
+        form, operands = self.NVSHMEM_AMO[op]
+        opcode = WqeOp.ATOMIC_MASKED_FA if form == "FA" else WqeOp.ATOMIC_MASKED_CS
+        two = form == "CS" and nbytes == 8
+        w = self.post_masked_atomic(opcode, nbytes, raddr, rkey, operands(value, compare, mask),
+                                    local_addr=local_addr, lkey=lkey, signaled=not two)
+        return [w, self.post_nop()] if two else [w]
+
+    def signal_op(self, sig_addr, rkey, value, sig_op, *, scratch, lkey=0x100):
+        """nvshmemx_signal_op: the 8-byte signal, ``sig_op`` "set" (a masked compare-swap
+        and its NOP) or "add" (an 8-byte masked fetch-add, not IBTA's FETCH_ADD)."""
+        if sig_op not in ("set", "add"):
+            raise ValueError(f"sig_op must be 'set' or 'add', not {sig_op!r}")
+        return self.nvshmem_amo("signal_set" if sig_op == "set" else "signal_add", 8, sig_addr, rkey, value,
+                                local_addr=scratch, lkey=lkey)
+
+    def put_signal(self, raddr, rkey, local_addr, length, sig_addr, value, sig_op, *, scratch, lkey=0x100):
+        """nvshmem_put_signal_nbi: the data as an unsignaled RDMA WRITE, then the signal
+        (``signal_op``) behind it on the same QP, no fence: the responder's ordering rule
+        keeps the signal from landing before the data. Returns the WQEs posted."""
+        put = self.post_write(raddr, rkey, local_addr=local_addr, length=length, lkey=lkey, signaled=False)
+        return [put] + self.signal_op(sig_addr, rkey, value, sig_op, scratch=scratch, lkey=lkey)
+
     def post_dump(self, local_addr, *, lkey=0x100):
         """NVSHMEM's consistency point (quiet with consistency): DUMP, ctrl + data (1 byte
         of a local buffer), ds 2, fence 0x40 and CQ_UPDATE."""

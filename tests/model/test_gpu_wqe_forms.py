@@ -85,3 +85,76 @@ def test_deepep_signal_dump_and_warp_p():
         assert (w.ds, w.nwqebbs, w.signaled, nop.signaled, nop.index) == (ds, nbb, False, True, w.index + nbb)
         assert w.wqe[32:36] == struct.pack(">I", 0x80000000 | 32 * width)
         assert w.wqe[36:36 + 32 * width] == b"".join(v.to_bytes(width, "little") for v in range(32))
+
+
+# NVSHMEM's atomics (tb.gpu.Qp.nvshmem_amo): the WQE form of each op and size as NVSHMEM's
+# device code posts it, and that the masked arithmetic of those operands is the op.
+_MEANING = {
+    "inc": lambda o, v, c, m: (o + 1) & m, "fetch_inc": lambda o, v, c, m: (o + 1) & m,
+    "add": lambda o, v, c, m: (o + v) & m, "signal_add": lambda o, v, c, m: (o + v) & m,
+    "fetch_add": lambda o, v, c, m: (o + v) & m,
+    "xor": lambda o, v, c, m: o ^ v, "fetch_xor": lambda o, v, c, m: o ^ v, "fetch": lambda o, v, c, m: o,
+    "set": lambda o, v, c, m: v, "swap": lambda o, v, c, m: v, "signal": lambda o, v, c, m: v,
+    "signal_set": lambda o, v, c, m: v, "and": lambda o, v, c, m: o & v, "fetch_and": lambda o, v, c, m: o & v,
+    "or": lambda o, v, c, m: o | v, "fetch_or": lambda o, v, c, m: o | v,
+    "compare_swap": lambda o, v, c, m: v if o == c else o,
+}
+
+
+def _execute(wqe, nbytes, orig):
+    """What a responder does with the WQE's operands (model/read_atomic.py), from its bytes."""
+    from model.read_atomic import compare_swap, fetch_add, masked_compare_swap, masked_fetch_add
+    from spec.formats import EXT_CS32_SEG, EXT_CS64_SEG, EXT_FA32_SEG, EXT_FA64_SEG, ATOMIC_SEG, unpack
+    opcode = wqe[3]
+    if opcode == 0x12:
+        return fetch_add(orig, unpack(ATOMIC_SEG, wqe, 32)["swap_add"])[0]
+    if opcode == 0x11:
+        a = unpack(ATOMIC_SEG, wqe, 32)
+        return compare_swap(orig, a["swap_add"], a["compare"])[0]
+    if opcode == 0x15:
+        a = unpack(EXT_FA32_SEG if nbytes == 4 else EXT_FA64_SEG, wqe, 32)
+        return masked_fetch_add(orig, a["add"], a["field_boundary"], nbytes)[0]
+    a = unpack(EXT_CS32_SEG if nbytes == 4 else EXT_CS64_SEG, wqe, 32)
+    return masked_compare_swap(orig, a["swap"], a["compare"], a["swap_mask"], a["compare_mask"], nbytes)[0]
+
+
+@pytest.mark.parametrize("nbytes", [4, 8])
+@pytest.mark.parametrize("op", sorted(_MEANING))
+def test_nvshmem_amo(op, nbytes):
+    import random
+    rnd = random.Random(hash((op, nbytes)) & 0xFFFF)
+    m = (1 << 8 * nbytes) - 1
+    qp = _qp()
+    for _ in range(20):
+        v, c, orig = rnd.getrandbits(8 * nbytes), rnd.getrandbits(8 * nbytes), rnd.getrandbits(8 * nbytes)
+        if rnd.random() < 0.5:
+            c = orig                                         # a compare-swap that succeeds
+        ws = qp.nvshmem_amo(op, nbytes, 0x4000, 0xAB, v, c, local_addr=0x9000)
+        w = ws[0]
+        opcode, opmod = w.wqe[3], w.wqe[0]
+        ibta = nbytes == 8 and op in ("fetch_add", "compare_swap")
+        masked_cs = not ibta and op in ("set", "swap", "signal", "signal_set", "and", "fetch_and", "or",
+                                         "fetch_or", "compare_swap")
+        if ibta:
+            assert (opcode, opmod) == ({"fetch_add": 0x12, "compare_swap": 0x11}[op], 0)
+        else:
+            assert (opcode, opmod) == (0x14 if masked_cs else 0x15, 0x08 if nbytes == 4 else 0x09)
+        two = masked_cs and nbytes == 8
+        assert (w.ds, w.nwqebbs) == ((5, 2) if two else (4, 1))
+        # signaled unless the 2-WQEBB form, which NVSHMEM closes with a signaled NOP
+        assert w.wqe[11] & 0x08 == (0 if two else 0x08) and w.wqe[11] & 0xE0 == 0
+        assert [x.opcode for x in ws[1:]] == ([0] if two else []) and all(x.signaled for x in ws[1:])
+        # the data segment: where the original value lands, the size's bytes
+        data = w.wqe[16 * (w.ds - 1):16 * w.ds]
+        assert struct.unpack(">IIQ", data) == (nbytes, 0x100, 0x9000)
+        assert _execute(w.wqe, nbytes, orig) == _MEANING[op](orig, v, c, m), (op, hex(orig), hex(v), hex(c))
+
+
+def test_put_signal():
+    qp = _qp()
+    ws = qp.put_signal(0x5000, 0xAB, 0x9000, 256, 0x6000, 1, "add", scratch=0x9800)
+    assert [(w.opcode, w.signaled) for w in ws] == [(0x08, False), (0x15, True)] and ws[1].wqe[0] == 0x09
+    ws = qp.put_signal(0x5000, 0xAB, 0x9000, 256, 0x6000, 7, "set", scratch=0x9800)
+    assert [(w.opcode, w.signaled, w.nwqebbs) for w in ws] == [(0x08, False, 1), (0x14, False, 2), (0x00, True, 1)]
+    with pytest.raises(ValueError):
+        qp.signal_op(0x6000, 0xAB, 1, "xor", scratch=0x9800)
