@@ -254,8 +254,8 @@ def simulate(requester, responder, posts, faults=(), response_faults=(), *, late
                 for addr, chunk in r.writes:
                     mem.write(addr, chunk)
                     writes.append((now, r.qpn, r.psn, addr, chunk))
-                if r.response is not None:
-                    rev.send(now, r.response)
+                for f in r.frames_out:          # an ACK/NAK, an ATOMIC ACK, a READ's responses
+                    rev.send(now, f)
             for d in to_req:
                 for pkt in requester.on_response(d.frame, now).retransmit:
                     fwd.send(now, pkt.frame)

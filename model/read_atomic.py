@@ -114,13 +114,14 @@ def build_read_responses(qp, port, data, psn, msn, mtu=None):
     return frames
 
 
-def build_atomic_request(qp, port, opcode, raddr, rkey, swap_add, compare, psn):
+def build_atomic_request(qp, port, opcode, raddr, rkey, swap_add, compare, psn, *, aligned=True):
     """An IBTA COMPARE_SWAP or FETCH_ADD (AtomicETH; ``compare`` is 0 for FETCH_ADD);
-    ``raddr`` must be 8-byte aligned."""
+    ``raddr`` must be 8-byte aligned (unless ``aligned`` is False: a requester sends what
+    the WQE says, the responder NAKs it)."""
     if opcode not in (Op.COMPARE_SWAP, Op.FETCH_ADD):
         raise ValueError(f"opcode must be COMPARE_SWAP or FETCH_ADD, got {opcode!r}")
     _check_u(raddr, 64, "raddr"), _check_u(rkey, 32, "rkey")
-    if raddr % 8:
+    if aligned and raddr % 8:
         raise ValueError(f"an IBTA atomic's address is 8-byte aligned, got {raddr:#x}")
     e = bytearray(ATOMIC_ETH_LEN)
     pack(ATOMIC_ETH, e, 0, va=raddr, rkey=rkey, swap_add=_word(swap_add, 8, "swap_add"),
@@ -128,7 +129,7 @@ def build_atomic_request(qp, port, opcode, raddr, rkey, swap_add, compare, psn):
     return build_rc_frame(qp, port, opcode, psn, bytes(e), ackreq=True)
 
 
-def build_masked_atomic_request(qp, port, opcode, raddr, rkey, operands, nbytes, psn):
+def build_masked_atomic_request(qp, port, opcode, raddr, rkey, operands, nbytes, psn, *, aligned=True):
     """This engine's masked atomic: ``Op.MASKED_COMPARE_SWAP`` with ``operands`` (swap,
     compare, swap_mask, compare_mask) or ``Op.MASKED_FETCH_ADD`` with (add,
     field_boundary); ``nbytes`` 4 or 8, ``raddr`` aligned to it."""
@@ -139,7 +140,7 @@ def build_masked_atomic_request(qp, port, opcode, raddr, rkey, operands, nbytes,
         raise ValueError(f"opcode {opcode:#x} takes {want[opcode]} operands, got {len(operands)}")
     _check_u(raddr, 64, "raddr"), _check_u(rkey, 32, "rkey")
     ops = [_word(v, nbytes, f"operand {i}") for i, v in enumerate(operands)] + [0] * (4 - len(operands))
-    if raddr % nbytes:
+    if aligned and raddr % nbytes:
         raise ValueError(f"a {nbytes}-byte atomic's address is {nbytes}-byte aligned, got {raddr:#x}")
     e = bytearray(MASKED_ATOMIC_ETH_LEN)
     pack(MASKED_ATOMIC_ETH, e, 0, va=raddr, rkey=rkey, log_size=_SIZES[nbytes], rsvd=0,
@@ -155,3 +156,51 @@ def build_atomic_ack(qp, port, psn, msn, orig):
     pack(AETH, e, 0, syndrome=Aeth.ACK, msn=msn)
     pack(ATOMIC_ACK_ETH, e, AETH_LEN, orig=orig)
     return build_rc_frame(qp, port, Op.ATOMIC_ACK, psn, bytes(e))
+
+
+def parse_remote_wqe(wqe_bytes):
+    """Decode an RDMA READ or atomic WQE as NVSHMEM and DeepEP post them (VERBS.md section
+    1): a dict with ``kind`` "read" (raddr, rkey, length, addr, lkey) or "atomic" (op:
+    the wire opcode, nbytes, raddr, rkey, operands, addr), or ``kind`` None and ``error``
+    for another form of these opcodes. (``model.frames.parse_wqe`` does not take them: the
+    engine does not execute them yet.)"""
+    from spec.formats import (CTRL_SEG, DATA_SEG, DS_UNIT, EXT_CS32_SEG, EXT_CS64_SEG, EXT_FA32_SEG, EXT_FA64_SEG,
+                              ATOMIC_SEG, INLINE_FLAG, OPMOD_EXT_ATOMIC_4B, OPMOD_EXT_ATOMIC_8B, RADDR_SEG, WqeOp,
+                              unpack)
+    b = bytes(wqe_bytes)
+    c = unpack(CTRL_SEG, b, 0)
+    opcode, opmod, ds = c["opmod_idx_opcode"] & 0xFF, c["opmod_idx_opcode"] >> 24, c["qpn_ds"] & 0x3F
+    out = {"kind": None, "opcode": opcode}
+    if len(b) < ds * DS_UNIT:
+        raise ValueError(f"WQE with ds={ds} needs {ds * DS_UNIT} bytes, got {len(b)}")
+    r = unpack(RADDR_SEG, b, DS_UNIT) if ds >= 2 else None
+    if opcode == WqeOp.RDMA_READ:
+        if ds != 3:
+            return {**out, "error": f"RDMA_READ with ds={ds} (ctrl + raddr + data is 3)"}
+        d = unpack(DATA_SEG, b, 2 * DS_UNIT)
+        if d["byte_count"] & INLINE_FLAG:
+            return {**out, "error": "RDMA_READ into an inline segment"}
+        return {**out, "kind": "read", "raddr": r["raddr"], "rkey": r["rkey"], "length": d["byte_count"],
+                "addr": d["addr"], "lkey": d["lkey"]}
+    forms = {(WqeOp.ATOMIC_FA, 0): (Op.FETCH_ADD, 8, ATOMIC_SEG, 4), (WqeOp.ATOMIC_CS, 0): (Op.COMPARE_SWAP, 8, ATOMIC_SEG, 4),
+             (WqeOp.ATOMIC_MASKED_FA, OPMOD_EXT_ATOMIC_4B): (Op.MASKED_FETCH_ADD, 4, EXT_FA32_SEG, 4),
+             (WqeOp.ATOMIC_MASKED_FA, OPMOD_EXT_ATOMIC_8B): (Op.MASKED_FETCH_ADD, 8, EXT_FA64_SEG, 4),
+             (WqeOp.ATOMIC_MASKED_CS, OPMOD_EXT_ATOMIC_4B): (Op.MASKED_COMPARE_SWAP, 4, EXT_CS32_SEG, 4),
+             (WqeOp.ATOMIC_MASKED_CS, OPMOD_EXT_ATOMIC_8B): (Op.MASKED_COMPARE_SWAP, 8, EXT_CS64_SEG, 5)}
+    if (opcode, opmod) not in forms:
+        return {**out, "error": f"opcode {opcode:#04x} with opmod {opmod:#04x}"}
+    wire, nbytes, table, want_ds = forms[opcode, opmod]
+    if ds != want_ds:
+        return {**out, "error": f"atomic {opcode:#04x}/{opmod:#04x} with ds={ds} (needs {want_ds})"}
+    a = unpack(table, b, 2 * DS_UNIT)
+    d = unpack(DATA_SEG, b, (want_ds - 1) * DS_UNIT)
+    if d["byte_count"] & INLINE_FLAG:
+        return {**out, "error": "an atomic's data segment is inline"}
+    if table is ATOMIC_SEG:
+        operands = (a["swap_add"], a["compare"])
+    elif wire == Op.MASKED_FETCH_ADD:
+        operands = (a["add"], a["field_boundary"])
+    else:
+        operands = (a["swap"], a["compare"], a["swap_mask"], a["compare_mask"])
+    return {**out, "kind": "atomic", "op": wire, "nbytes": nbytes, "raddr": r["raddr"], "rkey": r["rkey"],
+            "operands": operands, "addr": d["addr"], "lkey": d["lkey"]}

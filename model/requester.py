@@ -29,12 +29,18 @@ from dataclasses import dataclass, field, replace
 
 from spec.formats import CqeOp, Op, QpModify, QpState, WqeOp, qp_modify_action
 from model.cqe import CqContext, CqModel
+from model.read_atomic import (build_atomic_request, build_masked_atomic_request, build_read_request,
+                               parse_remote_wqe)
 from model.frames import (PSN_MASK, Port, QpContext, build_packet, build_write_frames, parse_wqe,
                           split_message)
 from model.parse import MSN_MASK, PSN_HALF, Aeth, CqeSyndrome, _NAK_NAMES, _NAK_SYNDROMES, parse_frame
 
 __all__ = ["TxPacket", "ResponseOutcome", "RequesterCounters", "RcRequester", "ib_timeout_ns",
            "DEFAULT_TIMEOUT_NS", "DEFAULT_RETRY_CNT"]
+
+
+_REMOTE_WQE_OPS = (WqeOp.RDMA_READ, WqeOp.ATOMIC_FA, WqeOp.ATOMIC_CS, WqeOp.ATOMIC_MASKED_FA, WqeOp.ATOMIC_MASKED_CS)
+_RESPONSE_OPS = (Op.ACK, Op.ATOMIC_ACK, Op.READ_RESP_FIRST, Op.READ_RESP_MIDDLE, Op.READ_RESP_LAST, Op.READ_RESP_ONLY)
 
 
 def ib_timeout_ns(code):
@@ -72,11 +78,14 @@ class ResponseOutcome:
             or one of ``spec.formats.RESPONSE_DROP_NAMES``.
         retransmit: TxPackets to send now (go-back-N).
         cqes: CqeRecords written while handling it.
+        writes: ``[(addr, bytes)]`` written to the requester's GPU memory (a READ
+            response's payload, an atomic's original value), before those CQEs.
     """
     kind: object = None
     reason: object = None
     retransmit: list = field(default_factory=list)
     cqes: list = field(default_factory=list)
+    writes: list = field(default_factory=list)
 
 
 @dataclass
@@ -108,6 +117,9 @@ class RequesterCounters:
     dropped_responses: Counter = field(default_factory=Counter)
     msn_mismatches: int = 0
     retry_exceeded: int = 0
+    data_responses: int = 0    # READ RESPONSEs and ATOMIC ACKs taken
+    implied_naks: int = 0      # go-backs for a READ response or ATOMIC ACK that never came
+    bad_responses: int = 0     # a response that does not fit the outstanding request
     cqes: int = 0
     error_cqes: int = 0
     flushed_wqes: int = 0
@@ -127,6 +139,8 @@ class _ReqWqe:
     inline: bytes = b""
     pending: int = 0           # packets not yet acknowledged
     opcode: int = 0            # the WQE's ctrl opcode (its CQE's sop_drop_qpn [31:24])
+    remote: object = None      # a READ's or atomic's fields (model.read_atomic.parse_remote_wqe)
+    sent: bool = True          # False while held back behind the READ/atomic limit
 
 
 @dataclass
@@ -155,6 +169,8 @@ class _ReqQp:
     msn_acked: int = 0         # WRITE messages fully acknowledged
     ci: int = 0                # consumer index: the next WQE's position (WQEBBs, mod 2^16) = its CQE's wqe_counter
     ctl_state: int = None      # the state the control path last set (a failure moves ``state`` only)
+    max_rd_atomic: int = 16    # READs and atomics outstanding at most (the responder's resources)
+    held: deque = field(default_factory=deque)          # _ReqWqe not yet sent (behind that limit), in order
 
     @property
     def una(self):
@@ -186,9 +202,12 @@ class RcRequester:
     it completes with REQ_ERR / LOCAL_QP_OP_ERR and the QP goes to ERR (as ``EngineModel``).
     """
 
-    def __init__(self, port, cqs, read_memory):
+    def __init__(self, port, cqs, read_memory, *, remote_ops=False, write_memory=None):
         if not isinstance(port, Port):
             raise ValueError("port must be a model.frames.Port")
+        if remote_ops and not callable(write_memory):
+            raise ValueError("remote_ops needs write_memory(addr, bytes): READ data and atomic results land there")
+        self.remote_ops, self.write_memory = remote_ops, write_memory
         for cqn, ctx in cqs.items():
             if not isinstance(ctx, CqContext) or ctx.cqn != cqn:
                 raise ValueError(f"cqs[{cqn}] must be a CqContext with cqn={cqn}")
@@ -201,13 +220,16 @@ class RcRequester:
         self.completions = []
         self.counters = RequesterCounters()
 
-    def add_qp(self, ctx, timeout_ns=DEFAULT_TIMEOUT_NS, retry_cnt=DEFAULT_RETRY_CNT):
+    def add_qp(self, ctx, timeout_ns=DEFAULT_TIMEOUT_NS, retry_cnt=DEFAULT_RETRY_CNT, max_rd_atomic=16):
         """Create a requester QP.
 
         Parameters:
             ctx: QpContext (qpn, remote_qpn, dmac, dip, start_psn, mtu, cqn, state).
             timeout_ns: local ACK timeout in ns (> 0; ``ib_timeout_ns`` converts IB codes).
             retry_cnt: transport retries before TRANSPORT_RETRY_EXC_ERR (0..7, as IB).
+            max_rd_atomic: READs and atomics in flight at most (1..255; the peer's
+                responder resources: it remembers that many for their duplicates); a
+                READ or atomic beyond it, and every WQE after it, waits until one completes.
         """
         if not isinstance(ctx, QpContext):
             raise ValueError("ctx must be a model.frames.QpContext")
@@ -219,8 +241,10 @@ class RcRequester:
             raise ValueError(f"timeout_ns must be an int > 0, got {timeout_ns!r}")
         if not isinstance(retry_cnt, int) or not 0 <= retry_cnt <= 7:
             raise ValueError(f"retry_cnt must be 0..7, got {retry_cnt!r}")
+        if not isinstance(max_rd_atomic, int) or not 1 <= max_rd_atomic <= 255:
+            raise ValueError(f"max_rd_atomic must be 1..255, got {max_rd_atomic!r}")
         self.qps[ctx.qpn] = _ReqQp(ctx=ctx, timeout=timeout_ns, retry_cnt=retry_cnt, state=ctx.state,
-                                   next_psn=ctx.start_psn, ctl_state=ctx.state)
+                                   next_psn=ctx.start_psn, ctl_state=ctx.state, max_rd_atomic=max_rd_atomic)
 
     def _qp(self, qpn):
         if qpn not in self.qps:
@@ -259,6 +283,7 @@ class RcRequester:
         out.append(self._cqe(q, CqeOp.REQ_ERR, w, 0, syndrome))
         q.state = QpState.ERR
         q.outstanding.clear()
+        q.held.clear()
         q.deadline = None
         while q.wqes:
             self.counters.flushed_wqes += 1
@@ -271,10 +296,10 @@ class RcRequester:
             if w.kind == "error":
                 self._fail(q, CqeSyndrome.LOCAL_QP_OP_ERR, out)
                 return
-            if w.pending:
+            if w.pending or not w.sent:
                 return
             q.wqes.popleft()
-            if w.kind == "write":
+            if w.kind in ("write", "read", "atomic"):
                 q.msn_acked = (q.msn_acked + 1) & MSN_MASK
             if w.signalled:
                 out.append(self._cqe(q, CqeOp.REQ, w, w.length))
@@ -322,6 +347,11 @@ class RcRequester:
             self.counters.dropped_posts += 1
             return []
         out = []
+        rw = None
+        if self.remote_ops and not w.valid and w.opcode in _REMOTE_WQE_OPS and w.ds:
+            rw = parse_remote_wqe(wqe_bytes)
+            if rw["kind"] is not None:
+                return self._post_remote(q, w, rw, now)
         if not w.valid:
             q.blocked = True
             q.wqes.append(_ReqWqe(w.index, "error", True, opcode=w.opcode))
@@ -335,9 +365,41 @@ class RcRequester:
             return []
         rec = _ReqWqe(w.index, "write", w.cq_update, w.length, w.raddr, w.rkey, w.kind, w.addr, w.inline_data,
                       opcode=w.opcode)
+        return self._enqueue(q, rec, now)
+
+    def _enqueue(self, q, rec, now):
+        """A WRITE, READ or atomic joins the QP's WQEs; it is sent now unless it must wait
+        (behind an invalid WQE: never, it is flushed; behind the READ/atomic limit: when a
+        READ or atomic completes)."""
         q.wqes.append(rec)
         if q.blocked:          # behind an invalid WQE: never sent, flushed when it fails
             return []
+        if q.held or (rec.kind in ("read", "atomic") and self._remote_in_flight(q) >= q.max_rd_atomic):
+            rec.sent = False
+            q.held.append(rec)
+            return []
+        return self._send(q, rec, now)
+
+    @staticmethod
+    def _remote_in_flight(q):
+        return sum(1 for w in q.wqes if w.kind in ("read", "atomic") and w.sent)
+
+    def _release(self, q, now):
+        """Send held WQEs, in order, while the READ/atomic limit allows."""
+        tx = []
+        while q.held and q.state == QpState.RTS:
+            rec = q.held[0]
+            if rec.kind in ("read", "atomic") and self._remote_in_flight(q) >= q.max_rd_atomic:
+                break
+            q.held.popleft()
+            rec.sent = True
+            tx += self._send(q, rec, now)
+        return tx
+
+    def _send(self, q, rec, now):
+        if rec.kind in ("read", "atomic"):
+            return self._send_remote(q, rec, now)
+        qpn = q.ctx.qpn
         payload = self._payload(rec, 0, rec.length, False)
         psn0 = q.next_psn
         frames = build_write_frames(q.ctx, self.port, rec.raddr, rec.rkey, payload, psn0)
@@ -353,7 +415,58 @@ class RcRequester:
         self.counters.packets_sent += len(tx)
         return tx
 
+    def _post_remote(self, q, w, rw, now):
+        """A READ or atomic WQE (``parse_remote_wqe``'s fields)."""
+        if rw["kind"] == "read":
+            rec = _ReqWqe(w.index, "read", w.cq_update, rw["length"], rw["raddr"], rw["rkey"], "pointer", rw["addr"],
+                          opcode=w.opcode, remote=rw)
+        else:
+            rec = _ReqWqe(w.index, "atomic", w.cq_update, rw["nbytes"], rw["raddr"], rw["rkey"], "atomic", rw["addr"],
+                          opcode=w.opcode, remote=rw)
+        return self._enqueue(q, rec, now)
+
+    def _send_remote(self, q, rec, now):
+        """A READ's or atomic's request packet; the PSNs its responses will carry wait as
+        outstanding packets (a READ of n MTUs takes n)."""
+        if rec.kind == "read":
+            ops = {Op.WRITE_FIRST: Op.READ_RESP_FIRST, Op.WRITE_MIDDLE: Op.READ_RESP_MIDDLE,
+                   Op.WRITE_LAST: Op.READ_RESP_LAST, Op.WRITE_ONLY: Op.READ_RESP_ONLY}
+            parts = [(ops[op], off, n) for op, off, n in split_message(rec.length, q.ctx.mtu)]
+        else:
+            parts = [(Op.ATOMIC_ACK, 0, rec.length)]
+        psn0 = q.next_psn
+        for i, (op, off, n) in enumerate(parts):
+            q.outstanding.append(_ReqPkt(rec, (psn0 + i) & PSN_MASK, op, off, n))
+        rec.pending = len(parts)
+        q.next_psn = (psn0 + len(parts)) & PSN_MASK
+        if q.deadline is None:
+            q.deadline = now + q.timeout
+        self.counters.packets_sent += 1
+        return [self._remote_request(q, rec, psn0, 0)]
+
+    def _remote_request(self, q, rec, psn, off, retransmit=False):
+        """The request packet of READ or atomic ``rec`` at ``psn`` (a READ resumed ``off``
+        bytes in asks for the rest)."""
+        rw = rec.remote
+        if rec.kind == "read":
+            frame = build_read_request(q.ctx, self.port, rec.raddr + off, rec.rkey, rec.length - off, psn)
+            op = Op.READ_REQUEST
+        elif rw["op"] in (Op.FETCH_ADD, Op.COMPARE_SWAP):
+            swap_add, compare = rw["operands"]
+            frame = build_atomic_request(q.ctx, self.port, rw["op"], rec.raddr, rec.rkey, swap_add,
+                                         compare if rw["op"] == Op.COMPARE_SWAP else 0, psn, aligned=False)
+            op = rw["op"]
+        else:
+            frame = build_masked_atomic_request(q.ctx, self.port, rw["op"], rec.raddr, rec.rkey, rw["operands"],
+                                                rw["nbytes"], psn, aligned=False)
+            op = rw["op"]
+        return TxPacket(q.ctx.qpn, psn, op, rec.index, frame, retransmit)
+
     def _rebuild(self, q, m):
+        if m.wqe.kind in ("read", "atomic"):
+            # only the first outstanding packet of a READ asks again (for the rest of it)
+            first = next(x for x in q.outstanding if x.wqe is m.wqe)
+            return self._remote_request(q, m.wqe, m.psn, m.offset, True) if first is m else None
         w = m.wqe
         reth = (w.raddr, w.rkey, w.length) if m.opcode in (Op.WRITE_FIRST, Op.WRITE_ONLY) else None
         frame = build_packet(q.ctx, self.port, m.opcode, m.psn, self._payload(w, m.offset, m.length, True), reth)
@@ -366,7 +479,7 @@ class RcRequester:
             self.counters.retry_exceeded += 1
             self._fail(q, CqeSyndrome.TRANSPORT_RETRY_EXC_ERR, out)
             return []
-        tx = [self._rebuild(q, m) for m in q.outstanding]
+        tx = [t for t in (self._rebuild(q, m) for m in q.outstanding) if t is not None]
         self.counters.go_back_n += 1
         self.counters.retransmitted_packets += len(tx)
         q.deadline = now + q.timeout
@@ -420,6 +533,16 @@ class RcRequester:
         return res
 
     def on_response(self, frame, now):
+        """Handle one response frame received at ``now`` (ns) (``_on_response``), then
+        send what a completed READ or atomic lets go (``ResponseOutcome.retransmit``
+        holds those packets too: everything to send now)."""
+        res = self._on_response(frame, now)
+        for q in self.qps.values():
+            if q.held:
+                res.retransmit += self._release(q, now)
+        return res
+
+    def _on_response(self, frame, now):
         """Handle one ACK/NAK frame received at ``now`` (ns); returns a ResponseOutcome.
 
         A response changes the QP only when it belongs (``spec.formats.RESPONSE_DROPS``,
@@ -440,7 +563,7 @@ class RcRequester:
         """
         c = self.counters
         res = ResponseOutcome()
-        p, reason = parse_frame(frame, (Op.ACK,), self.port)
+        p, reason = parse_frame(frame, _RESPONSE_OPS if self.remote_ops else (Op.ACK,), self.port)
         if p is None:
             return self._drop_response(res, reason)
         q = self.qps.get(p.dqpn)
@@ -450,10 +573,10 @@ class RcRequester:
             return self._drop_response(res, "qp_state")
         if not p.from_peer(q.ctx):
             return self._drop_response(res, "wrong_peer")
-        syndrome, msn = p.aeth
+        syndrome, msn = p.aeth if p.aeth is not None else (Aeth.ACK, None)    # (a READ RESPONSE MIDDLE)
         cls = syndrome >> 5
-        if cls == Aeth.KIND_RESERVED or syndrome & 0x80:           # bit 7 is reserved too
-            return self._drop_response(res, "bad_aeth")
+        if cls == Aeth.KIND_RESERVED or syndrome & 0x80 or (p.opcode != Op.ACK and cls != Aeth.KIND_ACK):
+            return self._drop_response(res, "bad_aeth")           # (bit 7 is reserved too)
         # The window: PSNs sent and not yet acknowledged, (acked, last sent].
         last = (q.next_psn - 1) & PSN_MASK
         acked = (q.una - 1) & PSN_MASK
@@ -462,9 +585,15 @@ class RcRequester:
         if ((acked - p.psn) & PSN_MASK) < PSN_HALF:
             c.stale_responses += 1
             return self._drop_response(res, "stale")
+        if p.opcode != Op.ACK:
+            return self._data_response(q, p, now, res)
         if cls == Aeth.KIND_ACK:
             c.acks_received += 1
             res.kind = "ack"
+            # an ACK beyond a READ or atomic whose response has not come: that response
+            # was lost (a responder answers in PSN order): an implied NAK at its PSN
+            if self._stops_at_response(q, p.psn, now, res):
+                return self._implied_nak(q, now, res)
             self._ack_through(q, p.psn, now, res.cqes)
             self._check_msn(q, msn)
             return res
@@ -480,7 +609,14 @@ class RcRequester:
             return self._drop_response(res, "duplicate_nak")
         c.naks_received[name] += 1
         res.kind = "nak_" + name
-        # A NAK acknowledges every packet before its PSN.
+        # A NAK acknowledges every packet before its PSN (but a READ's or atomic's packets
+        # only by their responses: one still missing there was lost, go back to it)
+        if p.psn != q.una and self._stops_at_response(q, (p.psn - 1) & PSN_MASK, now, res):
+            if code != 0:
+                # the responder failed later on: the READ or atomic cannot be answered now
+                self._fail(q, _NAK_SYNDROMES.get(code, CqeSyndrome.BAD_RESP_ERR), res.cqes)
+                return res
+            return self._implied_nak(q, now, res)
         if p.psn != q.una:
             self._ack_through(q, (p.psn - 1) & PSN_MASK, now, res.cqes)
         self._check_msn(q, msn)
@@ -489,6 +625,69 @@ class RcRequester:
             res.retransmit = self._retry(q, now, res.cqes)
             return res
         self._fail(q, _NAK_SYNDROMES.get(code, CqeSyndrome.BAD_RESP_ERR), res.cqes)
+        return res
+
+    def _stops_at_response(self, q, upto, now, res):
+        """Acknowledge up to ``upto`` as an ACK or NAK does, but not past a READ or atomic
+        packet still waiting for its response: stop before it and say so (True)."""
+        gap = next((m for m in q.outstanding if m.wqe.kind in ("read", "atomic")), None)
+        if gap is None or ((upto - gap.psn) & PSN_MASK) >= PSN_HALF:
+            return False
+        if gap is not q.outstanding[0]:
+            self._ack_through(q, (gap.psn - 1) & PSN_MASK, now, res.cqes)
+        return True
+
+    def _implied_nak(self, q, now, res):
+        """A response is missing before the one received: go back to the first
+        outstanding PSN, once per PSN (as a repeated sequence NAK is ignored)."""
+        if q.last_nak_psn == q.una:
+            self.counters.duplicate_naks += 1
+            return self._drop_response(res, "duplicate_nak")
+        self.counters.implied_naks += 1
+        res.kind = "implied_nak"
+        q.last_nak_psn = q.una
+        res.retransmit = self._retry(q, now, res.cqes)
+        return res
+
+    def _data_response(self, q, p, now, res):
+        """A READ RESPONSE or ATOMIC ACKNOWLEDGE inside the window: the next one expected
+        is written to local memory and acknowledges its packet (a READ completes with
+        its last response, an atomic with its ACK); one further ahead means the ones
+        between were lost (implied NAK); one that does not fit what is outstanding at
+        its PSN fails the QP (BAD_RESP_ERR)."""
+        gap = next((m for m in q.outstanding if m.wqe.kind in ("read", "atomic")), None)
+        if gap is None or ((p.psn - gap.psn) & PSN_MASK) >= PSN_HALF:
+            fits = False                    # a response to a PSN that asked for none
+        else:
+            # WRITEs before it are acknowledged by it (a responder answers in PSN order)
+            if gap is not q.outstanding[0]:
+                self._ack_through(q, (gap.psn - 1) & PSN_MASK, now, res.cqes)
+            if p.psn != gap.psn:
+                return self._implied_nak(q, now, res)
+            fits = None
+        head = q.outstanding[0] if q.outstanding else None
+        atomic_ack = p.opcode == Op.ATOMIC_ACK
+        if fits is None:
+            fits = (head.wqe.kind == "atomic") if atomic_ack else (
+                head.wqe.kind == "read" and p.opcode == head.opcode and len(p.payload) == head.length)
+        if not fits:
+            self.counters.bad_responses += 1
+            res.kind = "bad_response"
+            self._fail(q, CqeSyndrome.BAD_RESP_ERR, res.cqes)
+            return res
+        w = head.wqe
+        if atomic_ack:
+            data = (p.orig & ((1 << 8 * w.length) - 1)).to_bytes(w.length, "little")
+            res.writes.append((w.addr, data))
+        elif head.length:
+            res.writes.append((w.addr + head.offset, p.payload))
+        for addr, data in res.writes:
+            self.write_memory(addr, data)
+        self.counters.data_responses += 1
+        res.kind = "atomic_ack" if atomic_ack else "read_response"
+        self._ack_through(q, p.psn, now, res.cqes)
+        if p.aeth is not None:
+            self._check_msn(q, p.aeth[1])
         return res
 
     def _check_msn(self, q, msn):
