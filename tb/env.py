@@ -55,9 +55,13 @@ class NicEnv:
         GPU memory read latency in cycles (default: SPEC, 1 us = 500 cycles).
     dma_bytes_per_cycle : int
         GPU memory read bandwidth.
+    b_latency, visible_at_b : as ``tb.memory.DmaMemory`` (write-response latency, a
+        write landing only at its B).
     """
     def __init__(self, dut, *, dma_latency=P.DMA_READ_LATENCY_CYCLES, dma_bytes_per_cycle=P.DMA_BYTES_PER_CYCLE,
-                 poll_interval=16, prefix="", port_mac=PORT_MAC, port_ip=PORT_IP, num_qps=P.NUM_QPS):
+                 poll_interval=16, prefix="", port_mac=PORT_MAC, port_ip=PORT_IP, num_qps=P.NUM_QPS,
+                 b_latency=1, visible_at_b=False):
+        self.b_latency, self.visible_at_b = b_latency, visible_at_b
         self.dut = dut
         self.dma_latency = dma_latency
         self.dma_bytes_per_cycle = dma_bytes_per_cycle
@@ -77,7 +81,8 @@ class NicEnv:
         self.counter = counter
         self.mem = DmaMemory(dut, counter, read_latency=self.dma_latency, prefix=pre + "m_axi",
                              read_bytes_per_cycle=self.dma_bytes_per_cycle, read_prefixes=(pre + "m_axi_wqe",),
-                             write_prefixes=(pre + "m_axi_rx",))
+                             write_prefixes=(pre + "m_axi_rx",), b_latency=self.b_latency,
+                             visible_at_b=self.visible_at_b)
         self.wire = Wire400G(dut, counter, prefix=pre + "m_axis_tx")
         self.rx = MacRx400G(dut, counter, prefix=pre + "s_axis_rx")
         self.ctl = NicControl(dut, prefix=pre + "s_axil", num_qps=self.num_qps, num_cqs=self.num_qps)
@@ -198,7 +203,7 @@ class NicEnv:
         """(cqn, slot, 64 bytes, cycle) of every CQE write seen on the DMA bus, in order."""
         out = []
         for w in self.mem.writes:
-            if w.end_cycle is None:
+            if w.end_cycle is None or w.data is None:     # (visible_at_b: not landed yet)
                 continue
             for cqn, cq in self.cqs.items():
                 if cq.base <= w.addr < cq.base + cq.depth * CQE_SIZE:

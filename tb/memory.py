@@ -4,8 +4,9 @@ Timing convention: see :mod:`tb.clock` (a handshake "in cycle c" means valid
 and ready were both high during cycle c).
 """
 
+import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cocotb
 from cocotb.triggers import RisingEdge
@@ -58,6 +59,7 @@ class AxiAccess:
     end_cycle: int | None = None
     data: bytes | None = None
     port: str = ""
+    staged: list = field(default_factory=list)   # visible_at_b: (addr, bytes) stored when the B is handed over
 
     def overlaps(self, other):
         """True when the two bursts share a byte."""
@@ -108,17 +110,23 @@ class DmaMemory:
             over) on another port is a protocol error.
         strict: raise :class:`AxiProtocolError` on protocol errors (else only
             count them in ``protocol_errors`` and log).
+        b_latency: cycles from wlast to bvalid: an int (default 1), or ``(lo, hi)``: a
+            random latency per burst in [lo, hi] (``seed``), each port's B still in AW
+            order (one id per port).
+        visible_at_b: a write lands in memory when its B is handed over, not with its
+            W beats, so reads and the GPU see only completed writes (with random
+            ``b_latency``, writes on two ports land in an order no AW order fixes).
 
     All reads are accepted at once (arready stays high) and answered in AR
-    order per port; writes are accepted at once, B follows one cycle after wlast
-    (on each write port).
+    order per port; writes are accepted at once, B follows ``b_latency`` cycles after
+    wlast (on each write port).
     Narrow beats carry the whole 128-byte line containing the beat address,
     so every lane holds the byte at its own address.
     """
 
     def __init__(self, dut, counter=None, *, read_latency=DMA_READ_LATENCY_CYCLES,
                  read_bytes_per_cycle=DMA_BYTES_PER_CYCLE, prefix="m_axi", read_prefixes=(),
-                 write_prefixes=(), strict=True):
+                 write_prefixes=(), strict=True, b_latency=1, visible_at_b=False, seed=0):
         if int(read_latency) != read_latency or read_latency < 1:
             raise ValueError(f"read_latency must be an integer >= 1 cycle, not {read_latency}")
         if not 0 < read_bytes_per_cycle <= DATA_BYTES:
@@ -131,6 +139,12 @@ class DmaMemory:
         self.read_bytes_per_cycle = read_bytes_per_cycle
         self.strict = strict
         self.log = dut._log.getChild("dma_mem")
+        lo, hi = (b_latency, b_latency) if isinstance(b_latency, int) else tuple(b_latency)
+        if not 1 <= lo <= hi:
+            raise ValueError(f"b_latency must be >= 1 (or a range lo <= hi), not {b_latency!r}")
+        self._b_rnd = random.Random(seed)
+        self.b_latency = lambda: self._b_rnd.randint(lo, hi)
+        self.visible_at_b = visible_at_b
 
         self.mem = SparseMemory()
         self.bus = AxiBus.from_prefix(dut, prefix)
@@ -247,7 +261,11 @@ class _WritePort:
         full = (1 << o.bus_bytes) - 1
         b_free = not self.b_on
         if self.b_on and sig_high(b.bready):
-            self.bq.popleft()
+            _, _, done = self.bq.popleft()
+            if o.visible_at_b:           # the write lands now
+                for a, d in done.staged:
+                    o.mem.write(a, d)
+                done.data = o.mem.read(done.addr, done.length)
             self.b_taken = True
             b_free = True
         if sig_high(aw.awvalid):
@@ -268,8 +286,8 @@ class _WritePort:
             self.wq.append((data, strb, sig_high(w.wlast), c))
         while self.awq and self.wq:
             self._apply_w_beat(*self.wq.popleft())
-        if b_free and self.bq:
-            b.bid.value = self.bq[0]
+        if b_free and self.bq and self.bq[0][1] <= c + 1:
+            b.bid.value = self.bq[0][0]
             if self.bresp is not None:
                 self.bresp.value = 0
             b.bvalid.value = 1
@@ -291,18 +309,19 @@ class _WritePort:
         if last != bst.last:
             o._error(f"write id {rec.id} addr {rec.addr:#x} on {self.prefix}: wlast={int(last)} on beat "
                      f"{bst.beat} of {rec.beats} (cycle {cycle})")
+        store = rec.staged.append if o.visible_at_b else (lambda a_d: o.mem.write(*a_d))
         if strb:
             line = bst.beat_addr() & ~(o.bus_bytes - 1)
             raw = data.to_bytes(o.bus_bytes, "little")
             if strb == (1 << o.bus_bytes) - 1:
-                o.mem.write(line, raw)
+                store((line, raw))
                 o.stored.append((line, o.bus_bytes))
             else:
                 lane = 0
                 while strb:
                     if strb & 1:
                         run = (~strb & (strb + 1)).bit_length() - 1  # length of the run of ones
-                        o.mem.write(line + lane, raw[lane:lane + run])
+                        store((line + lane, raw[lane:lane + run]))
                         o.stored.append((line + lane, run))
                         strb >>= run
                         lane += run
@@ -313,8 +332,11 @@ class _WritePort:
         if bst.last or last:
             self.awq.popleft()
             rec.end_cycle = max(cycle, rec.start_cycle)
-            rec.data = o.mem.read(rec.addr, rec.length)
-            self.bq.append(rec.id)      # B goes out at the next edge: one cycle after wlast
+            if not o.visible_at_b:
+                rec.data = o.mem.read(rec.addr, rec.length)
+            # B goes out b_latency cycles after wlast (1: at the next edge), in AW order
+            ready = max(rec.end_cycle + o.b_latency(), self.bq[-1][1] if self.bq else 0)
+            self.bq.append((rec.id, ready, rec))
         else:
             bst.beat += 1
 

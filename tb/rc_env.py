@@ -86,8 +86,8 @@ def traffic(rnd, peers, messages, *, faults=True, aligned=False):
     return out
 
 
-async def responder_env(dut, rnd, mtus, ack_every):
-    env = await NicEnv(dut).start()
+async def responder_env(dut, rnd, mtus, ack_every, **env_kw):
+    env = await NicEnv(dut, **env_kw).start()
     cq = await env.cq(0, 6)
     model = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP))
     peers = {}
@@ -103,9 +103,10 @@ async def responder_env(dut, rnd, mtus, ack_every):
     return env, model, peers
 
 
-async def run_and_check(env, model, frames, *, acks=()):
+async def run_and_check(env, model, frames, *, acks=(), settle=300):
     """``acks``: indices of frames that are ACKs for the NIC's requester side (the
-    responder model does not take them; the NIC counts them as ACKs received)."""
+    responder model does not take them; the NIC counts them as ACKs received).
+    ``settle``: cycles after the last ACK for the last writes to land."""
     acks = set(acks)
     expect = [model.receive(f) for k, f in enumerate(frames) if k not in acks]
     for f in frames:
@@ -114,7 +115,7 @@ async def run_and_check(env, model, frames, *, acks=()):
     while not env.rx.idle:
         await ClockCycles(env.dut.clk, 64)
     await env.wire.wait_frames(len(responses), timeout_cycles=20_000)
-    await ClockCycles(env.dut.clk, 300)                   # the last writes reach memory
+    await ClockCycles(env.dut.clk, settle)                # the last writes reach memory
     got = [f.data for f in env.wire.frames]
     merged = match_coalesced(got, responses)
     # GPU memory: every accepted payload in place, nothing else written

@@ -16,6 +16,10 @@ AWID = AXI_ID_RX_WRITE
 W_QUEUE = 4                     # W beats between the aligner and the W channel
 
 
+# The low bits of a QP number that the write ordering compares (a larger table only
+# shares a tag between QPs: more writes kept in order, never fewer)
+QP_TAG_BITS = 10
+
 RxWriteCommand = data.StructLayout({
     "write":  unsigned(1),      # 1: write the payload; 0: discard the frame
     "addr":   unsigned(64),     # GPU address of the payload's first byte
@@ -23,6 +27,7 @@ RxWriteCommand = data.StructLayout({
     "length": unsigned(13),     # payload bytes, 0..4096
     "inline": unsigned(1),      # the payload is in ``data`` (RxPacket.inline): not for this writer
     "data":   unsigned(8 * INLINE_MAX),     # with inline: the payload bytes, first in bits 7..0
+    "qp":     unsigned(QP_TAG_BITS),        # the QP's number (low bits): its writes land in order
 })
 RxWriteCommand.__doc__ = """What to do with one received frame (see :class:`RxPayloadWriter`)."""
 

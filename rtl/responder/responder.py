@@ -382,7 +382,7 @@ class Responder(wiring.Component):
             c_ = Signal(RxWriteCommand, name=f"cmd{k}")
             m.d.comb += [c_.write.eq(dec[k]["write"]), c_.addr.eq(dec[k]["addr"]),
                          c_.offset.eq(p[k].payload_offset), c_.length.eq(p[k].payload_len),
-                         c_.inline.eq(p[k].inline), c_.data.eq(p[k].inline_data)]
+                         c_.inline.eq(p[k].inline), c_.data.eq(p[k].inline_data), c_.qp.eq(p[k].dqpn)]
             r_ = Signal(AckRecord, name=f"resp{k}")
             m.d.comb += [r_.qpn.eq(p[k].dqpn), r_.psn.eq(dec[k]["psn"]), r_.syndrome.eq(dec[k]["syndrome"]),
                          r_.msn.eq(dec[k]["new"].dyn.msn)]

@@ -9,6 +9,7 @@ from rtl.common.axi import AxiWriteSignature, Burst, Cache
 from rtl.common.rx_packet import INLINE_MAX
 from rtl.common.stream import Pair
 from rtl.responder.write_sorter import RxWriteOrder, LINE_SHIFT
+from rtl.responder.payload_writer import QP_TAG_BITS
 from spec.params import AXI_ID_RX_WRITE, DATA_BYTES
 
 __all__ = ["RxWriteIssuer"]
@@ -26,6 +27,7 @@ _Track = data.StructLayout({
     "page":  unsigned(PAGE_TAG_BITS),   # the lines the burst covers: page tag,
     "first": unsigned(PAGE_LINE_BITS),  # first and last line in the page
     "last":  unsigned(PAGE_LINE_BITS),
+    "qp":    unsigned(QP_TAG_BITS),     # the QP whose write it is
     "two":   unsigned(1),               # inline: w[1] (a later write to the same line) merged in
     "w":     data.ArrayLayout(_Sub, 2),
 })
@@ -44,17 +46,23 @@ class RxWriteIssuer(wiring.Component):
 
     Order. Two writes on one port stay in order (same AWID). Two writes on different
     ports may land in any order, so a write is never put on a port while a write it
-    overlaps (same 128-byte line) is in flight (from AW to B) on the other one: per
-    port a ring of the bursts in flight holds each one's lines (a 16-bit page tag and
-    the first and last line in the page; a false match on the tag only narrows the
-    choice). The writes are issued strictly in order, one or two per cycle:
+    conflicts with is in flight (from AW to B) on the other one: one it overlaps (same
+    128-byte line), or one of the same QP (so a QP's writes land in the order it sent
+    them, whatever the ports' write-response latencies: put-with-signal's flag never
+    lands before its data). Per port a ring of the bursts in flight holds each one's
+    lines (a 16-bit page tag and the first and last line in the page) and QP (a 10-bit
+    tag); a false match on a tag only narrows the choice. So one QP's writes take one
+    port while any is in flight (one a cycle, two to one line merged into a beat), and
+    different QPs' spread over both. The writes are issued strictly in order, one or two
+    per cycle:
 
-    - an inline write overlapping bursts in flight on one port goes to that port; on
-      both, it waits; otherwise it takes the port after the last one used (round robin),
-      so alternating lines spread over both ports;
+    - an inline write conflicting with bursts in flight on one port goes to that port;
+      on both, it waits; otherwise it takes the port after the last one used (round
+      robin), so other QPs' writes spread over both ports;
     - a payload-writer burst goes to ``p0``, once ``p1`` has nothing in flight it
-      overlaps;
-    - the second write of a cycle takes the other port and must not overlap the first;
+      conflicts with;
+    - the second write of a cycle takes the other port and must not conflict with the
+      first;
       an inline write to the first one's line (inline too) is merged into its beat
       (later bytes win), so a flood of one line still takes two writes per cycle.
 
@@ -104,15 +112,16 @@ class RxWriteIssuer(wiring.Component):
             for i in range(K):
                 m.d.comb += live[p][i].eq((i + K - b_ptr[p])[:len(b_ptr[p])] < count[p])
 
-        def footprint(name, line, nlines_m1):
+        def footprint(name, line, nlines_m1, qp):
             f = Signal(_Track, name=name)
-            m.d.comb += [f.page.eq(line[PAGE_LINE_BITS:PAGE_LINE_BITS + PAGE_TAG_BITS]),
+            m.d.comb += [f.page.eq(line[PAGE_LINE_BITS:PAGE_LINE_BITS + PAGE_TAG_BITS]), f.qp.eq(qp),
                          f.first.eq(line[:PAGE_LINE_BITS]),
                          f.last.eq(line[:PAGE_LINE_BITS] + nlines_m1[:PAGE_LINE_BITS])]
             return f
 
         def overlap(a, b):
-            return (a.page == b.page) & (a.first <= b.last) & (b.first <= a.last)
+            # (a write's order with another: the same lines, or the same QP)
+            return ((a.page == b.page) & (a.first <= b.last) & (b.first <= a.last)) | (a.qp == b.qp)
 
         def hits(name, f):
             h = [Signal(name=f"{name}_hits{p}") for p in range(2)]
@@ -139,7 +148,7 @@ class RxWriteIssuer(wiring.Component):
             line, length = Signal(64 - LINE_SHIFT, name=f"{name}_line"), Signal(8, name=f"{name}_len")
             m.d.comb += [line.eq(Mux(o.inline, o.line, wr.awaddr[LINE_SHIFT:])),
                          length.eq(Mux(o.inline, 0, wr.awlen))]
-            return line, length, footprint(f"{name}_f", line, length)
+            return line, length, footprint(f"{name}_f", line, length, o.qp)
 
         a_line, a_len, a_f = burst("a", a)
         b_line, b_len, b_f = burst("b", b)

@@ -7,7 +7,7 @@ from amaranth.lib.wiring import In, Out
 from spec.params import AXI_PAGE, AXI_PAGE_SHIFT
 from rtl.common.rx_packet import INLINE_MAX
 from rtl.common.stream import Pair, pack_pair
-from rtl.responder.payload_writer import RxWriteCommand, BEAT_SHIFT as LINE_SHIFT
+from rtl.responder.payload_writer import QP_TAG_BITS, RxWriteCommand, BEAT_SHIFT as LINE_SHIFT
 
 __all__ = ["RxWriteOrder", "RxWriteSorter"]
 
@@ -19,6 +19,7 @@ RxWriteOrder = data.StructLayout({
     "lane":   unsigned(LINE_SHIFT),        # inline: the first byte's lane in it
     "length": unsigned(3),      # inline: 1..INLINE_MAX bytes
     "data":   unsigned(8 * INLINE_MAX),    # inline: the bytes, first in bits 7..0
+    "qp":     unsigned(QP_TAG_BITS),       # the QP's tag: a QP's writes land in order
 })
 RxWriteOrder.__doc__ = """One write to GPU memory, in the order the responder accepted them
 (see :class:`rtl.responder.write_issuer.RxWriteIssuer`)."""
@@ -69,7 +70,7 @@ class RxWriteSorter(wiring.Component):
                 in_page.eq(c[k].addr[:AXI_PAGE_SHIFT] + c[k].length),
                 o.inline.eq(c[k].inline), o.bursts.eq(Mux(in_page > AXI_PAGE, 2, 1)),
                 o.line.eq(c[k].addr[LINE_SHIFT:]), o.lane.eq(c[k].addr[:LINE_SHIFT]),
-                o.length.eq(c[k].length[:3]), o.data.eq(c[k].data),
+                o.length.eq(c[k].length[:3]), o.data.eq(c[k].data), o.qp.eq(c[k].qp),
             ]
             orders.append(o)
 

@@ -8,7 +8,7 @@ the bytes in GPU memory and the receive counters must equal its.
 """
 import random
 
-from cocotb.triggers import ClockCycles
+from cocotb.triggers import ClockCycles, RisingEdge
 
 import cocotb
 
@@ -157,3 +157,46 @@ async def duplicate_flood_while_sending(dut):
                   f"({merged} coalesced), {len(env.wire.frames) - len(acks)} data frames")
     assert env.rx.stall_cycles == 0, f"MAC RX waited {env.rx.stall_cycles} cycles"
     assert merged > 0
+
+
+@cocotb.test()
+async def put_with_signal_ordering(dut):
+    """NVSHMEM's put-with-signal as the NIC's responder sees it: on each of 3 QPs, data
+    WRITEs (1 to 300 bytes) then an 8-byte flag WRITE to another line, back to back at
+    line rate, into a GPU memory whose writes land only at their write response, after
+    a random 1..80 cycles per burst on each of the two write ports. A watcher reads the
+    memory every cycle: a flag is never visible before the data it signals (the write
+    issuer keeps a QP's writes on one port while any is in flight; without that rule
+    the flags overtake their data, found so). Memory, ACKs and counters as the model's."""
+    rnd = random.Random(21)
+    env, model, peers = await responder_env(dut, rnd, {1: 1024, 2: 1024, 3: 1024}, {1: 1, 2: 4, 3: 8},
+                                            b_latency=(1, 80), visible_at_b=True)
+    n = 40 if cocotb.SIM_NAME.lower().startswith("verilator") else 8
+    psn = {q: ctx.start_psn for q, (ctx, _) in peers.items()}
+    frames, signals = [], []
+    for k in range(n):
+        for q, (ctx, _) in peers.items():
+            size = rnd.choice([1, 4, 8, 64, 200, 300])
+            data_va = DST + 0x10000 * q + 0x200 * k + rnd.randrange(64)
+            data = bytes(rnd.randrange(256) for _ in range(size))
+            flag_va = DST + 0x80000 + 0x1000 * q + 8 * k
+            flag = (k + 1).to_bytes(8, "little")
+            for va, payload in ((data_va, data), (flag_va, flag)):
+                fs = build_write_frames(ctx, peer_port(q), va, KEY, payload, psn[q])
+                psn[q] = (psn[q] + len(fs)) & 0xFFFFFF
+                frames += fs
+            signals.append((data_va, data, flag_va, flag))
+    early = []
+
+    async def watch():
+        while True:
+            await RisingEdge(dut.clk)
+            for data_va, data, flag_va, flag in signals:
+                if env.mem.read(flag_va, 8) == flag and env.mem.read(data_va, len(data)) != data:
+                    early.append((hex(flag_va), env.counter.now))
+    watcher = cocotb.start_soon(watch())
+    # (8 bursts in flight per port at up to 80 cycles each: the last writes land late)
+    await run_and_check(env, model, frames, settle=6000)
+    watcher.cancel()
+    assert not early, f"{len(early)} times a flag was visible before its data, first {early[0]}"
+    dut._log.info(f"{len(frames)} frames, {len(signals)} put-with-signals")

@@ -1,9 +1,13 @@
 """RxWriteIssuer (and RxWriteSorter) in Amaranth's simulator.
 
-The issuer is held to two rules: GPU memory ends as if every write had landed in order,
-and a burst never goes on one port while a burst it overlaps is in flight (AW to B) on
-the other, since two ports' writes may land in any order. Then the cycles: inline writes
-two per cycle, whatever their addresses.
+The issuer is held to three rules: GPU memory ends as if every write had landed in order,
+a burst never goes on one port while a burst it overlaps is in flight (AW to B) on the
+other, since two ports' writes may land in any order, and never while a burst of its QP
+is (so a QP's writes land in order: put-with-signal). Then the cycles: inline writes two
+per cycle, whatever their addresses, when two QPs send them; one QP's one a cycle.
+
+A write's QP is either random (``qp_of`` None: the slaves check the line rule) or the
+64 KiB region of its address (the slaves check the QP rule too).
 """
 import random
 
@@ -63,11 +67,15 @@ def _reference(plan):
     return mem
 
 
-def _order(w):
+def _region(addr):
+    return (addr >> 16) & 3
+
+
+def _order(w, qp):
     if w[0] == "inline":
         return {"inline": 1, "line": w[1] // LINE, "lane": w[1] % LINE, "length": len(w[2]),
-                "data": int.from_bytes(w[2], "little")}
-    return {"inline": 0, "bursts": len(w[3])}
+                "data": int.from_bytes(w[2], "little"), "qp": qp}
+    return {"inline": 0, "bursts": len(w[3]), "qp": qp}
 
 
 async def _put_pair(ctx, stream, entries):
@@ -82,10 +90,12 @@ async def _put_pair(ctx, stream, entries):
     ctx.set(stream.valid, 0)
 
 
-def _run(plan, *, seed, ready=0.7, b_lat=(1, 4), pairs=0.5, stalls=0.3, limit=20000):
+def _run(plan, *, seed, ready=0.7, b_lat=(1, 4), pairs=0.5, stalls=0.3, limit=20000, qp_of=_region):
     """Feed ``plan`` to an issuer; returns (memory, cycles from the first order to the
-    last B, B responses passed to the writer)."""
+    last B, B responses passed to the writer). ``qp_of(addr)`` gives a write's QP (with
+    ``_region`` the slaves check the QP rule too), or None: a random QP per write."""
     rnd = random.Random(seed)
+    qps = [qp_of(w[1]) if qp_of else rnd.randrange(4) for w in plan]
     dut = RxWriteIssuer()
     mem, state = {}, {"first": None, "last": 0, "writer_b": 0, "transfers": 0}
     errors = []
@@ -98,7 +108,7 @@ def _run(plan, *, seed, ready=0.7, b_lat=(1, 4), pairs=0.5, stalls=0.3, limit=20
             while rnd.random() < stalls:
                 await ctx.tick()
             two = i + 1 < len(plan) and rnd.random() < pairs
-            o = [_order(plan[i])] + ([_order(plan[i + 1])] if two else [])
+            o = [_order(plan[i], qps[i])] + ([_order(plan[i + 1], qps[i + 1])] if two else [])
             if state["first"] is None:
                 state["first"] = state.get("now", 0)
             await _put_pair(ctx, dut.orders, o)
@@ -159,6 +169,9 @@ def _run(plan, *, seed, ready=0.7, b_lat=(1, 4), pairs=0.5, stalls=0.3, limit=20
                         if (f[2] is None or f[2] >= now) and addr < f[0] + f[1] and f[0] < addr + length:
                             errors.append(f"port {k}: {addr:#x}+{length} while {f[0]:#x}+{f[1]} "
                                           f"is in flight on port {1 - k}")
+                        elif qp_of is _region and (f[2] is None or f[2] >= now) and _region(addr) == _region(f[0]):
+                            errors.append(f"port {k}: {addr:#x} while {f[0]:#x} of the same QP is in flight "
+                                          f"on port {1 - k}")
                     in_flight[k].append([addr, length, None])
                     aws.append([addr, alen + 1, 0])
                 if wv and wr_:
@@ -199,14 +212,19 @@ def _run(plan, *, seed, ready=0.7, b_lat=(1, 4), pairs=0.5, stalls=0.3, limit=20
     return mem, state["last"] - state["first"], state["writer_b"], state["transfers"]
 
 
+@pytest.mark.parametrize("qp_mode", ["random", "region"])
 @pytest.mark.parametrize("seed", range(4))
-def test_random_writes_land_in_order(seed):
+def test_random_writes_land_in_order(seed, qp_mode):
     """Inline and payload-writer writes to a few lines (so they overlap often), random
-    pairs, stalls and B latencies: memory as if in order, no overlap across ports."""
+    pairs, stalls and B latencies, random QPs (lines shared between QPs) or four QPs
+    each in its own region: memory as if in order, no overlap across ports, no QP on
+    both ports at once."""
     rnd = random.Random(seed)
     lines = [31, 32, 33, 40, 41, 64 + seed, 95, 96]      # around page boundaries
+    if qp_mode == "region":
+        lines = [ln + (q << 9) for ln in lines for q in range(4)]
     plan = _plan(rnd, 300, lines, p_seg=0.25)
-    mem, _, writer_b, _ = _run(plan, seed=seed)
+    mem, _, writer_b, _ = _run(plan, seed=seed, b_lat=(1, 12), qp_of=_region if qp_mode == "region" else None)
     ref = _reference(plan)
     assert mem == ref
     assert writer_b == sum(len(w[3]) for w in plan if w[0] == "seg")
@@ -215,9 +233,10 @@ def test_random_writes_land_in_order(seed):
 @pytest.mark.parametrize("pairs", [1.0, 0.3])
 @pytest.mark.parametrize("pattern", ["one_line", "two_lines", "stride_256", "random", "one_byte"])
 def test_inline_pairs_two_per_cycle(pattern, pairs):
-    """Inline writes one or two per transfer, ports always ready, B one cycle after the
-    beat: a transfer a cycle for any address pattern (a flood of 1-byte WRITEs needs
-    1.01 writes a cycle, a pair whenever two frames end in one MAC beat)."""
+    """Inline writes one or two per transfer from two QPs taking turns, ports always
+    ready, B one cycle after the beat: a transfer a cycle for any address pattern (a
+    flood of 1-byte WRITEs needs 1.01 writes a cycle, a pair whenever two frames end in
+    one MAC beat)."""
     rnd = random.Random(7)
     n = 400
     lines = {"one_line": lambda i: 5, "two_lines": lambda i: 5 + (i & 1) * 9,
@@ -227,10 +246,24 @@ def test_inline_pairs_two_per_cycle(pattern, pairs):
     for i in range(n):
         lane = 17 if pattern == "one_byte" else rnd.randrange(LINE - 4)
         plan.append(("inline", lines(i) * LINE + lane, bytes(rnd.getrandbits(8) for _ in range(rnd.randint(1, 4)))))
-    mem, cycles, _, transfers = _run(plan, seed=1, ready=1.0, b_lat=(1, 1), pairs=pairs, stalls=0.0)
+    turns = iter(range(len(plan)))
+    mem, cycles, _, transfers = _run(plan, seed=1, ready=1.0, b_lat=(1, 1), pairs=pairs, stalls=0.0,
+                                     qp_of=lambda addr: next(turns) & 1)
     assert mem == _reference(plan)
     # the last B a few cycles after the last AW
     assert cycles <= transfers + 6, f"{cycles} cycles for {transfers} transfers"
+
+
+def test_one_qp_one_port_at_a_time():
+    """One QP's inline writes to many lines, with random write-response latencies: never
+    on both ports at once (else a later write could land first), so one a cycle; two to
+    one line in one transfer still merge into one beat."""
+    rnd = random.Random(11)
+    plan = [("inline", (5 + rnd.randrange(64)) * LINE + rnd.randrange(LINE - 4), bytes([k & 0xFF, 1]))
+            for k in range(200)]
+    mem, cycles, _, transfers = _run(plan, seed=2, ready=1.0, b_lat=(1, 8), pairs=1.0, stalls=0.0)
+    assert mem == _reference(plan)
+    assert cycles >= len(plan) - 2, f"{len(plan)} writes of one QP in {cycles} cycles: two at once somewhere"
 
 
 def test_sorter_splits_commands():
