@@ -53,7 +53,9 @@ def rx_points(quick):
     return ([{"kind": "rx", "flood": "garbage", "size": s, "frames": n} for s in (60, 64, 65, 73, 97)]
             + [{"kind": "rx", "flood": "ack", "size": 62, "frames": n, "qps": q} for q in (1, 2, 16)]
             + [{"kind": "rx", "flood": "write", "size": s, "frames": n, "qps": q}
-               for s in (74, 75, 76, 82) for q in (1, 2)])
+               for s in (74, 75, 76, 82) for q in (1, 2)]
+            # 1-byte WRITEs each to its own line: one QP's writes take one port at a time
+            + [{"kind": "rx", "flood": "write", "size": 75, "frames": n, "qps": q, "stride": 256} for q in (1, 2)])
 
 
 def pair_points(quick):
@@ -145,10 +147,12 @@ def main():
               f"(ideal {ideal}; largest error {100 * r['max_share_error']:.2f}%)")
     if rxs:
         print("\nreceive floods at the 400G line rate (MAC RX; rate 1.000 = never held back):")
-        print(f"{'kind':>8} {'bytes':>6} {'QPs':>4} {'frames':>7} {'M frames/s':>10} {'rate':>6} {'stalls':>7}")
-        for r in sorted(rxs, key=lambda r: (r["flood"], r["frame_bytes"], r["qps"])):
+        print(f"{'kind':>8} {'bytes':>6} {'QPs':>4} {'stride':>6} {'frames':>7} {'M frames/s':>10} {'rate':>6} "
+              f"{'stalls':>7}")
+        for r in sorted(rxs, key=lambda r: (r["flood"], r["frame_bytes"], r["qps"], r.get("stride", 64))):
             fps = r["frames"] / (r["cycles"] * P.CLOCK_PERIOD_NS) * 1e3
-            print(f"{r['flood']:>8} {r['frame_bytes']:>6} {r['qps']:>4} {r['frames']:>7} {fps:>10.1f} "
+            stride = r.get("stride", 64) if r["flood"] == "write" else "-"
+            print(f"{r['flood']:>8} {r['frame_bytes']:>6} {r['qps']:>4} {stride:>6} {r['frames']:>7} {fps:>10.1f} "
                   f"{r['ratio_to_line_rate']:>6.3f} {r['mac_rx_stall_cycles']:>7}")
     if pairs:
         print("\ntwo nodes, RC, responder in the loop (cable 100 cycles each way, loss on both directions):")

@@ -32,7 +32,8 @@ def point_name(p):
     if kind == "latency":
         return f"latency_{p['latency_ns']}ns"
     if kind == "rx":
-        return f"rx_{p['flood']}_{p['size']}B_{p.get('qps', 1)}qp"
+        stride = f"_s{p['stride']}" if "stride" in p else ""
+        return f"rx_{p['flood']}_{p['size']}B_{p.get('qps', 1)}qp{stride}"
     return f"write_{p['size']}B_{p['qps']}qp_b{p['batch']}_{p['latency_ns']}ns"
 
 
@@ -188,7 +189,8 @@ async def _rx(dut, p):
             back = QpContext(qpn=ctx.qpn, remote_qpn=q, dmac=PORT_MAC, dip=PORT_IP, mtu=ctx.mtu)
             frames.append(build_response(back, peer_port(q), k, Aeth.ACK, k))
         else:
-            (f,) = build_write_frames(ctx, peer_port(q), DST + 64 * k, KEY, bytes(size - 74), psn[q])
+            (f,) = build_write_frames(ctx, peer_port(q), DST + p.get("stride", 64) * k, KEY, bytes(size - 74),
+                                      psn[q])
             psn[q] = (psn[q] + 1) & 0xFFFFFF
             frames.append(f)
     assert all(len(f) == size for f in frames)
@@ -202,6 +204,7 @@ async def _rx(dut, p):
     await ClockCycles(dut.clk, 2000)
     c = await env.ctl.read_counters()
     return {"point": point_name(p), "kind": "rx", "flood": p["flood"], "frame_bytes": size, "qps": qps,
+            "stride": p.get("stride", 64),
             "frames": n, "cycles": cycles, "wire_cycles": wire_cycles,
             "ratio_to_line_rate": min(1.0, wire_cycles / cycles), "mac_rx_stall_cycles": env.rx.stall_cycles,
             "counters": {k: v for k, v in c.items() if k.startswith("rx_") or k.startswith("ack")}}
