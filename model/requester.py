@@ -677,8 +677,11 @@ class RcRequester:
             return res
         w = head.wqe
         if atomic_ack:
-            data = (p.orig & ((1 << 8 * w.length) - 1)).to_bytes(w.length, "little")
-            res.writes.append((w.addr, data))
+            # The original value as NVSHMEM reads it back (3.4's ibgda_device.cuh): a 4-byte
+            # one big-endian (it byte-swaps it), an 8-byte one in host order (mlx5's
+            # atomic_req_8B_endianness_mode, which NVSHMEM checks at set-up)
+            v = p.orig & ((1 << 8 * w.length) - 1)
+            res.writes.append((w.addr, v.to_bytes(w.length, "big" if w.length == 4 else "little")))
         elif head.length:
             res.writes.append((w.addr + head.offset, p.payload))
         for addr, data in res.writes:

@@ -108,6 +108,22 @@ def test_lossless():
     assert req.counters.implied_naks == 0 and req.counters.go_back_n == 0
 
 
+def test_fetched_values_land_as_nvshmem_reads_them():
+    """Fetch-adds on one word, 8 then 4 bytes: each original lands in its slot, an 8-byte
+    one in host order, a 4-byte one big-endian (NVSHMEM byte-swaps 4-byte results only)."""
+    local, remote, req, rsp, qp = make()
+    word = REMOTE + 0x8000
+    qp.post_atomic(WqeOp.ATOMIC_FA, word, KEY, 0x0102030405060708, local_addr=LOCAL)
+    qp.nvshmem_amo("fetch_add", 4, word, KEY, 1, local_addr=LOCAL + 8)
+    qp.nvshmem_amo("fetch_add", 4, word, KEY, 1, local_addr=LOCAL + 16)
+    res = simulate(req, rsp, [(1, w.wqe) for w in qp.posted], memory=remote)
+    assert not res.hung
+    assert local.read(LOCAL, 8) == (0).to_bytes(8, "little")
+    assert local.read(LOCAL + 8, 4) == (0x05060708).to_bytes(4, "big")
+    assert local.read(LOCAL + 16, 4) == (0x05060709).to_bytes(4, "big")
+    assert int.from_bytes(remote.read(word, 8), "little") == 0x010203040506070A
+
+
 def _pattern(rnd, kind, rate, frames=4000):
     out = []
     for i in range(frames):
