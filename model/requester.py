@@ -655,15 +655,13 @@ class RcRequester:
         its last response, an atomic with its ACK); one further ahead means the ones
         between were lost (implied NAK); one that does not fit what is outstanding at
         its PSN fails the QP (BAD_RESP_ERR)."""
-        gap = next((m for m in q.outstanding if m.wqe.kind in ("read", "atomic")), None)
-        if gap is None or ((p.psn - gap.psn) & PSN_MASK) >= PSN_HALF:
+        # WRITEs before the first READ or atomic waiting are acknowledged by it (a
+        # responder answers in PSN order); that one is then the head
+        if not self._stops_at_response(q, p.psn, now, res):
             fits = False                    # a response to a PSN that asked for none
+        elif p.psn != q.una:
+            return self._implied_nak(q, now, res)
         else:
-            # WRITEs before it are acknowledged by it (a responder answers in PSN order)
-            if gap is not q.outstanding[0]:
-                self._ack_through(q, (gap.psn - 1) & PSN_MASK, now, res.cqes)
-            if p.psn != gap.psn:
-                return self._implied_nak(q, now, res)
             fits = None
         head = q.outstanding[0] if q.outstanding else None
         atomic_ack = p.opcode == Op.ATOMIC_ACK

@@ -506,25 +506,21 @@ class Qp:
     # NVSHMEM's atomics as its IBGDA device code posts them on an RC QP (NVSHMEM 3.4's
     # ibgda_write_atomic_wqe; table in ../shared/VERBS.md section 1): op -> (masked form,
     # operands from the value v and compare c; n = the size's all-ones)
-    NVSHMEM_AMO = {
+    _AMO_FORMS = {
         "inc": ("FA", lambda v, c, n: {"add": 1, "field_boundary": 0}),
-        "fetch_inc": ("FA", lambda v, c, n: {"add": 1, "field_boundary": 0}),
         "add": ("FA", lambda v, c, n: {"add": v, "field_boundary": 0}),
-        "signal_add": ("FA", lambda v, c, n: {"add": v, "field_boundary": 0}),
-        "fetch_add": ("FA", lambda v, c, n: {"add": v, "field_boundary": 0}),
         "xor": ("FA", lambda v, c, n: {"add": v, "field_boundary": n}),
-        "fetch_xor": ("FA", lambda v, c, n: {"add": v, "field_boundary": n}),
         "fetch": ("FA", lambda v, c, n: {"add": 0, "field_boundary": 0}),
         "set": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": n, "compare_mask": 0}),
-        "swap": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": n, "compare_mask": 0}),
-        "signal": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": n, "compare_mask": 0}),
-        "signal_set": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": n, "compare_mask": 0}),
         "and": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": ~v & n, "compare_mask": 0}),
-        "fetch_and": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": ~v & n, "compare_mask": 0}),
         "or": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": v, "compare_mask": 0}),
-        "fetch_or": ("CS", lambda v, c, n: {"swap": v, "compare": 0, "swap_mask": v, "compare_mask": 0}),
         "compare_swap": ("CS", lambda v, c, n: {"swap": v, "compare": c, "swap_mask": n, "compare_mask": n}),
     }
+    # the ops NVSHMEM posts alike (the fetching and signal forms of the ones above)
+    NVSHMEM_AMO = dict(_AMO_FORMS, fetch_inc=_AMO_FORMS["inc"], signal_add=_AMO_FORMS["add"],
+                       fetch_add=_AMO_FORMS["add"], fetch_xor=_AMO_FORMS["xor"], swap=_AMO_FORMS["set"],
+                       signal=_AMO_FORMS["set"], signal_set=_AMO_FORMS["set"], fetch_and=_AMO_FORMS["and"],
+                       fetch_or=_AMO_FORMS["or"])
 
     def nvshmem_amo(self, op, nbytes, raddr, rkey, value=0, compare=0, *, local_addr, lkey=0x100):
         """One NVSHMEM atomic (``op`` a key of ``NVSHMEM_AMO``: inc, add, fetch_add,
