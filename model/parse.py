@@ -93,7 +93,8 @@ def parse_frame(frame, opcodes=None, port=None):
     Parameters:
         frame: the frame bytes.
         opcodes: BTH opcodes the caller accepts (default: every opcode this model knows:
-            RDMA WRITE FIRST/MIDDLE/LAST/ONLY with and without immediate, and ACK).
+            RDMA WRITE FIRST/MIDDLE/LAST/ONLY with and without immediate, ACK and ATOMIC
+            ACKNOWLEDGE: what the engine's receive port takes).
         port: the receiving ``model.frames.Port``: a frame whose destination MAC or IPv4
             address is not the port's is dropped (bad_address); None: not checked.
 
@@ -144,7 +145,7 @@ def parse_frame(frame, opcodes=None, port=None):
         return _parse_remote_op(f, n, b, op)
     if op not in _EXT or op not in allowed:
         return None, "bad_opcode"
-    has_reth, has_imm, has_aeth = _EXT[op]
+    has_reth, has_imm, has_aeth = _EXT[op][:3]     # (the AtomicAckETH opcode is a _REMOTE_EXT one)
     padcnt = (b["flags"] >> 4) & 3
     pos = OFF_EXT
     ext = RETH_LEN * has_reth + IMMDT_LEN * has_imm + AETH_LEN * has_aeth

@@ -100,6 +100,9 @@ class IbgdaNic(wiring.Component):
         m.submodules.port_rx = prx = PortRx()
         m.submodules.port_tx = ptx = PortTx(num_qps=nq, num_cqs=nc)
         m.submodules.dma_write = wr_arb = AxiWriteArbiter(ids=(P.AXI_ID_CQE_WRITE, P.AXI_ID_RX_WRITE))
+        # the CQE writer and the atomic results share the arbiter's first input (both one beat
+        # a write; a result's AW goes before the AW of the CQE it precedes)
+        m.submodules.cqe_write = cqe_arb = AxiWriteArbiter(ids=(P.AXI_ID_CQE_WRITE, P.AXI_ID_RESULT_WRITE))
 
         # External ports.
         connect_flat(m, self, "s_axil", host.csr_bus)
@@ -182,7 +185,9 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, req.frames, ptx.data)
         wiring.connect(m, rsp.frames, ptx.acks)
         wiring.connect(m, ptx.completions, req.completions)
-        wiring.connect(m, req.cqe_dma, wr_arb.a)
+        wiring.connect(m, req.cqe_dma, cqe_arb.a)
+        wiring.connect(m, req.result_dma, cqe_arb.b)
+        wiring.connect(m, cqe_arb.bus, wr_arb.a)
         wiring.connect(m, rsp.dma, wr_arb.b)
         # Receive: frame drops counted at the port, ACKs to the requester, requests and the
         # buffered beats to the responder.

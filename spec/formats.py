@@ -80,10 +80,11 @@ FIRST_OPS = (Op.WRITE_FIRST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM)                  
 LAST_OPS = (Op.WRITE_LAST, Op.WRITE_LAST_IMM, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM)      # end a message
 RETH_OPS = FIRST_OPS                                       # carry a RETH (the message's first packet)
 IMM_OPS = (Op.WRITE_LAST_IMM, Op.WRITE_ONLY_IMM)           # carry an ImmDt
-AETH_OPS = (Op.ACK,)                                       # carry an AETH
-KNOWN_OPS = WRITE_OPS + AETH_OPS                           # every opcode a receiver parses
-# opcode -> (RETH, ImmDt, AETH) present, for the opcodes of KNOWN_OPS
-EXT_HEADERS = {op: (op in RETH_OPS, op in IMM_OPS, op in AETH_OPS) for op in KNOWN_OPS}
+AETH_OPS = (Op.ACK, Op.ATOMIC_ACK)                         # carry an AETH: the responses
+ATOMIC_ACK_ETH_OPS = (Op.ATOMIC_ACK,)                      # carry an AtomicAckETH behind the AETH
+KNOWN_OPS = WRITE_OPS + AETH_OPS                           # every opcode the receive port parses
+# opcode -> (RETH, ImmDt, AETH, AtomicAckETH) present, for the opcodes of KNOWN_OPS
+EXT_HEADERS = {op: (op in RETH_OPS, op in IMM_OPS, op in AETH_OPS, op in ATOMIC_ACK_ETH_OPS) for op in KNOWN_OPS}
 
 # ---- receive verdicts --------------------------------------------------------------
 # What becomes of a received frame: ``(name, stage, meaning)`` in receive-counter order

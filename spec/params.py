@@ -21,6 +21,7 @@ AXI_ID_WQE_FETCH = 0               # ARID on m_axi_wqe
 AXI_ID_PAYLOAD_FETCH = 1           # ARID on m_axi
 AXI_ID_CQE_WRITE = 0               # AWID on m_axi
 AXI_ID_RX_WRITE = 2                # AWID of the received payload writes (m_axi and m_axi_rx)
+AXI_ID_RESULT_WRITE = 3            # AWID on m_axi: an atomic's original value written to local memory
 NUM_QPS = 1024                     # QP contexts in RAM (issue 3: 1024 and more)
 NUM_CQS = NUM_QPS                  # one collapsed CQ per QP, as NVSHMEM creates them (issue 16)
 DEFAULT_MTU = 4096
@@ -92,3 +93,6 @@ RX_BEAT_BUFFER = 80
 # stalls MAC TX): 4096 cover 8.7 us of ACK round trip at 471.7 M signaled WQEs/s (the
 # 8-byte WRITE rate); one QP may take all of it (min(SQ depth, pool) per QP)
 RC_COMPLETION_POOL = 4096
+# READs and atomics a QP has outstanding at most (the requester's ring of them per QP, and
+# the responder resources a peer is assumed to have: IBTA's max_rd_atomic, 16 as mlx5)
+MAX_RD_ATOMIC = 16

@@ -116,6 +116,8 @@ def build_dir(sim, waves=False, top=TOP_NAME):
 
 _KICK = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\S+)\s+= 0;$", re.M)
 # ``always @*`` whose only statement stores a constant: no input, so Icarus never runs it
+_KICK_NAME = re.compile(r"^\s*reg (\\\$auto\$verilog_backend\S+)\s+= 0;$", re.M)
+_ONE_ALWAYS = re.compile(r"^(\s*)always @\*\n\s*(\S[^\n]*;)$", re.M)
 _CONST_ALWAYS = re.compile(r"^(\s*)always @\*\n\s*(\S[^=\n]*?) = (\d+'[hbd][0-9a-fA-FxXzZ_]+);$", re.M)
 
 
@@ -298,7 +300,18 @@ def icarus_kick(text):
     text = _KICK.sub(lambda m: f"{m.group(1)}reg {m.group(2)}  = 0;\n"
                                f"{m.group(1)}initial #1 {m.group(2)}  = 1;", text)
     # and a block that only stores a constant becomes an initial store
-    return _CONST_ALWAYS.sub(lambda m: f"{m.group(1)}initial {m.group(2)} = {m.group(3)};", text)
+    text = _CONST_ALWAYS.sub(lambda m: f"{m.group(1)}initial {m.group(2)} = {m.group(3)};", text)
+    # A one-statement ``always @*`` (Yosys writes them without the guard for the pieces of
+    # an output it drives field by field) stays X until its input changes, which may be
+    # never: it gets its module's guard register as an input too.
+    out = []
+    for module in re.split(r"(?=^module )", text, flags=re.M):
+        kick = _KICK_NAME.search(module)
+        if kick:
+            module = _ONE_ALWAYS.sub(lambda m: f"{m.group(1)}always @* begin\n{m.group(1)}  if ({kick.group(1)} ) "
+                                               f"begin end\n{m.group(1)}  {m.group(2)}\n{m.group(1)}end", module)
+        out.append(module)
+    return "".join(out)
 
 
 def _source_hash():

@@ -22,9 +22,10 @@ AckRecord = data.StructLayout({
 # A received ACK/NAK as the receive dispatch hands it to the requester side: the
 # ``AckRecord`` fields (``qpn`` all 24 bits of BTH.DestQP) and where it came from, which
 # ``ResponseChecker`` holds against the QP's peer.
+# ``atomic``: an ATOMIC ACKNOWLEDGE, ``orig`` its original value.
 Response = data.StructLayout({
     "qpn": unsigned(24), "psn": unsigned(F.PSN_BITS), "syndrome": unsigned(8), "msn": unsigned(24),
-    "smac": unsigned(48), "sip": unsigned(32),
+    "smac": unsigned(48), "sip": unsigned(32), "atomic": unsigned(1), "orig": unsigned(64),
 })
 
 

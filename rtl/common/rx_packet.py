@@ -62,13 +62,15 @@ def RxPacket():
         BTH PSN.
     has_reth, has_imm, has_aeth : 1 bit each
         The opcode carries a RETH (WRITE FIRST/ONLY/ONLY_IMM), an ImmDt (WRITE
-        LAST_IMM/ONLY_IMM), an AETH (ACK).
+        LAST_IMM/ONLY_IMM), an AETH (ACK, ATOMIC ACKNOWLEDGE).
     reth : ``va`` (64 bits), ``rkey`` (32), ``dma_len`` (32)
         RETH, zero without one.
     imm : 32 bits
         ImmDt, zero without one.
     aeth : ``syndrome`` (8 bits), ``msn`` (24)
         AETH, zero without one.
+    orig : 64 bits
+        An ATOMIC ACKNOWLEDGE's original value (AtomicAckETH), zero otherwise.
     payload_offset : 8 bits
         Byte offset of the payload from the frame's first byte (54 + extension headers).
     payload_len : 16 bits
@@ -101,6 +103,7 @@ def RxPacket():
         "reth":           data.StructLayout({"va": unsigned(64), "rkey": unsigned(32), "dma_len": unsigned(32)}),
         "imm":            unsigned(32),
         "aeth":           data.StructLayout({"syndrome": unsigned(8), "msn": unsigned(24)}),
+        "orig":           unsigned(64),
         "payload_offset": unsigned(8),
         "payload_len":    unsigned(16),
         "frame_len":      unsigned(16),

@@ -20,7 +20,7 @@ class RxDispatch(wiring.Component):
 
     - a frame dropped at frame level (``drop`` not NONE) is counted here and goes no
       further;
-    - an ACK/NAK goes to ``acks`` for the requester side, the one or two of a pair
+    - an ACK/NAK or ATOMIC ACKNOWLEDGE (the opcodes with an AETH) goes to ``acks`` for the requester side, the one or two of a pair
       together (the ACK mailbox takes two per cycle);
     - a WRITE request goes to ``requests`` for the responder, the one or two of a pair
       together (the responder decides two per cycle: WRITEs of 0 and 1 payload bytes
@@ -91,7 +91,8 @@ class RxDispatch(wiring.Component):
         for i in range(2):
             ok = valid[i] & (d[i].drop == RxDrop.NONE)
             m.d.comb += [
-                is_ack[i].eq(ok & (d[i].opcode == Op.ACK)), is_req[i].eq(ok & (d[i].opcode != Op.ACK)),
+                is_ack[i].eq(ok & d[i].has_aeth), is_req[i].eq(ok & ~d[i].has_aeth),
+                acks[i].atomic.eq(d[i].opcode == Op.ATOMIC_ACK), acks[i].orig.eq(d[i].orig),
                 acks[i].qpn.eq(d[i].dqpn), acks[i].psn.eq(d[i].psn),
                 acks[i].syndrome.eq(d[i].aeth.syndrome), acks[i].msn.eq(d[i].aeth.msn),
                 acks[i].smac.eq(d[i].smac), acks[i].sip.eq(d[i].sip),

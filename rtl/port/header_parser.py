@@ -14,13 +14,14 @@ __all__ = ["RxHeaderParser", "RxHeader", "KNOWN_OPCODES"]
 BEAT = DATA_BYTES                           # 128 bytes
 assert BEAT == QUARTERS * QUARTER
 EXT_BYTES = F.RETH_LEN + F.IMMDT_LEN        # longest extension headers: WRITE ONLY_IMM
+assert F.AETH_LEN + F.ATOMIC_ACK_ETH_LEN <= EXT_BYTES      # an ATOMIC ACK's fit in the window
 HDR_BYTES = F.OFF_EXT + EXT_BYTES           # 74 header bytes looked at
 MIN_FRAME = F.OFF_BTH + F.BTH_LEN + F.ICRC_LEN   # 58: Ethernet+IPv4+UDP+BTH+ICRC
 LEN_CAP = 1 << 17                           # frame byte counts saturate here (no IPv4 length matches)
 LEN_BITS = 18                               # a frame length: up to LEN_CAP + BEAT
 INLINE_LANE_BITS = (BEAT - 1).bit_length()  # an inline payload stays within one 128-byte line
 
-# opcode -> (RETH, ImmDt, AETH) present: the opcodes model/parse.py knows (spec.formats.EXT_HEADERS).
+# opcode -> (RETH, ImmDt, AETH, AtomicAckETH) present: the opcodes model/parse.py knows (spec.formats.EXT_HEADERS).
 KNOWN_OPCODES = {op: tuple(int(e) for e in ext) for op, ext in F.EXT_HEADERS.items()}
 
 # The first 74 bytes of a frame in wire order (byte 0 in bits [7:0]).
@@ -101,20 +102,21 @@ class _FrameCheck(wiring.Component):
         m.d.comb += ip_len_bad.eq((n_eff < MIN_FRAME) | (total_len + F.OFF_IP != n_eff)
                                   | (udp_len + F.OFF_UDP != n_eff))
 
-        known, has_reth, has_imm, has_aeth = Signal(), Signal(), Signal(), Signal()
+        known, has_reth, has_imm, has_aeth, has_orig = Signal(), Signal(), Signal(), Signal(), Signal()
         with m.Switch(opcode):
             for op in sorted(self.opcodes):
-                reth, imm, aeth = KNOWN_OPCODES[op]
+                reth, imm, aeth, orig = KNOWN_OPCODES[op]
                 with m.Case(op):
-                    m.d.comb += [known.eq(1), has_reth.eq(reth), has_imm.eq(imm), has_aeth.eq(aeth)]
+                    m.d.comb += [known.eq(1), has_reth.eq(reth), has_imm.eq(imm), has_aeth.eq(aeth),
+                                 has_orig.eq(orig)]
         padcnt = Signal(2)
         m.d.comb += padcnt.eq(flags[4:6])
         ext_len = Signal(range(EXT_BYTES + 1))
         m.d.comb += ext_len.eq(Mux(has_reth, F.RETH_LEN, 0) + Mux(has_imm, F.IMMDT_LEN, 0)
-                               + Mux(has_aeth, F.AETH_LEN, 0))
+                               + Mux(has_aeth, F.AETH_LEN, 0) + Mux(has_orig, F.ATOMIC_ACK_ETH_LEN, 0))
         need = Signal(range(MIN_FRAME + EXT_BYTES + 4))   # headers + ICRC + pad bytes
         m.d.comb += need.eq(MIN_FRAME + ext_len + padcnt)
-        ext_bad = Signal()                   # an ACK carries nothing after the AETH
+        ext_bad = Signal()                   # an ACK carries nothing after the AETH (and AtomicAckETH)
         m.d.comb += ext_bad.eq((n_eff < need) | (has_aeth & (n_eff != need)))
 
         with m.If(short):
@@ -158,6 +160,7 @@ class _FrameCheck(wiring.Component):
             desc.imm.eq(Mux(has_imm, from_be(imm_bytes), 0)),
             desc.aeth.syndrome.eq(Mux(has_aeth, ext[0:8], 0)),
             desc.aeth.msn.eq(Mux(has_aeth, from_be(ext[8:32]), 0)),
+            desc.orig.eq(Mux(has_orig, from_be(ext[8 * F.AETH_LEN:8 * (F.AETH_LEN + F.ATOMIC_ACK_ETH_LEN)]), 0)),
             desc.payload_offset.eq(F.OFF_EXT + ext_len),
             desc.payload_len.eq(Mux(desc.drop == RxDrop.NONE, payload_len[:16], 0)),
             desc.frame_len.eq(Mux(n > 0xFFFF, 0xFFFF, n[:16])),
@@ -246,7 +249,7 @@ class RxHeaderParser(wiring.Component):
             raise ValueError(f"opcodes must be an iterable of BTH opcodes or None, not {opcodes!r}") from None
         bad = [op for op in opcodes if not isinstance(op, int) or op not in KNOWN_OPCODES]
         if bad:
-            raise ValueError(f"opcodes must be among {sorted(KNOWN_OPCODES)} (RC WRITE and ACK), "
+            raise ValueError(f"opcodes must be among {sorted(KNOWN_OPCODES)} (RC WRITE, ACK, ATOMIC ACK), "
                              f"not {bad!r}")
         if not opcodes:
             raise ValueError("opcodes must name at least one opcode")

@@ -7,11 +7,13 @@ from rtl.common.contexts import QpConfig, qp_bits
 __all__ = ["MessageKind", "Message"]
 
 
-class MessageKind(enum.Enum, shape=2):
+class MessageKind(enum.Enum, shape=3):
     WRITE = 0      # RDMA WRITE: packets, then a CQE if signaled
     NOP = 1        # no packets, a CQE if signaled
     ERROR = 2      # malformed or unsupported WQE: no packets, an error CQE, QP to error
     DUMP = 3       # NVSHMEM's consistency point: a local read of its data segment, no packets, a CQE if signaled
+    ATOMIC = 4     # an atomic request (its operands in the WQE's first beat, on ``inline``); the original
+                   # value is written to ``addr`` when its ATOMIC ACK arrives, before the CQE
 
 
 def Message(num_qps, num_cqs):
@@ -31,6 +33,8 @@ def Message(num_qps, num_cqs):
         "next_index": unsigned(16),   # WQE index after this WQE (the requester's restart point)
         "syndrome": unsigned(8),      # ERROR: the CQE syndrome (spec.formats.Syndrome)
         "opcode":   unsigned(8),      # the WQE's ctrl opcode (its CQE's sop_drop_qpn [31:24])
+        "wire_op":  unsigned(8),      # ATOMIC: the BTH opcode (spec.formats.Op)
+        "size8":    unsigned(1),      # ATOMIC: 8-byte operands (else 4)
     })
 
 

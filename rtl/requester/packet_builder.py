@@ -26,6 +26,11 @@ class PacketBuilder(wiring.Component):
     leaves as full 128-byte beats and a partial last beat; 4 zero bytes are
     reserved at the end for the ICRC, which the next block fills in.
 
+    An ATOMIC message is one header-only packet: BTH opcode ``wire_op`` with the IBTA
+    AtomicETH (FETCH_ADD / COMPARE_SWAP) or this engine's MaskedAtomicETH (the masked and
+    4-byte forms, docs/interfaces.md), its operands taken from the WQE's first beat on
+    ``inline`` (a cycle of its own), AckReq set.
+
     NOP and ERROR messages produce a marker beat (``frame = 0``) that carries their
     completion through the same ordered path, so CQEs never overtake packets.
 
@@ -69,7 +74,13 @@ class PacketBuilder(wiring.Component):
         is_last_pkt = Signal()       # registered at each packet's start
         rest = Signal(32)            # message bytes after the current packet
         opcode = Signal(8)
-        with m.If(pkt_first & is_last_pkt):
+        atomic = Signal()
+        m.d.comb += atomic.eq(msg.kind == MessageKind.ATOMIC)
+        masked = Signal()
+        m.d.comb += masked.eq((msg.wire_op == F.Op.MASKED_FETCH_ADD) | (msg.wire_op == F.Op.MASKED_COMPARE_SWAP))
+        with m.If(atomic):
+            m.d.comb += opcode.eq(msg.wire_op)
+        with m.Elif(pkt_first & is_last_pkt):
             m.d.comb += opcode.eq(F.Op.WRITE_ONLY)
         with m.Elif(pkt_first):
             m.d.comb += opcode.eq(F.Op.WRITE_FIRST)
@@ -78,7 +89,8 @@ class PacketBuilder(wiring.Component):
         with m.Else():
             m.d.comb += opcode.eq(F.Op.WRITE_MIDDLE)
         hlen = Signal(8)
-        m.d.comb += hlen.eq(Mux(pkt_first, F.HDR_LEN_RETH, F.HDR_LEN_NO_RETH))
+        m.d.comb += hlen.eq(Mux(atomic, F.OFF_EXT + Mux(masked, F.MASKED_ATOMIC_ETH_LEN, F.ATOMIC_ETH_LEN),
+                                Mux(pkt_first, F.HDR_LEN_RETH, F.HDR_LEN_NO_RETH)))
         flen = Signal(16)
         m.d.comb += flen.eq(hlen + pkt_len + F.ICRC_LEN)
 
@@ -90,8 +102,24 @@ class PacketBuilder(wiring.Component):
             hdr.reth.va.eq(be(msg.raddr, 8)), hdr.reth.rkey.eq(be(msg.rkey, 4)),
             hdr.reth.dma_len.eq(be(msg.length, 4)),
         ]
+        # The atomic's extension header from the WQE's operand bytes (32.. of the WQE, all
+        # big-endian there and on the wire): IBTA swap_add, compare (0 for FETCH_ADD); masked
+        # log_size, 3 reserved bytes, four 8-byte operands (a 4-byte one in the low half,
+        # the ones a form does not have 0)
+        aops = Signal(8 * 32)                    # WQE bytes 32..63
+        ext = Signal(8 * F.MASKED_ATOMIC_ETH_LEN)
+        ibta_ext = Cat(be(msg.raddr, 8), be(msg.rkey, 4), aops[:64],
+                       Mux(msg.wire_op == F.Op.COMPARE_SWAP, aops[64:128], 0))
+        n_ops = Mux(msg.wire_op == F.Op.MASKED_COMPARE_SWAP, 4, 2)
+        ops = []
+        for i in range(4):
+            op = Mux(msg.size8, aops[64 * i:64 * (i + 1)] if i < 4 else 0, Cat(Const(0, 32), aops[32 * i:32 * (i + 1)]))
+            ops.append(Mux(i < n_ops, op, 0))
+        masked_ext = Cat(be(msg.raddr, 8), be(msg.rkey, 4), be(Mux(msg.size8, 3, 2), 1), Const(0, 24), *ops)
+        m.d.comb += ext.eq(Mux(masked, masked_ext, ibta_ext))
         hdr_bytes = Signal(8 * BEAT)
-        m.d.comb += hdr_bytes.eq(Mux(pkt_first, hdr.as_value(), hdr.as_value()[:8 * F.HDR_LEN_NO_RETH]))
+        m.d.comb += hdr_bytes.eq(Mux(atomic, Cat(hdr.as_value()[:8 * F.OFF_EXT], ext),
+                                     Mux(pkt_first, hdr.as_value(), hdr.as_value()[:8 * F.HDR_LEN_NO_RETH])))
 
         # ---- aligner: next chunk of the current packet ---------------------------------
         raw_valid = Signal()
@@ -155,8 +183,9 @@ class PacketBuilder(wiring.Component):
         cur_cpl = Signal(Completion(self.num_qps, self.num_cqs))
         m.d.comb += [
             cur_cpl.qpn.eq(msg.qpn), cur_cpl.cqn.eq(msg.cfg.cqn), cur_cpl.index.eq(msg.index),
-            cur_cpl.byte_cnt.eq(Mux(msg.kind == MessageKind.WRITE, msg.length, 0)), cur_cpl.error.eq(msg.kind == MessageKind.ERROR),
-            cur_cpl.psn.eq(Mux(msg.kind == MessageKind.WRITE, psn, psn - 1)), cur_cpl.uc.eq(msg.cfg.uc),
+            cur_cpl.byte_cnt.eq(Mux((msg.kind == MessageKind.WRITE) | atomic, msg.length, 0)),
+            cur_cpl.error.eq(msg.kind == MessageKind.ERROR),
+            cur_cpl.psn.eq(Mux((msg.kind == MessageKind.WRITE) | atomic, psn, psn - 1)), cur_cpl.uc.eq(msg.cfg.uc),
             cur_cpl.next_index.eq(msg.next_index), cur_cpl.syndrome.eq(msg.syndrome), cur_cpl.opcode.eq(msg.opcode),
             out.p.cpl.eq(cur_cpl), out.p.flen.eq(flen),
         ]
@@ -191,6 +220,10 @@ class PacketBuilder(wiring.Component):
                 ]
                 with m.If(p.kind == MessageKind.WRITE):
                     m.next = "PACKET"
+                with m.Elif(p.kind == MessageKind.ATOMIC):
+                    # one packet without payload (length is the operand size, for the CQE)
+                    m.d.sync += [msg_left.eq(0), pkt_len.eq(0), pkt_left.eq(0), rest.eq(0), is_last_pkt.eq(1)]
+                    m.next = "ATOMIC"
                 with m.Elif((p.kind == MessageKind.DUMP) & (p.length != 0)):
                     m.next = "DUMP"
                 with m.Elif(p.signaled | (p.kind == MessageKind.ERROR)):
@@ -221,6 +254,14 @@ class PacketBuilder(wiring.Component):
                     m.d.comb += [out.valid.eq(1), out.p.frame.eq(0), out.p.last.eq(1), out.p.cpl_valid.eq(1)]
                     with m.If(out.ready):
                         take_message()
+            with m.State("ATOMIC"):
+                # the operands: the WQE's first beat, from the inline queue
+                with m.If(held):
+                    emit_held()
+                m.d.comb += self.inline.ready.eq(1)
+                with m.If(self.inline.valid):
+                    m.d.sync += aops.eq(self.inline.p[8 * 32:8 * 64])
+                    m.next = "PACKET"
             with m.State("DUMP"):
                 # NVSHMEM's consistency point: its local read's beats arrive (in order with
                 # every payload read before it) and are dropped; then its CQE, if signaled

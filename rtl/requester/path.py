@@ -3,7 +3,8 @@
     doorbells -> QpTable (round-robin) -> WqeFetch -> WqeParser -> PayloadFetch
       -> PacketBuilder -> frames (to the port)
     completions of sent messages (from the port) -> CompletionTracker -> CqeWriter
-    received ACK/NAKs (from the port) -> ResponseChecker -> AckMailbox -> CompletionTracker -> go-back-N
+    received ACK/NAKs (from the port) -> ResponseChecker -> ResultWriter (an atomic's value to GPU
+      memory) -> AckMailbox -> CompletionTracker -> go-back-N
 """
 from amaranth.hdl import *
 from amaranth.lib import wiring
@@ -20,6 +21,7 @@ from rtl.requester.message import Message
 from rtl.requester.packet_builder import PacketBuilder
 from rtl.requester.payload_fetch import PayloadFetch
 from rtl.requester.response_checker import ResponseChecker
+from rtl.requester.result_writer import ResultWriter
 from rtl.requester.qp_table import QpTable, FetchJob
 from rtl.requester.wqe_fetch import WqeFetch
 from rtl.requester.wqe_parser import WqeParser
@@ -57,6 +59,8 @@ class RequesterPath(WiringLevel):
         Payload reads (``m_axi`` read channels).
     cqe_dma : Out(AxiWriteSignature)
         CQE writes (``m_axi`` write channels, shared with the responder).
+    result_dma : Out(AxiWriteSignature)
+        Atomic results (``m_axi`` write channels, before the CQEs they complete).
     frames : Out(stream.Signature(TxBeat))
         Data frames (and completion markers) for MAC TX.
     completions : In(stream.Signature(Completion))
@@ -87,6 +91,7 @@ class RequesterPath(WiringLevel):
             "cqe_writer": CqeWriter(num_qps=nq, num_cqs=nc),
             "cpl_tracker": CompletionTracker(num_qps=nq, num_cqs=nc, pool=P.RC_COMPLETION_POOL),
             "response_checker": ResponseChecker(num_qps=nq),
+            "result_writer": ResultWriter(num_qps=nq),
             "ack_mailbox": AckMailbox(num_qps=nq),
         }
         b = self._blocks
@@ -104,6 +109,7 @@ class RequesterPath(WiringLevel):
             (b["cpl_fifo"], {"completions": "i"}),
             (b["response_checker"], {"acks": "i", "checker_commit": "commit", "resp_dropped": "dropped"}),
             (b["ack_mailbox"], {"acks_merged": "merged"}),
+            (b["result_writer"], {"result_dma": "dma"}),
         ]
         super().__init__(self._blocks, self._ports, {"wqes_done": Out(1), "packets_sent": Out(1)})
 
@@ -126,8 +132,10 @@ class RequesterPath(WiringLevel):
         wiring.connect(m, pf.messages_out, b["msg_fifo"].i)
         wiring.connect(m, b["msg_fifo"].o, pb.messages)
         wiring.connect(m, pf.payload, pb.payload)
-        rc = b["response_checker"]
-        wiring.connect(m, rc.o, b["ack_mailbox"].i)
+        rc, rw = b["response_checker"], b["result_writer"]
+        wiring.connect(m, rc.o, rw.i)
+        wiring.connect(m, rw.o, b["ack_mailbox"].i)
+        m.d.comb += [rc.hold.eq(rw.hold), rc.remote.eq(wp.remote), rw.remote.eq(wp.remote), wp.pops.eq(rw.pops)]
         m.d.comb += [rc.packets.eq(pb.sent), rc.failed.eq(trk.failed)]
         wiring.connect(m, b["ack_mailbox"].o, trk.acks)
         wiring.connect(m, trk.retransmit, wp.retransmit)

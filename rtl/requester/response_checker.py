@@ -4,12 +4,26 @@ from amaranth.lib import wiring, data, stream
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from spec import params as P
 from spec.formats import Aeth, PSN_BITS, QpState, RESPONSE_DROP_NAMES
 from rtl.common.contexts import qp_bits
 from rtl.common.records import AckRecord, PacketNote, Response
 from rtl.common.stream import Pair, pack_pair
+from rtl.requester.wqe_parser import RemoteOpNote
 
-__all__ = ["ResponseChecker", "ResponseDrop"]
+__all__ = ["ResponseChecker", "ResponseDrop", "CheckedResponse", "NAK_BAD_RESPONSE"]
+
+# A response that fits nothing outstanding fails the QP with BAD_RESP_ERR: the checker
+# hands it on as a NAK of this reserved code (the tracker maps an unknown code to BAD_RESP_ERR).
+NAK_BAD_RESPONSE = (Aeth.KIND_NAK << 5) | 0x1F
+
+
+def CheckedResponse(num_qps):
+    """A response that belongs, as the checker hands it on: the ``AckRecord`` the requester
+    acts on (an implied NAK already turned into one) and, for ``data`` (an ATOMIC
+    ACKNOWLEDGE that completes the QP's oldest atomic), the original value and the
+    atomic's slot (the QP's count of retired ops before it, mod 32)."""
+    return data.StructLayout({"ack": AckRecord, "data": unsigned(1), "orig": unsigned(64), "slot": unsigned(5)})
 
 
 class ResponseDrop:
@@ -51,6 +65,17 @@ class ResponseChecker(wiring.Component):
     A QP that fails by its retry count (the tracker's ``failed`` strobe) takes no more
     responses either.
 
+    READs and atomics (IBTA 9.7.5.1.3: a responder answers in PSN order): the checker keeps
+    each QP's outstanding ones in a ring (their PSNs in a row of ``MAX_RD_ATOMIC`` per QP,
+    written by the parser's ``remote`` notes; the tail beside it, the head in the QP's
+    state), the oldest being the *gap*. A response that would acknowledge past the gap
+    without its answer says the answer was lost: an ACK (or a sequence NAK) beyond it is
+    handed on as a sequence NAK at the gap (an implied NAK: go back to it; a repeat of it
+    with no progress is a ``duplicate_nak``), a fatal NAK beyond it as that NAK at the gap.
+    An ATOMIC ACKNOWLEDGE at the gap is ``data``: it acknowledges its PSN and retires the
+    atomic; one beyond the gap is an implied NAK; one with no atomic at or before its PSN
+    fits nothing and fails the QP (``NAK_BAD_RESPONSE``). As ``model.requester``.
+
     Two responses a cycle, in the dispatch's pairs (two 62-byte ACKs end in one beat at
     line rate); a pair is taken in cycle t, decided in t+1 and handed on, registered, in
     t+2. ``i.ready`` is constant 1, so the receive path never waits here: ``o`` must be
@@ -67,8 +92,12 @@ class ResponseChecker(wiring.Component):
     -------
     i : In(stream.Signature(Pair(Response)))
         ACK/NAK frames that passed the frame-level checks, one or two per transfer.
-    o : Out(stream.Signature(Pair(AckRecord)))
-        The ones that belong, in order, to the ACK mailbox (``o.ready`` must be 1).
+    o : Out(stream.Signature(Pair(CheckedResponse)))
+        The ones that belong, in order, to the result writer (``o.ready`` must be 1).
+    hold : In(1)
+        Take no pair this cycle (the result writer's queue is nearly full).
+    remote : In(RemoteOpNote)
+        A READ or atomic registered by the parser (its PSN into the QP's ring).
     commit : In(stream.Signature(...))
         Every QP commit (create or modify): ``qpn``, the peer (``dmac``, ``dip``), ``uc``,
         ``state``; with ``create`` also ``start_psn`` (nothing sent or acknowledged yet).
@@ -87,7 +116,9 @@ class ResponseChecker(wiring.Component):
         qb = qp_bits(num_qps)
         super().__init__({
             "i": In(stream.Signature(Pair(Response))),
-            "o": Out(stream.Signature(Pair(AckRecord))),
+            "o": Out(stream.Signature(Pair(CheckedResponse(num_qps)))),
+            "hold": In(1),
+            "remote": In(RemoteOpNote(num_qps)),
             "commit": In(stream.Signature(data.StructLayout({
                 "qpn": unsigned(qb), "create": unsigned(1), "start_psn": unsigned(PSN_BITS),
                 "dmac": unsigned(48), "dip": unsigned(32), "uc": unsigned(1), "state": unsigned(3)}))),
@@ -102,7 +133,8 @@ class ResponseChecker(wiring.Component):
         cfg_layout = data.StructLayout({"dmac": unsigned(48), "dip": unsigned(32), "uc": unsigned(1),
                                         "state": unsigned(3)})
         dyn_layout = data.StructLayout({"acked": unsigned(PSN_BITS), "nak_valid": unsigned(1),
-                                        "nak_psn": unsigned(PSN_BITS), "failed": unsigned(1)})
+                                        "nak_psn": unsigned(PSN_BITS), "failed": unsigned(1),
+                                        "rhead": unsigned(5)})
         c = self.commit
         m.d.comb += c.ready.eq(1)
         take_c = Signal()
@@ -147,22 +179,44 @@ class ResponseChecker(wiring.Component):
             hw_wr.en.eq(note.valid & ~_behind(note.psn, hw_rd_note.data) & ~(create & (c.p.qpn == note.qpn))),
         ]
 
+        # Outstanding READs/atomics: a row of PSNs per QP (one slot written per note) and the
+        # tail (a create sets 0); the head is in ``dyn``.
+        nr = P.MAX_RD_ATOMIC
+        rn = self.remote
+        # (a RAM per slot, not one row with a write enable per slot: a part-word write of a
+        # memory row is one construct every simulator and synthesis tool takes alike)
+        ring_rd = [[], []]
+        for j in range(nr):
+            ram = Memory(shape=unsigned(PSN_BITS), depth=self.num_qps, init=[])
+            m.submodules[f"ring{j}"] = ram
+            wp = ram.write_port()
+            m.d.comb += [wp.en.eq(rn.valid & (rn.slot[:4] == j)), wp.addr.eq(rn.qpn), wp.data.eq(rn.psn)]
+            for k in range(2):
+                ring_rd[k].append(ram.read_port(transparent_for=(wp,)))
+        m.submodules.rtail = tail_ram = Memory(shape=unsigned(5), depth=self.num_qps, init=[])
+        tail_wr, tail_new = tail_ram.write_port(), tail_ram.write_port()
+        tail_rd = [tail_ram.read_port(transparent_for=(tail_wr, tail_new)) for _ in range(2)]
+        m.d.comb += [tail_wr.en.eq(rn.valid & ~(create & (c.p.qpn == rn.qpn))), tail_wr.addr.eq(rn.qpn),
+                     tail_wr.data.eq(rn.slot + 1),
+                     tail_new.en.eq(create), tail_new.addr.eq(c.p.qpn), tail_new.data.eq(0)]
+
         # Stage 1: the pair taken, its QPs' reads.
         o = self.o
         s1_valid = Signal(2)
         s1 = Signal(Pair(Response))
-        m.d.comb += self.i.ready.eq(1)
+        m.d.comb += self.i.ready.eq(~self.hold)
         take = Signal()
         m.d.comb += take.eq(self.i.valid & self.i.ready)
         m.d.sync += [s1_valid.eq(Mux(take, Cat(1, self.i.p.second), 0)), s1.eq(self.i.p)]
         for k in range(2):
             a = self.i.p.p[k].qpn[:qb]
-            m.d.comb += [cfg_rd[k].addr.eq(a), dyn_rd[k].addr.eq(a), fail_rd[k].addr.eq(a), hw_rd[k].addr.eq(a)]
+            m.d.comb += [cfg_rd[k].addr.eq(a), dyn_rd[k].addr.eq(a), fail_rd[k].addr.eq(a), hw_rd[k].addr.eq(a),
+                         tail_rd[k].addr.eq(a), *(r.addr.eq(a) for r in ring_rd[k])]
 
         # Stage 2: decide, lane 1 on lane 0's result when both are of one QP.
         same = Signal()
         m.d.comb += same.eq(s1_valid[1] & (s1.p[0].qpn == s1.p[1].qpn))
-        reasons, passes, new_dyn = [], [], []
+        reasons, passes, new_dyn, outs = [], [], [], []
         dyn_in = [Signal(dyn_layout, name=f"dyn_in{k}") for k in range(2)]
         m.d.comb += dyn_in[0].eq(dyn_rd[0].data)
         for k in range(2):
@@ -171,20 +225,44 @@ class ResponseChecker(wiring.Component):
             d = dyn_in[k]
             hw = hw_rd[k].data
             kind = r.syndrome[5:7]
-            is_ack = kind == Aeth.KIND_ACK
-            is_nak = kind == Aeth.KIND_NAK
-            is_seq = r.syndrome == Aeth.NAK_PSN_SEQ
+            in_ack = kind == Aeth.KIND_ACK
+            in_nak = kind == Aeth.KIND_NAK
+            in_seq = r.syndrome == Aeth.NAK_PSN_SEQ
+            # The gap: the oldest outstanding READ/atomic (its PSN), if any.
+            gap_valid, gap = Signal(name=f"gap_valid{k}"), Signal(PSN_BITS, name=f"gap{k}")
+            m.d.comb += [gap_valid.eq(d.rhead != tail_rd[k].data),
+                         gap.eq(Array(r.data for r in ring_rd[k])[d.rhead[:4]])]
+            # What the response says once the gap is taken into account (r.psn and r.syndrome
+            # unless an answer is missing before it): psn2 / syn2.
+            psn2, syn2 = Signal(PSN_BITS, name=f"psn2_{k}"), Signal(8, name=f"syn2_{k}")
+            is_data = Signal(name=f"data{k}")
+            m.d.comb += [psn2.eq(r.psn), syn2.eq(r.syndrome)]
+            with m.If(r.atomic):
+                with m.If(~gap_valid | ~_behind(gap, r.psn)):
+                    m.d.comb += [psn2.eq(d.acked + 1), syn2.eq(NAK_BAD_RESPONSE)]
+                with m.Elif(r.psn != gap):
+                    m.d.comb += [psn2.eq(gap), syn2.eq(Aeth.NAK_PSN_SEQ)]
+                with m.Else():
+                    m.d.comb += is_data.eq(1)
+            with m.Elif(in_ack & gap_valid & _behind(gap, r.psn)):
+                m.d.comb += [psn2.eq(gap), syn2.eq(Aeth.NAK_PSN_SEQ)]
+            with m.Elif(in_nak & ((r.psn - 1)[:PSN_BITS] != d.acked) & gap_valid & _behind(gap, r.psn - 1)):
+                m.d.comb += psn2.eq(gap)
+            kind2 = syn2[5:7]
+            is_ack = kind2 == Aeth.KIND_ACK
+            is_nak = kind2 == Aeth.KIND_NAK
+            is_seq = syn2 == Aeth.NAK_PSN_SEQ
             no_progress = Signal(name=f"no_progress{k}")      # a NAK that acknowledges nothing new
-            m.d.comb += no_progress.eq((r.psn - 1)[:PSN_BITS] == d.acked)
+            m.d.comb += no_progress.eq((psn2 - 1)[:PSN_BITS] == d.acked)
             checks = [
                 r.qpn[qb:] != 0,
                 cfg.uc,
                 (cfg.state != QpState.RTS) | d.failed | fail_rd[k].data | (take_c & (c.p.qpn == r.qpn[:qb])),
                 (r.sip != cfg.dip) | (r.smac != cfg.dmac),
-                (kind == Aeth.KIND_RESERVED) | r.syndrome[7],      # bit 7 is reserved too
+                (kind == Aeth.KIND_RESERVED) | r.syndrome[7] | (r.atomic & ~in_ack),   # bit 7 is reserved too
                 ~_behind(r.psn, hw),
                 _behind(r.psn, d.acked),
-                is_seq & no_progress & d.nak_valid & (d.nak_psn == r.psn),
+                is_seq & no_progress & d.nak_valid & (d.nak_psn == psn2),
             ]
             reason = Signal(len(checks), name=f"reason{k}")     # one-hot: the first check failed
             ok = Signal(name=f"ok{k}")
@@ -196,14 +274,20 @@ class ResponseChecker(wiring.Component):
             nd = Signal(dyn_layout, name=f"new_dyn{k}")
             m.d.comb += nd.eq(d)
             with m.If(ok & is_ack):
-                m.d.comb += [nd.acked.eq(r.psn), nd.nak_valid.eq(0)]
+                m.d.comb += [nd.acked.eq(psn2), nd.nak_valid.eq(0)]
             with m.If(ok & is_nak):
                 with m.If(~no_progress):
-                    m.d.comb += [nd.acked.eq(r.psn - 1), nd.nak_valid.eq(0)]
+                    m.d.comb += [nd.acked.eq(psn2 - 1), nd.nak_valid.eq(0)]
                 with m.If(is_seq):
-                    m.d.comb += [nd.nak_valid.eq(1), nd.nak_psn.eq(r.psn)]
+                    m.d.comb += [nd.nak_valid.eq(1), nd.nak_psn.eq(psn2)]
                 with m.Else():
                     m.d.comb += nd.failed.eq(1)
+            with m.If(ok & is_data):
+                m.d.comb += nd.rhead.eq(d.rhead + 1)
+            rec = Signal(CheckedResponse(self.num_qps), name=f"rec{k}")
+            m.d.comb += [rec.ack.qpn.eq(r.qpn), rec.ack.psn.eq(psn2), rec.ack.syndrome.eq(syn2),
+                         rec.ack.msn.eq(r.msn), rec.data.eq(is_data), rec.orig.eq(r.orig), rec.slot.eq(d.rhead)]
+            outs.append(rec)
             reasons.append(reason)
             passes.append(ok)
             new_dyn.append(nd)
@@ -222,9 +306,5 @@ class ResponseChecker(wiring.Component):
             m.d.comb += self.dropped[j].eq((s1_valid[0] & reasons[0][j]) + (s1_valid[1] & reasons[1][j]))
 
         # The output register.
-        recs = [Signal(AckRecord, name=f"rec{k}") for k in range(2)]
-        for k in range(2):
-            m.d.comb += [recs[k].qpn.eq(s1.p[k].qpn), recs[k].psn.eq(s1.p[k].psn),
-                         recs[k].syndrome.eq(s1.p[k].syndrome), recs[k].msn.eq(s1.p[k].msn)]
-        m.d.sync += [o.valid.eq(present[0] | present[1]), *pack_pair(o.p, present, recs)]
+        m.d.sync += [o.valid.eq(present[0] | present[1]), *pack_pair(o.p, present, outs)]
         return m

@@ -5,12 +5,39 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
+from spec import params as P
 from rtl.common.contexts import qp_bits
 from rtl.common.headers import from_be
 from rtl.requester.qp_table import FetchJob, QpUpdate
 from rtl.requester.message import Message, MessageKind
 
-__all__ = ["WqeParser"]
+__all__ = ["WqeParser", "RemoteOpNote", "RemoteOpPop"]
+
+
+def RemoteOpNote(num_qps):
+    """A READ or atomic registered as the parser hands it on (first transmission only):
+    its QP, its slot (the QP's count of registered ops, mod 32; the ring index is the low
+    4 bits), its first and last PSN, and where its result lands in local memory."""
+    return data.StructLayout({"valid": unsigned(1), "qpn": unsigned(qp_bits(num_qps)), "slot": unsigned(5),
+                              "psn": unsigned(24), "last": unsigned(24), "addr": unsigned(64),
+                              "size8": unsigned(1)})
+
+
+def RemoteOpPop(num_qps):
+    """A QP's oldest registered READ or atomic is done with (its result written, or the QP
+    created again): ``head`` is the QP's count of retired ops (mod 32) from now on."""
+    return data.StructLayout({"valid": unsigned(1), "qpn": unsigned(qp_bits(num_qps)), "head": unsigned(5)})
+
+
+# The atomic WQE forms (VERBS.md section 1): (WQE opcode, opmod) -> (BTH opcode, ds, 8-byte operands)
+_ATOMIC_FORMS = (
+    (F.WqeOp.ATOMIC_FA, 0, F.Op.FETCH_ADD, 4, 1),
+    (F.WqeOp.ATOMIC_CS, 0, F.Op.COMPARE_SWAP, 4, 1),
+    (F.WqeOp.ATOMIC_MASKED_FA, F.OPMOD_EXT_ATOMIC_4B, F.Op.MASKED_FETCH_ADD, 4, 0),
+    (F.WqeOp.ATOMIC_MASKED_FA, F.OPMOD_EXT_ATOMIC_8B, F.Op.MASKED_FETCH_ADD, 4, 1),
+    (F.WqeOp.ATOMIC_MASKED_CS, F.OPMOD_EXT_ATOMIC_4B, F.Op.MASKED_COMPARE_SWAP, 4, 0),
+    (F.WqeOp.ATOMIC_MASKED_CS, F.OPMOD_EXT_ATOMIC_8B, F.Op.MASKED_COMPARE_SWAP, 5, 1),
+)
 
 
 class WqeParser(wiring.Component):
@@ -49,6 +76,15 @@ class WqeParser(wiring.Component):
     WR_FLUSH_ERR (verbs: a QP in error completes every work request with a flush error).
     The QP table keeps fetching for it, as for an RC failure, so nothing posted is lost.
 
+    READs and atomics (RC only; on a UC QP they are malformed): a new one (not a
+    go-back walk's resend) is registered on ``remote`` (its slot in the QP's ring of
+    ``MAX_RD_ATOMIC``) as it leaves; one that finds the ring full waits, and so does a
+    fenced WQE (ctrl fence mode not 0) while any is registered and not popped (``pops``:
+    the result writer retires them), so a fence holds a WQE until earlier READs and
+    atomics have completed. While a WQE waits, a retransmission or a QP commit cuts the
+    burst there (fetched again later), so the wait never holds the go-back-N that would
+    end it. An atomic's operands go to the builder as its WQE's first beat on ``inline``.
+
     Moved to ERR (UC): ``flush`` marks the QP (a bit per QP in its own RAM, so it is taken
     in any cycle); from its next burst on every WQE leaves as an ERROR message with
     WR_FLUSH_ERR. (An RC QP is flushed by the tracker's failure walk instead.)
@@ -74,6 +110,10 @@ class WqeParser(wiring.Component):
         ``skip_to`` with ``syndrome`` and flush the rest. Taken between bursts.
     flush : In(stream.Signature(...))
         ``qpn``: the QP moved to ERR (UC); always taken.
+    remote : Out(RemoteOpNote)
+        A READ or atomic registered (must be taken in its cycle).
+    pops : In(RemoteOpPop)
+        A QP's registered ops retired up to ``head``.
     """
     INLINE_OFFSET = F.WQE_INLINE_OFFSET     # 36: ctrl (16) + raddr (16) + inline byte count (4)
 
@@ -92,6 +132,8 @@ class WqeParser(wiring.Component):
                 "qpn": unsigned(qp_bits(num_qps)), "index": unsigned(16), "psn": unsigned(24),
                 "skip_to": unsigned(24), "fail": unsigned(1), "syndrome": unsigned(8)}))),
             "flush": In(stream.Signature(data.StructLayout({"qpn": unsigned(qp_bits(num_qps))}))),
+            "remote": Out(RemoteOpNote(num_qps)),
+            "pops": In(RemoteOpPop(num_qps)),
         })
 
     def elaborate(self, platform):
@@ -111,6 +153,21 @@ class WqeParser(wiring.Component):
         ctx = Signal(ctx_layout)
         m.d.comb += [ctx.eq(rd.data), ctx.fail.eq(rd.data.fail | fl_rd.data),
                      ctx.fsyn.eq(Mux(rd.data.fail, rd.data.fsyn, F.Syndrome.WR_FLUSH_ERR))]
+        # READs/atomics registered per QP (count, last PSN): apart from the context, which a
+        # retransmission writes without reading
+        ring_layout = data.StructLayout({"rtail": unsigned(5), "rlast": unsigned(24)})
+        m.submodules.rring = rr_ram = Memory(shape=ring_layout, depth=self.num_qps, init=[])
+        rr_wr = rr_ram.write_port()
+        rr_rd = rr_ram.read_port(transparent_for=(rr_wr,))
+        m.d.comb += [rr_rd.en.eq(rd.en), rr_rd.addr.eq(rd.addr)]
+        # READs/atomics retired per QP (the result writer's pops; a create sets 0), read beside the context
+        m.submodules.rhead = rh_ram = Memory(shape=unsigned(5), depth=self.num_qps, init=[])
+        rh_pop, rh_new = rh_ram.write_port(), rh_ram.write_port()
+        rh_rd = rh_ram.read_port(transparent_for=(rh_pop, rh_new))
+        m.d.comb += [rh_rd.en.eq(rd.en), rh_rd.addr.eq(rd.addr),
+                     rh_pop.en.eq(self.pops.valid & ~(self.commit.valid & self.commit.ready
+                                                      & (self.commit.p.qpn == self.pops.qpn))),
+                     rh_pop.addr.eq(self.pops.qpn), rh_pop.data.eq(self.pops.head)]
 
         job = Signal.like(self.bursts.p)
         # WQEBB source of the current burst: the fetch, or the doorbell (BlueFlame).
@@ -162,7 +219,8 @@ class WqeParser(wiring.Component):
 
         # Fields of the WQE.
         ctrl, raddr_seg, data_seg = view[0:128], view[128:256], view[256:384]
-        opcode = from_be(ctrl, *F.get_field(F.CTRL_SEG, "opmod_idx_opcode"))[:8]
+        opmod_idx_opcode = from_be(ctrl, *F.get_field(F.CTRL_SEG, "opmod_idx_opcode"))
+        opcode, opmod = opmod_idx_opcode[:8], opmod_idx_opcode[24:32]
         ds = from_be(ctrl, *F.get_field(F.CTRL_SEG, "qpn_ds"))[:6]
         fm_ce_se = from_be(ctrl, *F.get_field(F.CTRL_SEG, "fm_ce_se"))
         raddr = from_be(raddr_seg, *F.get_field(F.RADDR_SEG, "raddr"))
@@ -174,6 +232,15 @@ class WqeParser(wiring.Component):
         # DUMP: ctrl + one data segment (where the raddr segment of a WRITE is)
         dump_count = from_be(raddr_seg, *F.get_field(F.DATA_SEG, "byte_count"))
         dump_addr = from_be(raddr_seg, *F.get_field(F.DATA_SEG, "addr"))
+        # Atomics: ctrl + raddr + atomic segment(s) + a pointer data segment (the last of ds)
+        atomic_ok, wire_op, size8 = Signal(), Signal(8), Signal()
+        for wop, wmod, bth_op, want_ds, is8 in _ATOMIC_FORMS:
+            with m.If((opcode == wop) & (opmod == wmod) & (ds == want_ds)):
+                m.d.comb += [atomic_ok.eq(1), wire_op.eq(bth_op), size8.eq(is8)]
+        res_seg = Mux(ds == 5, view[512:640], view[384:512])
+        res_count = from_be(res_seg, *F.get_field(F.DATA_SEG, "byte_count"))
+        res_addr = from_be(res_seg, *F.get_field(F.DATA_SEG, "addr"))
+        fence = fm_ce_se[5:8] != 0
         length = Signal(32)
         kind = Signal(MessageKind)
         m.d.comb += length.eq(Mux(ds == 2, 0, Mux(is_inline, inline_len, byte_count)))
@@ -183,6 +250,8 @@ class WqeParser(wiring.Component):
             m.d.comb += kind.eq(MessageKind.NOP)
         with m.Elif((opcode == F.WqeOp.DUMP) & (ds == 2) & ~dump_count[31]):
             m.d.comb += kind.eq(MessageKind.DUMP)
+        with m.Elif(atomic_ok & ~res_count[31] & ~job.cfg.uc):
+            m.d.comb += kind.eq(MessageKind.ATOMIC)
         with m.Elif((opcode == F.WqeOp.RDMA_WRITE)
                     & ((ds == 2)
                        | ((ds >= 3) & is_inline & ((inline_len + 4 + 15) >> 4 == ds - 2))
@@ -218,7 +287,7 @@ class WqeParser(wiring.Component):
         # local error's flushes is then the last one sent, which an ACK covers); WQEs a
         # go-back walk passes on its way to skip_to count theirs.
         npk = Signal(24)
-        m.d.comb += npk.eq(Mux((kind == MessageKind.WRITE) & (~cur_fail | ahead), npkts, 0))
+        m.d.comb += npk.eq(Mux(~cur_fail | ahead, Mux(kind == MessageKind.WRITE, npkts, kind == MessageKind.ATOMIC), 0))
         skip_wqe = Signal()
         resume_wqe = Signal()
         m.d.comb += [skip_wqe.eq(ahead & (dist >= npk)), resume_wqe.eq(ahead & (dist < npk))]
@@ -244,6 +313,26 @@ class WqeParser(wiring.Component):
         more_beats = Signal()
         m.d.comb += more_beats.eq(skip_beats + 1 < nbeats)
         ibeat, iend = Signal.like(nbeats), Signal.like(nbeats)   # INLINE: next beat, beats in all
+        send_atomic = Signal()                       # the atomic's first beat (its operands) to the builder
+        m.d.comb += send_atomic.eq((kind == MessageKind.ATOMIC) & ~cur_fail)
+
+        # READs and atomics: registered (first transmissions), limited, and waited for by fences.
+        rtail, rlast, rhead, rhead_fresh = Signal(5), Signal(24), Signal(5), Signal()
+        cur_rtail, cur_rlast, cur_rhead = Signal(5), Signal(24), Signal(5)
+        m.d.comb += [cur_rtail.eq(Mux(fresh, rr_rd.data.rtail, rtail)), cur_rlast.eq(Mux(fresh, rr_rd.data.rlast, rlast)),
+                     cur_rhead.eq(Mux(rhead_fresh, rh_rd.data, rhead))]
+        in_flight = Signal(5)
+        m.d.comb += in_flight.eq(cur_rtail - cur_rhead)
+        new_op = Signal()                            # a first transmission of a READ or atomic
+        m.d.comb += new_op.eq(send_atomic & ~skip_wqe & ~(cur_psn - cur_rlast - 1)[23])
+        wait_op = Signal()                           # this WQE waits (ring full, or fenced behind ops)
+        m.d.comb += wait_op.eq(~cur_fail & ~skip_wqe
+                               & ((new_op & (in_flight >= P.MAX_RD_ATOMIC)) | (fence & (in_flight != 0))))
+        recreated = Signal()                         # the burst's QP was created again (registered)
+        with m.If(rhead_fresh):
+            m.d.sync += [rhead.eq(rh_rd.data), rhead_fresh.eq(0)]
+        with m.If(self.pops.valid & (self.pops.qpn == job.qpn)):
+            m.d.sync += rhead.eq(self.pops.head)
 
         m.d.comb += [
             self.messages.p.qpn.eq(job.qpn), self.messages.p.cfg.eq(job.cfg),
@@ -253,11 +342,16 @@ class WqeParser(wiring.Component):
             self.messages.p.index.eq(index), self.messages.p.raddr.eq(Mux(resume_wqe, raddr + advance, raddr)),
             self.messages.p.rkey.eq(rkey), self.messages.p.opcode.eq(opcode),
             self.messages.p.length.eq(Mux(kind == MessageKind.WRITE, Mux(resume_wqe, length - advance, length),
-                                          Mux(kind == MessageKind.DUMP, dump_count, 0))),
+                                          Mux(kind == MessageKind.DUMP, dump_count,
+                                              Mux(kind == MessageKind.ATOMIC, Mux(size8, 8, 4), 0)))),
+            self.messages.p.wire_op.eq(wire_op), self.messages.p.size8.eq(size8),
             self.messages.p.inline.eq(is_inline & (ds != 2) & (kind == MessageKind.WRITE)),
             # inline: the data's offset in the WQE (the builder starts there in the first beat)
             self.messages.p.addr.eq(Mux(kind == MessageKind.DUMP, dump_addr,
-                                        Mux(is_inline, data_off, Mux(resume_wqe, seg_addr + advance, seg_addr)))),
+                                        Mux(kind == MessageKind.ATOMIC, res_addr,
+                                            Mux(is_inline, data_off, Mux(resume_wqe, seg_addr + advance, seg_addr))))),
+            self.remote.qpn.eq(job.qpn), self.remote.slot.eq(cur_rtail), self.remote.psn.eq(cur_psn),
+            self.remote.last.eq(cur_psn), self.remote.addr.eq(res_addr), self.remote.size8.eq(size8),
             self.messages.p.psn.eq(Mux(resume_wqe, ctx.skip_to, cur_psn)),
             self.messages.p.resume.eq(resume_wqe), self.messages.p.next_index.eq(index + nbb),
             self.updates.p.qpn.eq(job.qpn), self.updates.p.ci.eq(index),
@@ -267,19 +361,27 @@ class WqeParser(wiring.Component):
         # Context writes: QP creation (any time but END), and the burst's end.
         commit_ok = Signal()
         m.d.comb += self.commit.ready.eq(commit_ok)
+        with m.If(self.commit.valid & commit_ok & (self.commit.p.qpn == job.qpn)):
+            m.d.sync += recreated.eq(1)
         with m.If(self.commit.valid & commit_ok):
             m.d.comb += [wr.en.eq(1), wr.addr.eq(self.commit.p.qpn), wr.data.index.eq(0),
                          wr.data.psn.eq(self.commit.p.psn), wr.data.resume.eq(0),
                          wr.data.fail.eq(0),
+                         rr_wr.en.eq(1), rr_wr.addr.eq(self.commit.p.qpn), rr_wr.data.rtail.eq(0),
+                         rr_wr.data.rlast.eq(self.commit.p.psn - 1),
+                         rh_new.en.eq(1), rh_new.addr.eq(self.commit.p.qpn), rh_new.data.eq(0),
                          fl_wr.en.eq(1), fl_wr.addr.eq(self.commit.p.qpn), fl_wr.data.eq(self.commit.p.error)]
         with m.If(self.flush.valid):            # (never in a create's cycle: one commit at a time)
             m.d.comb += [fl_wr.en.eq(1), fl_wr.addr.eq(self.flush.p.qpn), fl_wr.data.eq(1)]
 
         end_now = Signal()                           # RUN ends the burst this cycle (RAM write)
 
-        def store_ctx(index_, psn_, resume_=None, syn_=None, fail_=None):
-            # the burst's end: the QP's consumer index, next PSN, go-back-N and failure state
+        def store_ctx(index_, psn_, resume_=None, syn_=None, fail_=None, rtail_=None, rlast_=None):
+            # the burst's end: the QP's consumer index, next PSN, go-back-N, failure and READ/atomic state
             m.d.comb += [wr.en.eq(1), wr.addr.eq(job.qpn), wr.data.index.eq(index_),
+                         rr_wr.en.eq(1), rr_wr.addr.eq(job.qpn),
+                         rr_wr.data.rtail.eq(cur_rtail if rtail_ is None else rtail_),
+                         rr_wr.data.rlast.eq(cur_rlast if rlast_ is None else rlast_),
                          wr.data.psn.eq(psn_), wr.data.skip_to.eq(ctx.skip_to),
                          wr.data.resume.eq(resuming_now if resume_ is None else resume_),
                          wr.data.fail.eq(cur_fail if fail_ is None else fail_),
@@ -291,7 +393,8 @@ class WqeParser(wiring.Component):
                 m.d.comb += [self.bursts.ready.eq(1), rd.addr.eq(self.bursts.p.qpn), rd.en.eq(1)]
                 with m.If(self.bursts.valid):
                     m.d.sync += [job.eq(self.bursts.p), left.eq(self.bursts.p.count), index.eq(self.bursts.p.ci),
-                                 fresh.eq(1), cut.eq(0), stale.eq(0), got.eq(0)]
+                                 fresh.eq(1), cut.eq(0), stale.eq(0), got.eq(0), rhead_fresh.eq(1),
+                                 recreated.eq(0)]
                     m.next = "RUN"
 
         # Where the QP's consumer index stands in this burst: WQEBBs the previous burst
@@ -349,23 +452,30 @@ class WqeParser(wiring.Component):
                         m.d.sync += [wqe.eq(view), got.eq(got + 1), left.eq(left - 1)]
                         with m.If(got == 0):
                             m.d.sync += need.eq(nbb_first)
+                    with m.Elif(wait_op & (self.retransmit.valid | recreated)):
+                        # A waiting WQE must not hold the go-back-N (or create) that would
+                        # release it: cut the burst here, it is fetched again.
+                        m.d.sync += cut.eq(1)
+                        drop_then(left)
                     with m.Else():
                         # The WQE is whole: hand it on with its inline beat (or skip it:
                         # it was acknowledged before the retransmission's first PSN).
                         emit = ~skip_wqe
-                        inline_ok = ~send_inline | self.inline.ready
+                        beat_out = send_inline | send_atomic
+                        inline_ok = ~beat_out | self.inline.ready
                         m.d.comb += [
-                            self.messages.valid.eq(emit & inline_ok),
-                            self.inline.valid.eq(emit & send_inline & self.messages.ready),
-                            self.inline.p.eq(view.word_select(skip_beats, 1024)),
+                            self.messages.valid.eq(emit & inline_ok & ~wait_op),
+                            self.inline.valid.eq(emit & beat_out & self.messages.ready & ~wait_op),
+                            self.inline.p.eq(Mux(send_atomic, view[:1024], view.word_select(skip_beats, 1024))),
                         ]
                         # (taken when a message could leave, emitted or skipped: the take does
                         # not wait on the skip decision, one LUT level off the longest path)
-                        with m.If(self.messages.ready & inline_ok):
-                            m.d.comb += src.ready.eq(1)
+                        with m.If(self.messages.ready & inline_ok & ~wait_op):
+                            m.d.comb += [src.ready.eq(1), self.remote.valid.eq(new_op)]
                             m.d.sync += [index.eq(index + nbb), left.eq(left - 1), got.eq(0), fresh.eq(0),
                                          psn.eq(cur_psn + npk), wqe.eq(view), resuming.eq(skip_wqe),
-                                         failing.eq(next_fail), fsyn.eq(next_syn)]
+                                         failing.eq(next_fail), fsyn.eq(next_syn),
+                                         rtail.eq(cur_rtail + new_op), rlast.eq(Mux(new_op, cur_psn, cur_rlast))]
                             with m.If(emit & send_inline & more_beats):
                                 m.d.sync += [ibeat.eq(skip_beats + 1), iend.eq(nbeats)]
                                 m.next = "INLINE"
@@ -373,7 +483,8 @@ class WqeParser(wiring.Component):
                                 # The burst's last WQE: store the QP's state and take the
                                 # next burst in this same cycle (no END cycle).
                                 m.d.comb += end_now.eq(1)
-                                store_ctx(index + nbb, cur_psn + npk, skip_wqe, next_syn, next_fail)
+                                store_ctx(index + nbb, cur_psn + npk, skip_wqe, next_syn, next_fail,
+                                          cur_rtail + new_op, Mux(new_op, cur_psn, cur_rlast))
                                 m.next = "IDLE"
                                 start_burst()
             with m.State("INLINE"):
