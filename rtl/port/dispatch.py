@@ -91,7 +91,8 @@ class RxDispatch(wiring.Component):
         for i in range(2):
             ok = valid[i] & (d[i].drop == RxDrop.NONE)
             m.d.comb += [
-                is_ack[i].eq(ok & d[i].has_aeth), is_req[i].eq(ok & ~d[i].has_aeth),
+                is_ack[i].eq(ok & ((d[i].opcode == Op.ACK) | (d[i].opcode == Op.ATOMIC_ACK))),
+                is_req[i].eq(ok & (d[i].opcode != Op.ACK) & (d[i].opcode != Op.ATOMIC_ACK)),
                 acks[i].atomic.eq(d[i].opcode == Op.ATOMIC_ACK), acks[i].orig.eq(d[i].orig),
                 acks[i].qpn.eq(d[i].dqpn), acks[i].psn.eq(d[i].psn),
                 acks[i].syndrome.eq(d[i].aeth.syndrome), acks[i].msn.eq(d[i].aeth.msn),

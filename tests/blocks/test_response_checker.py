@@ -156,7 +156,8 @@ def _run(num_qps, events, cycles):
     pair_in = dut.i.p.shape()
     lane_off = [pair_in["p"].offset + k * Response.size for k in range(2)]
     pair_out = dut.o.p.shape()
-    out_off = [pair_out["p"].offset + k * AckRecord.size for k in range(2)]
+    lane_size = pair_out["p"].shape.size // 2       # CheckedResponse: the AckRecord first
+    out_off = [pair_out["p"].offset + k * lane_size for k in range(2)]
     commit_layout = dut.commit.p.shape()
     note_layout = dut.packets.shape()
     failed_layout = dut.failed.shape()
