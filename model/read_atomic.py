@@ -164,9 +164,7 @@ def parse_remote_wqe(wqe_bytes):
     the wire opcode, nbytes, raddr, rkey, operands, addr), or ``kind`` None and ``error``
     for another form of these opcodes. (``model.frames.parse_wqe`` does not take them: the
     engine does not execute them yet.)"""
-    from spec.formats import (CTRL_SEG, DATA_SEG, DS_UNIT, EXT_CS32_SEG, EXT_CS64_SEG, EXT_FA32_SEG, EXT_FA64_SEG,
-                              ATOMIC_SEG, INLINE_FLAG, OPMOD_EXT_ATOMIC_4B, OPMOD_EXT_ATOMIC_8B, RADDR_SEG, WqeOp,
-                              unpack)
+    from spec.formats import ATOMIC_FORMS, ATOMIC_SEG, CTRL_SEG, DATA_SEG, DS_UNIT, INLINE_FLAG, RADDR_SEG, WqeOp, unpack
     b = bytes(wqe_bytes)
     c = unpack(CTRL_SEG, b, 0)
     opcode, opmod, ds = c["opmod_idx_opcode"] & 0xFF, c["opmod_idx_opcode"] >> 24, c["qpn_ds"] & 0x3F
@@ -182,11 +180,7 @@ def parse_remote_wqe(wqe_bytes):
             return {**out, "error": "RDMA_READ into an inline segment"}
         return {**out, "kind": "read", "raddr": r["raddr"], "rkey": r["rkey"], "length": d["byte_count"],
                 "addr": d["addr"], "lkey": d["lkey"]}
-    forms = {(WqeOp.ATOMIC_FA, 0): (Op.FETCH_ADD, 8, ATOMIC_SEG, 4), (WqeOp.ATOMIC_CS, 0): (Op.COMPARE_SWAP, 8, ATOMIC_SEG, 4),
-             (WqeOp.ATOMIC_MASKED_FA, OPMOD_EXT_ATOMIC_4B): (Op.MASKED_FETCH_ADD, 4, EXT_FA32_SEG, 4),
-             (WqeOp.ATOMIC_MASKED_FA, OPMOD_EXT_ATOMIC_8B): (Op.MASKED_FETCH_ADD, 8, EXT_FA64_SEG, 4),
-             (WqeOp.ATOMIC_MASKED_CS, OPMOD_EXT_ATOMIC_4B): (Op.MASKED_COMPARE_SWAP, 4, EXT_CS32_SEG, 4),
-             (WqeOp.ATOMIC_MASKED_CS, OPMOD_EXT_ATOMIC_8B): (Op.MASKED_COMPARE_SWAP, 8, EXT_CS64_SEG, 5)}
+    forms = ATOMIC_FORMS
     if (opcode, opmod) not in forms:
         return {**out, "error": f"opcode {opcode:#04x} with opmod {opmod:#04x}"}
     wire, nbytes, table, want_ds = forms[opcode, opmod]

@@ -28,8 +28,8 @@ Decisions (the RTL must follow them; the tests hold the model to them):
       (IBA responder class A/C errors; Linux rxe, rxe_resp.c ``do_class_ac_error``, does so).
     - A multi-packet WRITE is checked once, on FIRST, for the whole RETH range; later
       packets write at ``RETH.va + offset`` and are held to that range.
-    - READ and atomics (``remote_ops=True``; the engine's receive path does not take them
-      yet, so the default drops them as bad_opcode, as the engine does). A READ REQUEST
+    - READ and atomics (``remote_ops=True``; ``atomics=True``: atomics only, as the engine's
+      receive path takes them today; the default drops both as bad_opcode). A READ REQUEST
       (outside a message) is checked for REMOTE_READ over its whole RETH range and
       answered by READ RESPONSE frames from GPU memory (``read_memory``), one PSN each
       from its own, the MSN counting it; the expected PSN moves past them. An atomic
@@ -162,19 +162,22 @@ class RcResponder:
     RETH.dma_len); see the module docstring for the ACK, NAK and duplicate rules.
     """
 
-    def __init__(self, port, ack_every=1, *, remote_ops=False, read_memory=None, responder_resources=16):
+    def __init__(self, port, ack_every=1, *, remote_ops=False, atomics=False, read_memory=None,
+                 responder_resources=16):
         if not isinstance(port, Port):
             raise ValueError("port must be a model.frames.Port")
         if not isinstance(ack_every, int) or ack_every < 1:
             raise ValueError(f"ack_every must be an int >= 1, got {ack_every!r}")
-        if remote_ops and not callable(read_memory):
-            raise ValueError("remote_ops needs read_memory(addr, n) -> bytes")
+        if (remote_ops or atomics) and not callable(read_memory):
+            raise ValueError("remote_ops and atomics need read_memory(addr, n) -> bytes")
         if not isinstance(responder_resources, int) or not 1 <= responder_resources <= 255:
             raise ValueError(f"responder_resources must be 1..255, got {responder_resources!r}")
         self.port = port
         self.ack_every = ack_every
         self.remote_ops, self.read_memory, self.responder_resources = remote_ops, read_memory, responder_resources
-        self._opcodes = WRITE_OPCODES | ({Op.READ_REQUEST} | ATOMIC_OPCODES if remote_ops else set())
+        self.atomics = bool(remote_ops or atomics)
+        self._opcodes = (WRITE_OPCODES | (ATOMIC_OPCODES if self.atomics else set())
+                         | ({Op.READ_REQUEST} if remote_ops else set()))
         self.qps = {}
         self.regions = {}
         self.counters = ResponderCounters()

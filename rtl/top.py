@@ -16,6 +16,7 @@ from spec import params as P
 from spec.formats import DOORBELL_DROP_NAMES, RESPONSE_DROP_NAMES, QpState
 from rtl.common.axi import (AxiLiteSignature, AxiWriteSignature, AxiReadSignature, AxiSignature, AxiStreamSignature,
                             flat_members, connect_flat)
+from rtl.common.axi_read_arbiter import AxiReadArbiter
 from rtl.common.axi_write_arbiter import AxiWriteArbiter
 from rtl.common.rx_packet import RX_DROP_NAMES
 from rtl.host.control_registers import COUNTERS
@@ -47,9 +48,9 @@ class IbgdaNic(wiring.Component):
     -------
     s_axil_*    AXI4-Lite slave: control registers.
     s_axi_db_*  AXI4 slave (write channels): UAR doorbells.
-    m_axi_*     AXI4 master: payload reads, CQE writes and received payload writes to GPU memory.
+    m_axi_*     AXI4 master: payload and atomic-word reads, CQE, result and received payload writes to GPU memory.
     m_axi_wqe_* AXI4 master (read channels): WQE reads from the send queues in GPU memory.
-    m_axi_rx_*  AXI4 master (write channels): received payload writes, beside ``m_axi``'s.
+    m_axi_rx_*  AXI4 master (write channels): received payload writes beside ``m_axi``'s, and atomic write-throughs.
     m_axis_tx_* AXI4-Stream master: frames to the MAC.
     s_axis_rx_* AXI4-Stream slave: frames from the MAC (32-byte frame starts, ``tuser`` 8 bits).
     """
@@ -103,13 +104,17 @@ class IbgdaNic(wiring.Component):
         # the CQE writer and the atomic results share the arbiter's first input (both one beat
         # a write; a result's AW goes before the AW of the CQE it precedes)
         m.submodules.cqe_write = cqe_arb = AxiWriteArbiter(ids=(P.AXI_ID_CQE_WRITE, P.AXI_ID_RESULT_WRITE))
+        # the atomic unit's reads share m_axi's read channels with the payload fetch, its
+        # write-throughs m_axi_rx with the received payload's second port
+        m.submodules.dma_read = rd_arb = AxiReadArbiter(ids=(P.AXI_ID_PAYLOAD_FETCH, P.AXI_ID_ATOMIC_READ))
+        m.submodules.rx_write = rx_arb = AxiWriteArbiter(ids=(P.AXI_ID_RX_WRITE, P.AXI_ID_ATOMIC_WRITE))
 
         # External ports.
         connect_flat(m, self, "s_axil", host.csr_bus)
         connect_flat(m, self, "s_axi_db", host.db_bus)
-        connect_flat(m, self, "m_axi", req.payload_dma)
+        connect_flat(m, self, "m_axi", rd_arb.bus)
         connect_flat(m, self, "m_axi", wr_arb.bus)
-        connect_flat(m, self, "m_axi_rx", rsp.dma_rx)
+        connect_flat(m, self, "m_axi_rx", rx_arb.bus)
         connect_flat(m, self, "m_axi_wqe", req.wqe_dma)
         connect_flat(m, self, "s_axis_rx", prx.rx)
         connect_flat(m, self, "m_axis_tx", ptx.tx)
@@ -189,6 +194,10 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, req.result_dma, cqe_arb.b)
         wiring.connect(m, cqe_arb.bus, wr_arb.a)
         wiring.connect(m, rsp.dma, wr_arb.b)
+        wiring.connect(m, req.payload_dma, rd_arb.a)
+        wiring.connect(m, rsp.atomic_rd, rd_arb.b)
+        wiring.connect(m, rsp.dma_rx, rx_arb.a)
+        wiring.connect(m, rsp.atomic_wr, rx_arb.b)
         # Receive: frame drops counted at the port, ACKs to the requester, requests and the
         # buffered beats to the responder.
         wiring.connect(m, prx.beats, rsp.beats)

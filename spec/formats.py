@@ -82,9 +82,14 @@ RETH_OPS = FIRST_OPS                                       # carry a RETH (the m
 IMM_OPS = (Op.WRITE_LAST_IMM, Op.WRITE_ONLY_IMM)           # carry an ImmDt
 AETH_OPS = (Op.ACK, Op.ATOMIC_ACK)                         # carry an AETH: the responses
 ATOMIC_ACK_ETH_OPS = (Op.ATOMIC_ACK,)                      # carry an AtomicAckETH behind the AETH
-KNOWN_OPS = WRITE_OPS + AETH_OPS                           # every opcode the receive port parses
-# opcode -> (RETH, ImmDt, AETH, AtomicAckETH) present, for the opcodes of KNOWN_OPS
-EXT_HEADERS = {op: (op in RETH_OPS, op in IMM_OPS, op in AETH_OPS, op in ATOMIC_ACK_ETH_OPS) for op in KNOWN_OPS}
+ATOMIC_ETH_OPS = (Op.COMPARE_SWAP, Op.FETCH_ADD)           # IBTA atomic requests: AtomicETH
+MASKED_ATOMIC_ETH_OPS = (Op.MASKED_COMPARE_SWAP, Op.MASKED_FETCH_ADD)   # this engine's: MaskedAtomicETH
+ATOMIC_OPS = ATOMIC_ETH_OPS + MASKED_ATOMIC_ETH_OPS        # every atomic request the responder executes
+KNOWN_OPS = WRITE_OPS + AETH_OPS + ATOMIC_OPS              # every opcode the receive port parses
+# opcode -> (RETH, ImmDt, AETH, AtomicAckETH, AtomicETH, MaskedAtomicETH) present, for the
+# opcodes of KNOWN_OPS
+EXT_HEADERS = {op: (op in RETH_OPS, op in IMM_OPS, op in AETH_OPS, op in ATOMIC_ACK_ETH_OPS, op in ATOMIC_ETH_OPS,
+                    op in MASKED_ATOMIC_ETH_OPS) for op in KNOWN_OPS}
 
 # ---- receive verdicts --------------------------------------------------------------
 # What becomes of a received frame: ``(name, stage, meaning)`` in receive-counter order
@@ -176,6 +181,16 @@ EXT_CS32_SEG = (("swap", 0, 4), ("compare", 4, 4), ("swap_mask", 8, 4), ("compar
 EXT_FA64_SEG = (("add", 0, 8), ("field_boundary", 8, 8))
 EXT_CS64_SEG = (("swap", 0, 8), ("compare", 8, 8), ("swap_mask", 16, 8), ("compare_mask", 24, 8))
 OPMOD_EXT_ATOMIC_4B, OPMOD_EXT_ATOMIC_8B = 0x08, 0x09
+# The atomic WQE forms: (WQE opcode, opmod) -> (BTH opcode, operand bytes, operand segment,
+# ds). The requester's WqeParser and the golden model both read this table.
+ATOMIC_FORMS = {
+    (WqeOp.ATOMIC_FA, 0): (Op.FETCH_ADD, 8, ATOMIC_SEG, 4),
+    (WqeOp.ATOMIC_CS, 0): (Op.COMPARE_SWAP, 8, ATOMIC_SEG, 4),
+    (WqeOp.ATOMIC_MASKED_FA, OPMOD_EXT_ATOMIC_4B): (Op.MASKED_FETCH_ADD, 4, EXT_FA32_SEG, 4),
+    (WqeOp.ATOMIC_MASKED_FA, OPMOD_EXT_ATOMIC_8B): (Op.MASKED_FETCH_ADD, 8, EXT_FA64_SEG, 4),
+    (WqeOp.ATOMIC_MASKED_CS, OPMOD_EXT_ATOMIC_4B): (Op.MASKED_COMPARE_SWAP, 4, EXT_CS32_SEG, 4),
+    (WqeOp.ATOMIC_MASKED_CS, OPMOD_EXT_ATOMIC_8B): (Op.MASKED_COMPARE_SWAP, 8, EXT_CS64_SEG, 5),
+}
 # ctrl fm_ce_se [7:5]: the fence modes (mlx5 MLX5_FENCE_MODE_*)
 FENCE_INITIATOR_SMALL, FENCE_FENCE, FENCE_STRONG_ORDERING, FENCE_SMALL_AND_FENCE = 0x20, 0x40, 0x60, 0x80
 

@@ -12,7 +12,7 @@ from amaranth.lib import data, enum
 from rtl.common.stream import Pair
 from spec import formats as F
 
-__all__ = ["INLINE_MAX", "RxDrop", "RxPacket", "RxPacketPair", "RX_DROP_NAMES"]
+__all__ = ["AtomicOperands", "INLINE_MAX", "RxDrop", "RxPacket", "RxPacketPair", "RX_DROP_NAMES"]
 
 INLINE_MAX = 4      # payload bytes a descriptor carries (``inline``): the header window's last 4
 
@@ -34,6 +34,10 @@ class RxDrop(enum.Enum, shape=4):
 RX_DROP_NAMES = {d: None if d == RxDrop.NONE else d.name.lower() for d in RxDrop}
 assert list(RX_DROP_NAMES.items())[0] == (RxDrop.NONE, None) and RxDrop.NONE.value == 0
 assert [(d.value, n) for d, n in list(RX_DROP_NAMES.items())[1:]] == list(enumerate(F.RX_FRAME_DROPS, 1))
+
+
+# An atomic request's operands (``RxPacket.atomic``).
+AtomicOperands = data.StructLayout({"log_size": unsigned(8), "ops": data.ArrayLayout(unsigned(64), 4)})
 
 
 def RxPacket():
@@ -71,6 +75,12 @@ def RxPacket():
         AETH, zero without one.
     orig : 64 bits
         An ATOMIC ACKNOWLEDGE's original value (AtomicAckETH), zero otherwise.
+    has_atomic : 1 bit
+        An atomic request (AtomicETH or MaskedAtomicETH): its VA and R_Key are in
+        ``reth.va`` and ``reth.rkey`` (``reth.dma_len`` 0), its operands in ``atomic``.
+    atomic : ``log_size`` (8 bits), ``ops`` (4 x 64)
+        The operand size (3: 8 bytes; 2: 4 bytes, masked forms only) and operands in the
+        MaskedAtomicETH's order (IBTA's: swap_add, compare); zero for other opcodes.
     payload_offset : 8 bits
         Byte offset of the payload from the frame's first byte (54 + extension headers).
     payload_len : 16 bits
@@ -83,7 +93,7 @@ def RxPacket():
     sip : 32 bits
         IPv4 source address.
     inline : 1 bit
-        A WRITE with a RETH and no ImmDt whose payload, 1..4 bytes, lies in the 74
+        A WRITE with a RETH and no ImmDt whose payload, 1..4 bytes, lies in the 102
         header bytes the parser sees and within one 128-byte line of its address: the
         payload travels here, not through the segment stream.
     inline_data : 32 bits
@@ -104,6 +114,8 @@ def RxPacket():
         "imm":            unsigned(32),
         "aeth":           data.StructLayout({"syndrome": unsigned(8), "msn": unsigned(24)}),
         "orig":           unsigned(64),
+        "has_atomic":     unsigned(1),
+        "atomic":         AtomicOperands,
         "payload_offset": unsigned(8),
         "payload_len":    unsigned(16),
         "frame_len":      unsigned(16),

@@ -4,7 +4,7 @@ from amaranth.hdl import *
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["StreamFifo", "Pair", "pack_pair"]
+__all__ = ["StreamFifo", "Pair", "pack_pair", "PairSplitter"]
 
 
 class StreamFifo(wiring.Component):
@@ -36,3 +36,20 @@ def pack_pair(pair, present, entries):
     ``present[0] | present[1]``."""
     return [pair.second.eq(present[0] & present[1]),
             pair.p[0].eq(Mux(present[0], entries[0], entries[1])), pair.p[1].eq(entries[1])]
+
+
+class PairSplitter(wiring.Component):
+    """A stream of pairs into a stream of their entries, one a cycle, in order (a pair of
+    two takes two cycles). Combinational: ``o.p`` is the head pair's next entry."""
+    def __init__(self, shape):
+        self._shape = shape
+        super().__init__({"i": In(stream.Signature(Pair(shape))), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        half = Signal()                  # p[0] has gone: p[1] is next
+        m.d.comb += [self.o.valid.eq(self.i.valid), self.o.p.eq(Mux(half, self.i.p.p[1], self.i.p.p[0])),
+                     self.i.ready.eq(self.o.ready & (half | ~self.i.p.second))]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += half.eq(~half & self.i.p.second)
+        return m

@@ -13,24 +13,24 @@ __all__ = ["RxHeaderParser", "RxHeader", "KNOWN_OPCODES"]
 
 BEAT = DATA_BYTES                           # 128 bytes
 assert BEAT == QUARTERS * QUARTER
-EXT_BYTES = F.RETH_LEN + F.IMMDT_LEN        # longest extension headers: WRITE ONLY_IMM
-assert F.AETH_LEN + F.ATOMIC_ACK_ETH_LEN <= EXT_BYTES      # an ATOMIC ACK's fit in the window
-HDR_BYTES = F.OFF_EXT + EXT_BYTES           # 74 header bytes looked at
+EXT_BYTES = F.MASKED_ATOMIC_ETH_LEN         # longest extension headers: a masked atomic request
+assert max(F.RETH_LEN + F.IMMDT_LEN, F.AETH_LEN + F.ATOMIC_ACK_ETH_LEN, F.ATOMIC_ETH_LEN) <= EXT_BYTES
+HDR_BYTES = F.OFF_EXT + EXT_BYTES           # 102 header bytes looked at
 MIN_FRAME = F.OFF_BTH + F.BTH_LEN + F.ICRC_LEN   # 58: Ethernet+IPv4+UDP+BTH+ICRC
 LEN_CAP = 1 << 17                           # frame byte counts saturate here (no IPv4 length matches)
 LEN_BITS = 18                               # a frame length: up to LEN_CAP + BEAT
 INLINE_LANE_BITS = (BEAT - 1).bit_length()  # an inline payload stays within one 128-byte line
 
-# opcode -> (RETH, ImmDt, AETH, AtomicAckETH) present: the opcodes model/parse.py knows (spec.formats.EXT_HEADERS).
+# opcode -> (RETH, ImmDt, AETH, AtomicAckETH, AtomicETH, MaskedAtomicETH) present: the opcodes model/parse.py knows (spec.formats.EXT_HEADERS).
 KNOWN_OPCODES = {op: tuple(int(e) for e in ext) for op, ext in F.EXT_HEADERS.items()}
 
-# The first 74 bytes of a frame in wire order (byte 0 in bits [7:0]).
+# The first 102 bytes of a frame in wire order (byte 0 in bits [7:0]).
 RxHeader = data.StructLayout({
     "eth": EthHeader, "ip": Ipv4Header, "udp": UdpHeader, "bth": BthHeader,
     "ext": data.ArrayLayout(unsigned(8), EXT_BYTES),
 })
 # A header spans at most two beats (a frame starting at the last quarter takes 42 bytes
-# of the next one), and its length count has room for a beat beyond LEN_CAP.
+# of the next one: 70 here), and its length count has room for a beat beyond LEN_CAP.
 assert RxHeader.size == 8 * HDR_BYTES and HDR_BYTES <= QUARTER + BEAT
 assert LEN_CAP + BEAT < 1 << LEN_BITS
 
@@ -41,7 +41,7 @@ class _FrameCheck(wiring.Component):
     Members
     -------
     hdr : In(RxHeader)
-        The frame's first 74 bytes (those past its end are don't-care).
+        The frame's first 102 bytes (those past its end are don't-care).
     length : In(18)
         The frame's bytes, exact up to ``LEN_CAP`` (may exceed it by less than a beat).
     icrc_ok : In(1)
@@ -103,21 +103,23 @@ class _FrameCheck(wiring.Component):
                                   | (udp_len + F.OFF_UDP != n_eff))
 
         known, has_reth, has_imm, has_aeth, has_orig = Signal(), Signal(), Signal(), Signal(), Signal()
+        has_atomic, has_masked = Signal(), Signal()
         with m.Switch(opcode):
             for op in sorted(self.opcodes):
-                reth, imm, aeth, orig = KNOWN_OPCODES[op]
+                reth, imm, aeth, orig, atomic, masked = KNOWN_OPCODES[op]
                 with m.Case(op):
                     m.d.comb += [known.eq(1), has_reth.eq(reth), has_imm.eq(imm), has_aeth.eq(aeth),
-                                 has_orig.eq(orig)]
+                                 has_orig.eq(orig), has_atomic.eq(atomic), has_masked.eq(masked)]
         padcnt = Signal(2)
         m.d.comb += padcnt.eq(flags[4:6])
         ext_len = Signal(range(EXT_BYTES + 1))
         m.d.comb += ext_len.eq(Mux(has_reth, F.RETH_LEN, 0) + Mux(has_imm, F.IMMDT_LEN, 0)
-                               + Mux(has_aeth, F.AETH_LEN, 0) + Mux(has_orig, F.ATOMIC_ACK_ETH_LEN, 0))
+                               + Mux(has_aeth, F.AETH_LEN, 0) + Mux(has_orig, F.ATOMIC_ACK_ETH_LEN, 0)
+                               + Mux(has_atomic, F.ATOMIC_ETH_LEN, 0) + Mux(has_masked, F.MASKED_ATOMIC_ETH_LEN, 0))
         need = Signal(range(MIN_FRAME + EXT_BYTES + 4))   # headers + ICRC + pad bytes
         m.d.comb += need.eq(MIN_FRAME + ext_len + padcnt)
-        ext_bad = Signal()                   # an ACK carries nothing after the AETH (and AtomicAckETH)
-        m.d.comb += ext_bad.eq((n_eff < need) | (has_aeth & (n_eff != need)))
+        ext_bad = Signal()      # an ACK or atomic carries nothing after its headers (no payload)
+        m.d.comb += ext_bad.eq((n_eff < need) | ((has_aeth | has_atomic | has_masked) & (n_eff != need)))
 
         with m.If(short):
             m.d.comb += desc.drop.eq(RxDrop.BAD_LENGTH)
@@ -154,18 +156,31 @@ class _FrameCheck(wiring.Component):
             desc.opcode.eq(opcode), desc.se.eq(flags[7]), desc.padcnt.eq(padcnt),
             desc.dqpn.eq(from_be(h.bth.dqpn)), desc.ackreq.eq(h.bth.ackreq[0][7]), desc.psn.eq(from_be(h.bth.psn)),
             desc.has_reth.eq(has_reth), desc.has_imm.eq(has_imm), desc.has_aeth.eq(has_aeth),
-            desc.reth.va.eq(Mux(has_reth, from_be(ext[0:64]), 0)),
-            desc.reth.rkey.eq(Mux(has_reth, from_be(ext[64:96]), 0)),
+            # an AtomicETH or MaskedAtomicETH starts with a VA and an R_Key too
+            desc.reth.va.eq(Mux(has_reth | has_atomic | has_masked, from_be(ext[0:64]), 0)),
+            desc.reth.rkey.eq(Mux(has_reth | has_atomic | has_masked, from_be(ext[64:96]), 0)),
             desc.reth.dma_len.eq(Mux(has_reth, from_be(ext[96:128]), 0)),
             desc.imm.eq(Mux(has_imm, from_be(imm_bytes), 0)),
             desc.aeth.syndrome.eq(Mux(has_aeth, ext[0:8], 0)),
             desc.aeth.msn.eq(Mux(has_aeth, from_be(ext[8:32]), 0)),
             desc.orig.eq(Mux(has_orig, from_be(ext[8 * F.AETH_LEN:8 * (F.AETH_LEN + F.ATOMIC_ACK_ETH_LEN)]), 0)),
+            desc.has_atomic.eq(has_atomic | has_masked),
             desc.payload_offset.eq(F.OFF_EXT + ext_len),
             desc.payload_len.eq(Mux(desc.drop == RxDrop.NONE, payload_len[:16], 0)),
             desc.frame_len.eq(Mux(n > 0xFFFF, 0xFFFF, n[:16])),
             desc.smac.eq(from_be(h.eth.smac)), desc.sip.eq(from_be(h.ip.sip)),
         ]
+        # The atomic's operands: IBTA's swap_add and compare (an 8-byte operand size), or
+        # the MaskedAtomicETH's size and four operands (model.parse.parse_frame's ``atomic``).
+        for k, (off, w) in enumerate(((12, 8), (20, 8))):
+            with m.If(has_atomic):
+                m.d.comb += desc.atomic.ops[k].eq(from_be(ext[8 * off:8 * (off + w)]))
+        with m.If(has_atomic):
+            m.d.comb += desc.atomic.log_size.eq(3)
+        with m.If(has_masked):
+            m.d.comb += desc.atomic.log_size.eq(ext[8 * 12:8 * 13])
+            for k in range(4):
+                m.d.comb += desc.atomic.ops[k].eq(from_be(ext[8 * (16 + 8 * k):8 * (24 + 8 * k)]))
         # A payload of 1..4 bytes behind a RETH (WRITE ONLY: 75..78-byte frames, up to
         # 1.01 a cycle) is in the header window already; it travels with the descriptor.
         va_lane = Signal(8)
@@ -186,9 +201,9 @@ class RxHeaderParser(wiring.Component):
     or 96, a quarter holds bytes of one frame at most, and a beat holds at most two frame
     starts and two frame ends, so the parser describes up to two frames per beat.
 
-    Header capture: the first 74 bytes of a frame starting at quarter ``s`` are lanes
-    ``32 s ..`` of the beat it starts in; for ``s`` = 2 or 3 the beat holds only 64 or
-    32 of them and the rest (10 or 42 bytes) come from lanes 0.. of the next beat. A
+    Header capture: the first 102 bytes of a frame starting at quarter ``s`` are lanes
+    ``32 s ..`` of the beat it starts in; for ``s`` = 1, 2 or 3 the beat holds only 96, 64
+    or 32 of them and the rest (6, 38 or 70 bytes) come from lanes 0.. of the next beat. A
     frame that ends in the beat it starts in takes its header from that beat only (bytes
     past its end are don't-care: the length checks reject it before they matter). The
     header of the one frame that may run on into the next beat is kept in a register
@@ -249,7 +264,7 @@ class RxHeaderParser(wiring.Component):
             raise ValueError(f"opcodes must be an iterable of BTH opcodes or None, not {opcodes!r}") from None
         bad = [op for op in opcodes if not isinstance(op, int) or op not in KNOWN_OPCODES]
         if bad:
-            raise ValueError(f"opcodes must be among {sorted(KNOWN_OPCODES)} (RC WRITE, ACK, ATOMIC ACK), "
+            raise ValueError(f"opcodes must be among {sorted(KNOWN_OPCODES)} (RC WRITE, ACK, ATOMIC ACK, atomics), "
                              f"not {bad!r}")
         if not opcodes:
             raise ValueError("opcodes must name at least one opcode")

@@ -30,14 +30,9 @@ def RemoteOpPop(num_qps):
 
 
 # The atomic WQE forms (VERBS.md section 1): (WQE opcode, opmod) -> (BTH opcode, ds, 8-byte operands)
-_ATOMIC_FORMS = (
-    (F.WqeOp.ATOMIC_FA, 0, F.Op.FETCH_ADD, 4, 1),
-    (F.WqeOp.ATOMIC_CS, 0, F.Op.COMPARE_SWAP, 4, 1),
-    (F.WqeOp.ATOMIC_MASKED_FA, F.OPMOD_EXT_ATOMIC_4B, F.Op.MASKED_FETCH_ADD, 4, 0),
-    (F.WqeOp.ATOMIC_MASKED_FA, F.OPMOD_EXT_ATOMIC_8B, F.Op.MASKED_FETCH_ADD, 4, 1),
-    (F.WqeOp.ATOMIC_MASKED_CS, F.OPMOD_EXT_ATOMIC_4B, F.Op.MASKED_COMPARE_SWAP, 4, 0),
-    (F.WqeOp.ATOMIC_MASKED_CS, F.OPMOD_EXT_ATOMIC_8B, F.Op.MASKED_COMPARE_SWAP, 5, 1),
-)
+# (WQE opcode, opmod, BTH opcode, ds, 8 bytes) of each atomic form (spec.formats.ATOMIC_FORMS)
+_ATOMIC_FORMS = tuple((wop, wmod, bth_op, ds, int(size == 8))
+                      for (wop, wmod), (bth_op, size, _, ds) in F.ATOMIC_FORMS.items())
 
 
 class WqeParser(wiring.Component):

@@ -6,7 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from rtl.responder.ack_builder import AckRequest
 from rtl.common.contexts import qp_bits
-from rtl.common.records import AckRecord
+from rtl.responder.responder import ResponderAck
 from rtl.common.stream import Pair
 
 __all__ = ["AckAddresser", "AckAddress"]
@@ -34,7 +34,7 @@ class AckAddresser(wiring.Component):
     -------
     commit : In(stream.Signature({qpn, addr: AckAddress}))
         Set a QP's address (always ready).
-    i : In(stream.Signature(Pair(AckRecord)))
+    i : In(stream.Signature(Pair(ResponderAck)))
         ACK/NAKs to send, one or two per transfer; ``qpn`` is the local QP.
     o : Out(stream.Signature(Pair(AckRequest(num_qps))))
         The same transfers: ``src_qpn`` = ``qpn``; ``dmac``, ``dip``, ``dest_qp`` from the
@@ -47,7 +47,7 @@ class AckAddresser(wiring.Component):
         super().__init__({
             "commit": In(stream.Signature(data.StructLayout({"qpn": unsigned(qp_bits(num_qps)),
                                                              "addr": AckAddress}))),
-            "i": In(stream.Signature(Pair(AckRecord))),
+            "i": In(stream.Signature(Pair(ResponderAck))),
             "o": Out(stream.Signature(Pair(AckRequest(num_qps)))),
         })
 
@@ -60,7 +60,7 @@ class AckAddresser(wiring.Component):
         m.d.comb += [wr.en.eq(self.commit.valid), wr.addr.eq(self.commit.p.qpn), wr.data.eq(self.commit.p.addr),
                      self.commit.ready.eq(1)]
 
-        recs = Signal(Pair(AckRecord))
+        recs = Signal(Pair(ResponderAck))
         m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
         for k in range(2):
             m.d.comb += [rd[k].addr.eq(self.i.p.p[k].qpn[:qb]), rd[k].en.eq(self.i.ready)]
@@ -74,5 +74,6 @@ class AckAddresser(wiring.Component):
             m.d.comb += [
                 o.dmac.eq(a.dmac), o.dip.eq(a.dip), o.dest_qp.eq(a.remote_qpn),
                 o.src_qpn.eq(rec.qpn[:qb]), o.psn.eq(rec.psn), o.syndrome.eq(rec.syndrome), o.msn.eq(rec.msn),
+                o.atomic.eq(rec.atomic), o.orig.eq(rec.orig),
             ]
         return m

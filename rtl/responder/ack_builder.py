@@ -9,9 +9,11 @@ from rtl.common.headers import RoceAckHeader, be, drive_roce_headers
 from rtl.common.stream import Pair
 from rtl.common.tx_beat import TxBeat, SEGMENT as SEG
 
-__all__ = ["AckRequest", "AckBuilder", "ACK_FRAME_LEN"]
+__all__ = ["AckRequest", "AckBuilder", "ACK_FRAME_LEN", "ATOMIC_ACK_FRAME_LEN"]
 
 ACK_FRAME_LEN = F.OFF_EXT + F.AETH_LEN + F.ICRC_LEN     # 62: Eth/IPv4/UDP/BTH/AETH/ICRC
+ATOMIC_ACK_FRAME_LEN = ACK_FRAME_LEN + F.ATOMIC_ACK_ETH_LEN     # 70: and the AtomicAckETH
+_ACK_HDR = ACK_FRAME_LEN - F.ICRC_LEN                   # 58 header bytes
 
 
 def AckRequest(num_qps):
@@ -20,7 +22,8 @@ def AckRequest(num_qps):
     ``dmac``/``dip``/``dest_qp``: the requester (its MAC, IPv4 and QP number, BTH.DestQP);
     ``src_qpn``: the local (responder) QP, whose low 14 bits pick the UDP source port as
     on the transmit side (``QpContext.qpn`` in the model); ``psn``: BTH.PSN;
-    ``syndrome``/``msn``: the AETH (``spec.formats.Aeth``).
+    ``syndrome``/``msn``: the AETH (``spec.formats.Aeth``); ``atomic``: an ATOMIC
+    ACKNOWLEDGE, with ``orig`` in its AtomicAckETH.
     """
     return data.StructLayout({
         "dmac":     unsigned(48),
@@ -30,6 +33,8 @@ def AckRequest(num_qps):
         "psn":      unsigned(24),
         "syndrome": unsigned(8),
         "msn":      unsigned(24),
+        "atomic":   unsigned(1),
+        "orig":     unsigned(64),
     })
 
 
@@ -45,7 +50,10 @@ class AckBuilder(wiring.Component):
     second's in lanes 64..125 (``sop_hi`` = ``end_hi`` = 1, ``flen_hi`` = 62): the
     responder sends up to two ACKs a cycle (WRITEs of 0 and 1 payload bytes arrive 1.02
     and 1.01 per cycle at line rate, each needing its own ACK), and two 62-byte frames
-    fit one 128-byte beat. One transfer per cycle; the output is a register.
+    fit one 128-byte beat. An ATOMIC ACKNOWLEDGE (``atomic``: opcode 0x12, the AETH and
+    the AtomicAckETH, 70 bytes, ``model.read_atomic.build_atomic_ack``'s) comes alone in its
+    transfer (``AtomicAckJoin``) and takes lanes 0..69 of its beat. One transfer per
+    cycle; the output is a register.
 
     Parameters
     ----------
@@ -80,7 +88,8 @@ class AckBuilder(wiring.Component):
             req = self.requests.p.p[k]
             hdr = Signal(RoceAckHeader, name=f"hdr{k}")
             drive_roce_headers(m, hdr, dmac=req.dmac, smac=self.port_mac, sip=self.port_ip, dip=req.dip,
-                               flen=ACK_FRAME_LEN, src_qpn=req.src_qpn, opcode=F.Op.ACK, dqpn=req.dest_qp,
+                               flen=Mux(req.atomic, ATOMIC_ACK_FRAME_LEN, ACK_FRAME_LEN), src_qpn=req.src_qpn,
+                               opcode=Mux(req.atomic, F.Op.ATOMIC_ACK, F.Op.ACK), dqpn=req.dest_qp,
                                ackreq=0, psn=req.psn)
             m.d.comb += [hdr.aeth.syndrome.eq(be(req.syndrome, 1)), hdr.aeth.msn.eq(be(req.msn, 3))]
             hdrs.append(hdr)
@@ -89,16 +98,20 @@ class AckBuilder(wiring.Component):
         # of the beat are zero and the other beat fields constant but for the pair flag.
         held = [Signal(RoceAckHeader, name=f"held{k}") for k in range(2)]
         two = Signal()
+        atomic = Signal()
+        orig = Signal(8 * F.ATOMIC_ACK_ETH_LEN)     # the AtomicAckETH, in wire order
         m.d.comb += self.requests.ready.eq(~out.valid | out.ready)
         with m.If(out.valid & out.ready):
             m.d.sync += out.valid.eq(0)
         with m.If(self.requests.valid & self.requests.ready):
+            r0 = self.requests.p.p[0]
+            m.d.sync += [atomic.eq(r0.atomic), orig.eq(Mux(r0.atomic, be(r0.orig, F.ATOMIC_ACK_ETH_LEN), 0))]
             m.d.sync += [out.valid.eq(1), held[0].eq(hdrs[0]), two.eq(self.requests.p.second),
                          held[1].eq(Mux(self.requests.p.second, hdrs[1].as_value(), 0))]
         m.d.comb += [
-            out.p.data.eq(held[0].as_value() | (held[1].as_value() << (8 * SEG))),
-            out.p.nbytes.eq(ACK_FRAME_LEN), out.p.last.eq(1), out.p.frame.eq(1),
-            out.p.flen.eq(ACK_FRAME_LEN), out.p.sop_hi.eq(two), out.p.end_hi.eq(two),
+            out.p.data.eq(held[0].as_value() | (orig << (8 * _ACK_HDR)) | (held[1].as_value() << (8 * SEG))),
+            out.p.nbytes.eq(Mux(atomic, ATOMIC_ACK_FRAME_LEN, ACK_FRAME_LEN)), out.p.last.eq(1), out.p.frame.eq(1),
+            out.p.flen.eq(Mux(atomic, ATOMIC_ACK_FRAME_LEN, ACK_FRAME_LEN)), out.p.sop_hi.eq(two), out.p.end_hi.eq(two),
             out.p.flen_hi.eq(Mux(two, ACK_FRAME_LEN, 0)),
             out.p.cpl_valid.eq(0), out.p.cpl.eq(0),
         ]

@@ -4,8 +4,8 @@ from amaranth.lib import wiring, stream
 from amaranth.lib.wiring import In, Out
 
 from spec.formats import Aeth
-from rtl.common.records import AckRecord
 from rtl.common.stream import Pair
+from rtl.responder.responder import ResponderAck
 
 __all__ = ["AckCoalescer"]
 
@@ -28,28 +28,29 @@ class AckCoalescer(wiring.Component):
 
     Members
     -------
-    i : In(stream.Signature(Pair(AckRecord)))
+    i : In(stream.Signature(Pair(ResponderAck)))
         From the responder, one or two records a transfer.
-    o : Out(stream.Signature(Pair(AckRecord)))
+    o : Out(stream.Signature(Pair(ResponderAck)))
         To the ACK queue.
     coalesced : Out(2)
         Records dropped this cycle (0..2).
     """
     def __init__(self):
         super().__init__({
-            "i": In(stream.Signature(Pair(AckRecord))),
-            "o": Out(stream.Signature(Pair(AckRecord))),
+            "i": In(stream.Signature(Pair(ResponderAck))),
+            "o": Out(stream.Signature(Pair(ResponderAck))),
             "coalesced": Out(2),
         })
 
     def elaborate(self, platform):
         m = Module()
         i, o = self.i, self.o
-        tail = Signal(AckRecord)         # the last record queued
+        tail = Signal(ResponderAck)         # the last record queued
         tail_valid = Signal()
         present = [C(1, 1), i.p.second]
         same = Signal()
-        m.d.comb += same.eq(tail_valid & (tail.syndrome == Aeth.ACK)
+        # (an ATOMIC ACK's place holder is never dropped: each one takes one atomic's result)
+        m.d.comb += same.eq(tail_valid & (tail.syndrome == Aeth.ACK) & ~tail.atomic
                             & (i.p.p[0].as_value() == tail.as_value())
                             & (~i.p.second | (i.p.p[1].as_value() == tail.as_value())))
         drop = Signal()

@@ -24,9 +24,11 @@ def AtomicRequest(num_qps):
     ``duplicate`` when its PSN is behind the QP's expected one (a retry after a lost
     ATOMIC ACK: it must be answered, never executed again). ``wide``: 8 bytes (else 4, the
     masked forms only); ``va`` aligned to the size. Operands as ``AtomicOp`` says, a
-    4-byte one in the low half."""
+    4-byte one in the low half. ``msn``: the QP's MSN counting this atomic (its ATOMIC
+    ACK's; a duplicate's is the one recorded)."""
     return data.StructLayout({
         "qpn": unsigned(qp_bits(num_qps)), "psn": unsigned(PSN_BITS), "duplicate": unsigned(1),
+        "msn": unsigned(24),
         "op": AtomicOp, "wide": unsigned(1), "va": unsigned(64),
         "op0": unsigned(64), "op1": unsigned(64), "op2": unsigned(64), "op3": unsigned(64),
     })
@@ -36,9 +38,11 @@ def AtomicResult(num_qps):
     """The ATOMIC ACK's content: the word before the atomic (a 4-byte one zero-extended);
     ``replayed``: a duplicate answered from the replay record; ``found`` 0: a duplicate
     whose record is gone (older than the last ``REPLAY_DEPTH`` atomics of its QP, or
-    never executed): the responder NAKs it (invalid request) rather than execute it."""
+    never executed): the responder drops it unanswered (as ``model.responder`` does: the
+    requester's timer resends from the start) rather than execute it. ``msn``: the ATOMIC
+    ACK's MSN (a replayed one's as first sent)."""
     return data.StructLayout({
-        "qpn": unsigned(qp_bits(num_qps)), "psn": unsigned(PSN_BITS), "orig": unsigned(64),
+        "qpn": unsigned(qp_bits(num_qps)), "psn": unsigned(PSN_BITS), "orig": unsigned(64), "msn": unsigned(24),
         "replayed": unsigned(1), "found": unsigned(1),
     })
 
@@ -100,6 +104,10 @@ class AtomicUnit(wiring.Component):
     wr_done : In(1)
     commit : In(stream.Signature(qpn))
         A QP is created: its replay records are void.
+    landed : In(1)
+        A strobe per request, in order: every write to GPU memory before it has landed
+        (``RxWriteIssuer.fence_done``). A request is taken only after its strobe, so its
+        read sees the writes before it (put-with-signal: the signal after its data).
     """
     REPLAY_DEPTH = 16
 
@@ -116,6 +124,7 @@ class AtomicUnit(wiring.Component):
             "wr_req": Out(stream.Signature(data.StructLayout({"addr": unsigned(64), "data": unsigned(64)}))),
             "wr_done": In(1),
             "commit": In(stream.Signature(data.StructLayout({"qpn": unsigned(qp_bits(num_qps))}))),
+            "landed": In(1),
         })
 
     def elaborate(self, platform):
@@ -161,13 +170,18 @@ class AtomicUnit(wiring.Component):
         # entry and the read port.
         is_hit = hit.any()
         miss = ~req.duplicate & ~is_hit
-        can = queue.w_rdy & (req.duplicate | is_hit | (free_ok & self.rd_req.ready & fills.w_rdy))
+        # requests whose writes before them have landed
+        landed = Signal(16)
+        ordered = Signal()
+        m.d.comb += ordered.eq(landed != 0)
+        can = ordered & queue.w_rdy & (req.duplicate | is_hit | (free_ok & self.rd_req.ready & fills.w_rdy))
         take = Signal()
+        m.d.sync += landed.eq(landed + self.landed - take)
         idx_in = Signal(ib)
         m.d.comb += [self.requests.ready.eq(can), take.eq(self.requests.valid & can),
                      idx_in.eq(Mux(is_hit, hit_idx, free_idx)),
                      queue.w_en.eq(take), queue.w_data.eq(Cat(req.as_value(), idx_in)),
-                     self.rd_req.valid.eq(self.requests.valid & miss & queue.w_rdy & free_ok & fills.w_rdy),
+                     self.rd_req.valid.eq(self.requests.valid & ordered & miss & queue.w_rdy & free_ok & fills.w_rdy),
                      self.rd_req.p.addr.eq(Cat(C(0, 3), tag)),
                      fills.w_en.eq(take & miss), fills.w_data.eq(free_idx)]
         inc = Signal(N)          # one more atomic uses entry i
@@ -199,7 +213,7 @@ class AtomicUnit(wiring.Component):
         # ---- replay records: per QP, the last REPLAY_DEPTH atomics by PSN --------------------
         rb = (self.REPLAY_DEPTH - 1).bit_length()
         rec_layout = data.StructLayout({"valid": unsigned(1), "gen": unsigned(8), "psn": unsigned(PSN_BITS),
-                                        "orig": unsigned(64)})
+                                        "orig": unsigned(64), "msn": unsigned(24)})
         m.submodules.replay = replay = Memory(shape=rec_layout, depth=self.num_qps * self.REPLAY_DEPTH, init=[])
         m.submodules.gens = gens = Memory(shape=unsigned(8), depth=self.num_qps, init=[])
         rp_wr = replay.write_port()
@@ -268,15 +282,15 @@ class AtomicUnit(wiring.Component):
         with m.If(h_valid & r.duplicate & out_free):
             m.d.comb += advance.eq(1)
             m.d.sync += [res.valid.eq(1), res.p.qpn.eq(r.qpn), res.p.psn.eq(r.psn), res.p.orig.eq(rec.orig),
-                         res.p.replayed.eq(1), res.p.found.eq(found)]
+                         res.p.msn.eq(rec.msn), res.p.replayed.eq(1), res.p.found.eq(found)]
         with m.If(h_valid & ~r.duplicate & ready_word & out_free & self.wr_req.ready & wbacks.w_rdy):
             m.d.comb += [advance.eq(1), dec.bit_select(h.idx, 1).eq(1), winc.bit_select(h.idx, 1).eq(1),
                          self.wr_req.valid.eq(1), self.wr_req.p.addr.eq(Cat(C(0, 3), r.va[3:])),
                          self.wr_req.p.data.eq(merged), wbacks.w_en.eq(1), wbacks.w_data.eq(h.idx),
                          rp_wr.en.eq(1), rp_wr.addr.eq(Cat(r.psn[:rb], r.qpn)),
                          rp_wr.data.valid.eq(1), rp_wr.data.gen.eq(gen_rd.data), rp_wr.data.psn.eq(r.psn),
-                         rp_wr.data.orig.eq(orig)]
+                         rp_wr.data.orig.eq(orig), rp_wr.data.msn.eq(r.msn)]
             m.d.sync += [words[h.idx].eq(merged),
                          res.valid.eq(1), res.p.qpn.eq(r.qpn), res.p.psn.eq(r.psn), res.p.orig.eq(orig),
-                         res.p.replayed.eq(0), res.p.found.eq(1)]
+                         res.p.msn.eq(r.msn), res.p.replayed.eq(0), res.p.found.eq(1)]
         return m

@@ -3,7 +3,10 @@
     requests (from the port) -> Responder -> payload commands -> RxWriteSorter
       -> RxWriteIssuer -> m_axi / m_axi_rx        (payload beats: RxResegmenter
       -> RxPayloadWriter -> issuer)
-    Responder -> ACK/NAKs -> AckAddresser -> AckBuilder -> frames (to the port)
+    Responder -> answers -> AckCoalescer -> AtomicAckJoin -> AckAddresser -> AckBuilder
+      -> frames (to the port)
+    Responder -> atomics -> AtomicUnit (after RxWriteIssuer's fence) <-> AtomicDma
+      -> m_axi reads, m_axi_rx writes; results -> AtomicAckJoin
 """
 from amaranth.hdl import *
 from amaranth.lib import wiring
@@ -14,13 +17,16 @@ from spec import params as P
 from rtl.common.passthrough import WiringLevel
 from rtl.common.records import AckRecord
 from rtl.common.rx_beat import RxSegmentBeat
-from rtl.common.stream import Pair, StreamFifo
+from rtl.common.stream import Pair, PairSplitter, StreamFifo
 from rtl.responder.ack_addresser import AckAddresser
+from rtl.responder.atomic_ack_join import AtomicAckJoin
+from rtl.responder.atomic_dma import AtomicDma
+from rtl.responder.atomic_unit import AtomicRequest, AtomicUnit
 from rtl.responder.ack_coalescer import AckCoalescer
 from rtl.responder.ack_builder import AckBuilder
 from rtl.responder.payload_writer import RxPayloadWriter, RxWriteCommand
 from rtl.responder.resegmenter import RxResegmenter
-from rtl.responder.responder import Responder
+from rtl.responder.responder import Responder, ResponderAck
 from rtl.responder.write_issuer import RxWriteIssuer
 from rtl.responder.write_sorter import RxWriteOrder, RxWriteSorter
 
@@ -36,7 +42,13 @@ __all__ = ["ResponderPath"]
 COMMAND_QUEUE = P.RX_BEAT_BUFFER + 16
 ORDER_QUEUE = 16            # write orders (pairs) between the sorter and the issuer
 SEGMENT_QUEUE = 4           # payload beats between the resegmenter and the payload writer
-ACK_QUEUE = 16              # ACK/NAKs (pairs) waiting while MAC TX sends a data frame
+# ACK/NAKs (pairs) waiting while MAC TX sends a data frame, and behind an ATOMIC ACK whose
+# atomic waits for the writes before it to land and for its word's read: at 200 M atomics/s
+# (0.4 a cycle) and 1 us of read latency, some 200 of them.
+ACK_QUEUE = 256
+ATOMIC_QUEUE = 128          # atomics waiting for the writes before them to land (fence)
+ATOMIC_WORDS = 64           # the atomic unit's cached words: misses in flight to different words
+ATOMIC_DEPTH = 256          # atomics waiting in order in the unit (for their words)
 
 
 class ResponderPath(WiringLevel):
@@ -66,6 +78,8 @@ class ResponderPath(WiringLevel):
         Payload writes on ``m_axi`` (shared with the CQE writer).
     dma_rx : Out(AxiWriteSignature)
         Payload writes on the second port ``m_axi_rx``.
+    atomic_rd, atomic_wr : Out(AxiReadSignature), Out(AxiWriteSignature)
+        The atomic unit's word reads (on ``m_axi``) and write-throughs (on ``m_axi_rx``).
     frames : Out(stream.Signature(TxBeat))
         ACK/NAK frames for MAC TX.
     verdict_valid, verdict : Out
@@ -95,7 +109,14 @@ class ResponderPath(WiringLevel):
             # here while MAC TX sends a data frame
             # (a re-ACK identical to the last one queued is dropped while the queue is full)
             "ack_coalescer": AckCoalescer(),
-            "ack_fifo": StreamFifo(Pair(AckRecord), ACK_QUEUE),
+            "ack_fifo": StreamFifo(Pair(ResponderAck), ACK_QUEUE),
+            # atomics: in order into the unit once the writes before them have landed;
+            # their results fill the ATOMIC ACKs the responder queued in its answers
+            "atomic_split": PairSplitter(AtomicRequest(nq)),
+            "atomic_fifo": StreamFifo(AtomicRequest(nq), ATOMIC_QUEUE),
+            "atomic_unit": AtomicUnit(num_qps=nq, entries=ATOMIC_WORDS, depth=ATOMIC_DEPTH),
+            "atomic_dma": AtomicDma(reads=ATOMIC_WORDS),
+            "atomic_ack_join": AtomicAckJoin(num_qps=nq),
             "ack_addresser": AckAddresser(num_qps=nq),
             "ack_builder": AckBuilder(num_qps=nq, num_cqs=nc),
         }
@@ -107,6 +128,7 @@ class ResponderPath(WiringLevel):
             (b["ack_addresser"], {"peer_commit": "commit"}),
             (b["ack_builder"], {"port_mac": "port_mac", "port_ip": "port_ip", "frames": "frames"}),
             (b["rx_write_issuer"], {"dma": "p0", "dma_rx": "p1"}),
+            (b["atomic_dma"], {"atomic_rd": "rd", "atomic_wr": "wr"}),
         ]
         super().__init__(self._blocks, self._ports, {"acks_sent": Out(2), "naks_sent": Out(2),
                                                      "acks_coalesced": Out(2)})
@@ -125,7 +147,20 @@ class ResponderPath(WiringLevel):
         wiring.connect(m, rpw.dma, b["rx_write_issuer"].writer)
         wiring.connect(m, rsp.responses, b["ack_coalescer"].i)
         wiring.connect(m, b["ack_coalescer"].o, b["ack_fifo"].i)
-        wiring.connect(m, b["ack_fifo"].o, b["ack_addresser"].i)
+        wiring.connect(m, b["ack_fifo"].o, b["atomic_ack_join"].i)
+        wiring.connect(m, b["atomic_ack_join"].o, b["ack_addresser"].i)
+        au = b["atomic_unit"]
+        wiring.connect(m, rsp.atomics, b["atomic_split"].i)
+        wiring.connect(m, b["atomic_split"].o, b["atomic_fifo"].i)
+        wiring.connect(m, b["atomic_fifo"].o, au.requests)
+        wiring.connect(m, au.results, b["atomic_ack_join"].results)
+        wiring.connect(m, au.rd_req, b["atomic_dma"].rd_req)
+        wiring.connect(m, b["atomic_dma"].rd_resp, au.rd_resp)
+        wiring.connect(m, au.wr_req, b["atomic_dma"].wr_req)
+        # (a create is always taken: the unit's commit is ready but in the cycle after one,
+        # and creates come many cycles apart over the control path)
+        m.d.comb += [au.wr_done.eq(b["atomic_dma"].wr_done), au.landed.eq(b["rx_write_issuer"].fence_done),
+                     au.commit.valid.eq(self.commit.valid), au.commit.p.qpn.eq(self.commit.p.qpn)]
         wiring.connect(m, b["ack_addresser"].o, b["ack_builder"].requests)
         # ACK/NAKs sent, up to two a cycle (queued: the coalesced ones are counted apart)
         resp_sent = Signal()

@@ -15,9 +15,23 @@ from rtl.common.records import AckRecord
 from rtl.responder.mr_table import MemoryRegionTable, MrEntry
 from rtl.common.rx_packet import RxPacket
 from rtl.common.stream import Pair, pack_pair
+from rtl.responder.atomic_unit import AtomicOp, AtomicRequest
 from rtl.responder.payload_writer import RxWriteCommand
 
-__all__ = ["Responder", "ResponderConfig", "ResponderEntry", "RxVerdict", "RX_VERDICT_NAMES"]
+__all__ = ["Responder", "ResponderAck", "ResponderConfig", "ResponderEntry", "RxVerdict", "RX_VERDICT_NAMES"]
+
+# An answer the responder owes: an ACK/NAK (``AckRecord``'s fields) or, with ``atomic``,
+# the ATOMIC ACKNOWLEDGE of the atomic of PSN ``psn``, whose MSN and original value the
+# ``AtomicUnit`` supplies later (``AtomicAckJoin``: ``msn`` and ``orig`` are filled there).
+ResponderAck = data.StructLayout({
+    "qpn": unsigned(24), "psn": unsigned(PSN_BITS), "syndrome": unsigned(8), "msn": unsigned(24),
+    "atomic": unsigned(1), "orig": unsigned(64),
+})
+
+# BTH opcode -> the AtomicUnit's operation
+_ATOMIC_OP = {F.Op.FETCH_ADD: AtomicOp.FETCH_ADD, F.Op.COMPARE_SWAP: AtomicOp.COMPARE_SWAP,
+              F.Op.MASKED_FETCH_ADD: AtomicOp.MASKED_FETCH_ADD, F.Op.MASKED_COMPARE_SWAP: AtomicOp.MASKED_COMPARE_SWAP}
+assert set(_ATOMIC_OP) == set(F.ATOMIC_OPS)
 
 
 
@@ -27,7 +41,7 @@ class RxVerdict(enum.Enum, shape=4):
     The names of all the receive counters; the ``Responder`` itself only gives
     ACCEPTED and the QP-level verdicts (QP_NOT_READY and after): ``RxDispatch`` counts
     ACKs received and the frame-level drops (BAD_LENGTH..BAD_OPCODE)."""
-    ACCEPTED = 0            # a WRITE packet executed
+    ACCEPTED = 0            # a WRITE packet or an atomic executed
     ACK_RECEIVED = 1        # an ACK/NAK for this NIC's requester side
     BAD_LENGTH = 2
     NOT_ROCE = 3
@@ -172,7 +186,8 @@ class Responder(wiring.Component):
             "mr_commit": In(stream.Signature(data.StructLayout({
                 "index": unsigned((num_mrs - 1).bit_length()), "region": MrEntry(pd_bits)}))),
             "commands": Out(stream.Signature(Pair(RxWriteCommand))),
-            "responses": Out(stream.Signature(Pair(AckRecord))),
+            "responses": Out(stream.Signature(Pair(ResponderAck))),
+            "atomics": Out(stream.Signature(Pair(AtomicRequest(num_qps)))),
             "verdict_valid": Out(2),
             "verdict": Out(data.ArrayLayout(RxVerdict, 2)),
         })
@@ -195,6 +210,10 @@ class Responder(wiring.Component):
             is_first.eq(_any(p.opcode == op for op in F.FIRST_OPS)),
             is_last.eq(_any(p.opcode == op for op in F.LAST_OPS)),
         ]
+        # an atomic: its size (log 2 or 3 bytes, IBTA's always 3) and alignment
+        atomic, atomic_dup, size_ok = sig("atomic"), sig("atomic_dup"), sig("size_ok")
+        m.d.comb += size_ok.eq(((p.atomic.log_size == 3) & (p.reth.va[:3] == 0))
+                               | ((p.atomic.log_size == 2) & (p.reth.va[:2] == 0)))
         ready_state = sig("ready_state")
         m.d.comb += ready_state.eq(((cfg.state == QpState.RTR) | (cfg.state == QpState.RTS))
                                    & ((ctl_state == QpState.RTR) | (ctl_state == QpState.RTS)))
@@ -225,6 +244,11 @@ class Responder(wiring.Component):
             m.d.comb += verdict.eq(RxVerdict.QP_NOT_READY)
         with m.Elif((p.sip != cfg.peer_ip) | (p.smac != cfg.peer_mac)):
             m.d.comb += verdict.eq(RxVerdict.WRONG_PEER)
+        with m.Elif(dist[PSN_BITS - 1] & p.has_atomic):
+            # a retried atomic: answered from the AtomicUnit's replay record (or not at all
+            # when it has none), never executed again
+            m.d.comb += [verdict.eq(RxVerdict.PSN_DUPLICATE), atomic_dup.eq(1), respond.eq(1),
+                         resp_psn.eq(p.psn), resp_syn.eq(Aeth.ACK)]
         with m.Elif(dist[PSN_BITS - 1]):
             m.d.comb += [verdict.eq(RxVerdict.PSN_DUPLICATE), new.dyn.unacked.eq(0),
                          respond.eq(1), resp_psn.eq(dyn.epsn - 1), resp_syn.eq(Aeth.ACK)]
@@ -233,6 +257,17 @@ class Responder(wiring.Component):
             with m.If(~dyn.nak_sent):
                 m.d.comb += [new.dyn.nak_sent.eq(1), new.dyn.unacked.eq(0),
                              respond.eq(1), resp_psn.eq(dyn.epsn), resp_syn.eq(Aeth.NAK_PSN_SEQ)]
+        with m.Elif(p.has_atomic & (dyn.in_msg | ~size_ok)):
+            m.d.comb += [verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1), fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
+        with m.Elif(p.has_atomic & (status != MrCheck.OK)):
+            m.d.comb += [verdict.eq(RxVerdict.ACCESS_ERROR), fatal.eq(1), fatal_syn.eq(Aeth.NAK_REMOTE_ACCESS)]
+        with m.Elif(p.has_atomic):
+            # executed once, by the AtomicUnit; its ATOMIC ACK answers every earlier packet
+            m.d.comb += [
+                verdict.eq(RxVerdict.ACCEPTED), atomic.eq(1), respond.eq(1), resp_psn.eq(p.psn),
+                resp_syn.eq(Aeth.ACK), new.dyn.nak_sent.eq(0), new.dyn.epsn.eq(dyn.epsn + 1),
+                new.dyn.msn.eq(dyn.msn + 1), new.dyn.unacked.eq(0),
+            ]
         with m.Elif(is_first == dyn.in_msg):
             m.d.comb += [verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1), fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
         with m.Elif(is_first & (status != MrCheck.OK)):
@@ -257,7 +292,8 @@ class Responder(wiring.Component):
         addr = sig("addr", 64)
         m.d.comb += addr.eq(va + off)
         return {"new": new, "verdict": verdict, "write": write, "respond": respond,
-                "psn": resp_psn, "syndrome": resp_syn, "addr": addr}
+                "psn": resp_psn, "syndrome": resp_syn, "addr": addr,
+                "atomic": atomic, "atomic_dup": atomic_dup}
 
     def elaborate(self, platform):
         m = Module()
@@ -332,8 +368,9 @@ class Responder(wiring.Component):
                 mrt.requests.valid.eq(b_full),
                 mrt.requests.p.key.eq(bp.reth.rkey),
                 mrt.requests.p.addr.eq(bp.reth.va),
-                mrt.requests.p.length.eq(Mux(bp.has_reth & present, bp.reth.dma_len, 0)),
-                mrt.requests.p.access.eq(F.Access.REMOTE_WRITE),
+                mrt.requests.p.length.eq(Mux(present & bp.has_reth, bp.reth.dma_len,
+                                             Mux(present & bp.has_atomic, C(1, 4) << bp.atomic.log_size[:2], 0))),
+                mrt.requests.p.access.eq(Mux(bp.has_atomic, F.Access.REMOTE_ATOMIC, F.Access.REMOTE_WRITE)),
                 mrt.requests.p.pd.eq(rd[k].data.cfg.pd),
             ]
         with m.If(b_go):
@@ -363,34 +400,50 @@ class Responder(wiring.Component):
 
         # Outputs: registered, so no valid depends on a ready; the pair decides when every
         # output has room. Payload commands and responses are packed to the front.
-        cmd, resp = self.commands, self.responses
+        cmd, resp, ato = self.commands, self.responses, self.atomics
         out_ready = Signal()
         m.d.comb += [
-            out_ready.eq((~cmd.valid | cmd.ready) & (~resp.valid | resp.ready)),
+            out_ready.eq((~cmd.valid | cmd.ready) & (~resp.valid | resp.ready) & (~ato.valid | ato.ready)),
             mrts[0].results.ready.eq(out_ready), mrts[1].results.ready.eq(out_ready),
             c_go.eq(mrts[0].results.valid & out_ready),
         ]
         for k in range(2):
             m.d.comb += [self.verdict_valid[k].eq(c_go & present[k]), self.verdict[k].eq(dec[k]["verdict"])]
-        for s_ in (cmd, resp):
+        for s_ in (cmd, resp, ato):
             with m.If(s_.valid & s_.ready):
                 m.d.sync += s_.valid.eq(0)
-        has_cmd = [present[k] & (p[k].payload_len != 0) for k in range(2)]
+        # An atomic (new or retried) goes to the AtomicUnit, and a fence to the write path:
+        # the AtomicUnit reads its word only once every write before it has landed.
+        to_unit = [present[k] & (dec[k]["atomic"] | dec[k]["atomic_dup"]) for k in range(2)]
+        has_cmd = [present[k] & ((p[k].payload_len != 0) | to_unit[k]) for k in range(2)]
         has_resp = [present[k] & dec[k]["respond"] for k in range(2)]
-        cmds, resps = [], []
+        cmds, resps, atos = [], [], []
         for k in range(2):
             c_ = Signal(RxWriteCommand, name=f"cmd{k}")
             m.d.comb += [c_.write.eq(dec[k]["write"]), c_.addr.eq(dec[k]["addr"]),
                          c_.offset.eq(p[k].payload_offset), c_.length.eq(p[k].payload_len),
-                         c_.inline.eq(p[k].inline), c_.data.eq(p[k].inline_data), c_.qp.eq(p[k].dqpn)]
-            r_ = Signal(AckRecord, name=f"resp{k}")
+                         c_.inline.eq(p[k].inline | to_unit[k]), c_.fence.eq(to_unit[k]),
+                         c_.data.eq(p[k].inline_data), c_.qp.eq(p[k].dqpn)]
+            r_ = Signal(ResponderAck, name=f"resp{k}")
             m.d.comb += [r_.qpn.eq(p[k].dqpn), r_.psn.eq(dec[k]["psn"]), r_.syndrome.eq(dec[k]["syndrome"]),
-                         r_.msn.eq(dec[k]["new"].dyn.msn)]
+                         r_.msn.eq(dec[k]["new"].dyn.msn), r_.atomic.eq(to_unit[k])]
+            a_ = Signal(AtomicRequest(self.num_qps), name=f"atomic{k}")
+            m.d.comb += [a_.qpn.eq(p[k].dqpn[:qb]), a_.psn.eq(p[k].psn), a_.duplicate.eq(dec[k]["atomic_dup"]),
+                         a_.wide.eq(p[k].atomic.log_size == 3), a_.va.eq(p[k].reth.va),
+                         a_.msn.eq(dec[k]["new"].dyn.msn),
+                         a_.op0.eq(p[k].atomic.ops[0]), a_.op1.eq(p[k].atomic.ops[1]),
+                         a_.op2.eq(p[k].atomic.ops[2]), a_.op3.eq(p[k].atomic.ops[3])]
+            with m.Switch(p[k].opcode):
+                for op, aop in _ATOMIC_OP.items():
+                    with m.Case(op):
+                        m.d.comb += a_.op.eq(aop)
             cmds.append(c_)
             resps.append(r_)
+            atos.append(a_)
         with m.If(c_go):
             m.d.sync += [cmd.valid.eq(has_cmd[0] | has_cmd[1]), *pack_pair(cmd.p, has_cmd, cmds),
-                         resp.valid.eq(has_resp[0] | has_resp[1]), *pack_pair(resp.p, has_resp, resps)]
+                         resp.valid.eq(has_resp[0] | has_resp[1]), *pack_pair(resp.p, has_resp, resps),
+                         ato.valid.eq(to_unit[0] | to_unit[1]), *pack_pair(ato.p, to_unit, atos)]
 
         # Context writes: the decisions (lane 0's only when lane 1 is of another QP; none of
         # a lane read before a create of its QP), and a QP create from the control path.

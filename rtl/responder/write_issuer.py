@@ -2,6 +2,7 @@
 cycle, writes that overlap kept in order."""
 from amaranth.hdl import *
 from amaranth.lib import wiring, data, stream
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from spec.params import AXI_PAGE_SHIFT
@@ -66,11 +67,19 @@ class RxWriteIssuer(wiring.Component):
       an inline write to the first one's line (inline too) is merged into its beat
       (later bytes win), so a flood of one line still takes two writes per cycle.
 
+    Fences. A fence order (an atomic) writes nothing: it notes how many bursts each port
+    has issued so far and is done at once, so the writes behind it are not held up. Once
+    both ports have had the B responses of those bursts (every write before the atomic
+    has landed), ``fence_done`` strobes, one per fence in order: the atomic may read its
+    word. (Coarser than the QP: it waits for other QPs' earlier writes too.)
+
     Parameters
     ----------
     depth : int
         Bursts in flight per port (a power of two); a port is not used while it has
         that many. One 1024-bit beat per cycle per port needs about the B latency.
+    fences : int
+        Fences waiting for their writes' responses (a power of two).
 
     Members
     -------
@@ -80,16 +89,20 @@ class RxWriteIssuer(wiring.Component):
         The payload writer's bursts; ``bready`` is ignored (B is passed on when it comes).
     p0, p1 : Out(AxiWriteSignature(addr_width=64, data_width=1024, id_width=4))
         The ports; AWID 2, 128-byte INCR beats, ``bready`` high.
+    fence_done : Out(1)
+        The writes before the oldest waiting fence have all landed (one strobe per fence).
     """
-    def __init__(self, *, depth=8):
-        if not isinstance(depth, int) or depth < 2 or depth & (depth - 1):
-            raise ValueError(f"depth must be a power of two >= 2, not {depth!r}")
-        self.depth = depth
+    def __init__(self, *, depth=8, fences=64):
+        for name, v in (("depth", depth), ("fences", fences)):
+            if not isinstance(v, int) or v < 2 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 2, not {v!r}")
+        self.depth, self.fences = depth, fences
         sig = AxiWriteSignature(addr_width=64, data_width=8 * BEAT, id_width=4)
         super().__init__({
             "orders": In(stream.Signature(Pair(RxWriteOrder))),
             "writer": In(sig),
             "p0": Out(sig), "p1": Out(sig),
+            "fence_done": Out(1),
         })
 
     def elaborate(self, platform):
@@ -141,7 +154,9 @@ class RxWriteIssuer(wiring.Component):
         a, b = Signal(RxWriteOrder), Signal(RxWriteOrder)
         m.d.comb += [a.eq(Mux(done0, head.p[1], head.p[0])), b.eq(head.p[1])]
         a_there, b_there = Signal(), Signal()
-        m.d.comb += [a_there.eq(self.orders.valid), b_there.eq(self.orders.valid & ~done0 & head.second)]
+        # (a fence is only ever a, and has no b beside it: one fence a cycle at most)
+        m.d.comb += [a_there.eq(self.orders.valid),
+                     b_there.eq(self.orders.valid & ~done0 & head.second & ~a.fence & ~b.fence)]
 
         def burst(name, o):
             # the burst an order issues: its own line, or the payload writer's AW
@@ -156,12 +171,23 @@ class RxWriteIssuer(wiring.Component):
 
         can = [Signal(name=f"a_can{p}") for p in range(2)]
         m.d.comb += [
-            can[0].eq(room[0] & ~a_hit[1] & (a.inline | wr.awvalid)),
+            can[0].eq(room[0] & ~a_hit[1] & (a.inline | wr.awvalid) & ~a.fence),
             can[1].eq(room[1] & ~a_hit[0] & a.inline),
         ]
+        # fences: each port's count of bursts issued (pushed) and answered (B)
+        issued = [Signal(16, name=f"issued{p}") for p in range(2)]
+        answered = [Signal(16, name=f"answered{p}") for p in range(2)]
+        m.submodules.fence_q = fence_q = SyncFIFOBuffered(width=32, depth=self.fences)
+        fence_take = Signal()
+        m.d.comb += [fence_take.eq(a_there & a.fence & fence_q.w_rdy),
+                     fence_q.w_en.eq(fence_take), fence_q.w_data.eq(Cat(issued[0], issued[1]))]
+        landed = Signal()
+        m.d.comb += landed.eq(fence_q.r_rdy & ~(answered[0] - fence_q.r_data[:16])[15]
+                              & ~(answered[1] - fence_q.r_data[16:])[15])
+        m.d.comb += [fence_q.r_en.eq(landed), self.fence_done.eq(landed)]
         a_issue, a_port, a_done = Signal(), Signal(), Signal()
         m.d.comb += [
-            a_issue.eq(a_there & (can[0] | can[1])),
+            a_issue.eq((a_there & (can[0] | can[1])) | fence_take),
             a_port.eq(Mux(can[0] & can[1], rr, can[1])),
             a_done.eq(a_issue & (a.inline | (a.bursts != 2) | burst2)),
         ]
@@ -177,7 +203,7 @@ class RxWriteIssuer(wiring.Component):
                      & (b.inline | (~other & a.inline & wr.awvalid))),
             b_issue.eq(a_done & b_there & (merge | b_sep)),
         ]
-        m.d.comb += wr.awready.eq((a_issue & ~a.inline) | (b_issue & ~merge & ~b.inline))
+        m.d.comb += wr.awready.eq((a_issue & ~a.inline & ~a.fence) | (b_issue & ~merge & ~b.inline))
 
         b_half = Signal()            # b is a payload-writer order of two bursts: the first went
         m.d.comb += b_half.eq(b_issue & ~merge & ~b.inline & (b.bursts == 2))
@@ -211,8 +237,9 @@ class RxWriteIssuer(wiring.Component):
         # ---- per port: AW register, ring, W, B -------------------------------------------
         for p, port in enumerate(ports):
             push_a, push_b = Signal(name=f"push_a{p}"), Signal(name=f"push_b{p}")
-            m.d.comb += [push_a.eq(a_issue & (a_port == p)), push_b.eq(b_issue & ~merge & (other == p))]
+            m.d.comb += [push_a.eq(a_issue & ~a.fence & (a_port == p)), push_b.eq(b_issue & ~merge & (other == p))]
             push = push_a | push_b
+            m.d.sync += [issued[p].eq(issued[p] + push), answered[p].eq(answered[p] + port.bvalid)]
             new_t = Signal(_Track, name=f"new{p}")
             new_line = Signal(64 - LINE_SHIFT, name=f"new_line{p}")
             new_len = Signal(8, name=f"new_len{p}")

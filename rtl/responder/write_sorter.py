@@ -20,6 +20,7 @@ RxWriteOrder = data.StructLayout({
     "length": unsigned(3),      # inline: 1..INLINE_MAX bytes
     "data":   unsigned(8 * INLINE_MAX),    # inline: the bytes, first in bits 7..0
     "qp":     unsigned(QP_TAG_BITS),       # the QP's tag: a QP's writes land in order
+    "fence":  unsigned(1),      # no write: an atomic, which reads memory once the writes before it landed
 })
 RxWriteOrder.__doc__ = """One write to GPU memory, in the order the responder accepted them
 (see :class:`rtl.responder.write_issuer.RxWriteIssuer`)."""
@@ -32,7 +33,8 @@ class RxWriteSorter(wiring.Component):
     A command with ``inline`` = 1 carries its payload (at most 4 bytes in one 128-byte
     line; the header parser took it from the header window and kept the frame out of
     the segment stream): it becomes an inline order when accepted (``write`` = 1) and
-    is dropped otherwise. Every other command goes to the payload writer, which sees
+    is dropped otherwise; with ``fence`` (an atomic) it becomes a fence order. Every
+    other command goes to the payload writer, which sees
     each frame of the segment stream once; an accepted one with payload also becomes an
     order that stands for the writer's one or two AXI bursts.
 
@@ -61,14 +63,15 @@ class RxWriteSorter(wiring.Component):
         present = [C(1, 1), pair.second]
         c = [pair.p[0], pair.p[1]]
         seg = [present[k] & ~c[k].inline for k in range(2)]
-        does = [present[k] & c[k].write & (c[k].inline | (c[k].length != 0)) for k in range(2)]
+        does = [present[k] & ((c[k].write & (c[k].inline | (c[k].length != 0))) | c[k].fence) for k in range(2)]
         orders = []
         for k in range(2):
             o = Signal(RxWriteOrder, name=f"order{k}")
             in_page = Signal(14, name=f"in_page{k}")
             m.d.comb += [
                 in_page.eq(c[k].addr[:AXI_PAGE_SHIFT] + c[k].length),
-                o.inline.eq(c[k].inline), o.bursts.eq(Mux(in_page > AXI_PAGE, 2, 1)),
+                o.inline.eq(c[k].inline & ~c[k].fence), o.fence.eq(c[k].fence),
+                o.bursts.eq(Mux(c[k].fence, 0, Mux(in_page > AXI_PAGE, 2, 1))),
                 o.line.eq(c[k].addr[LINE_SHIFT:]), o.lane.eq(c[k].addr[:LINE_SHIFT]),
                 o.length.eq(c[k].length[:3]), o.data.eq(c[k].data), o.qp.eq(c[k].qp),
             ]

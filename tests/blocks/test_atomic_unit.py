@@ -69,6 +69,12 @@ def run_unit(dut, requests, *, latency, commits=(), ready_p=1.0, cycles=40_000):
     cycle = Signal(32)
     lat = latency if callable(latency) else (lambda: latency)
 
+    async def fences(ctx):
+        # every request's writes before it have landed (the issuer's fence) from the start
+        ctx.set(dut.landed, 1)
+        await ctx.tick().repeat(sum("commit" not in r for r in requests))
+        ctx.set(dut.landed, 0)
+
     async def source(ctx):
         for r in requests:
             if "commit" in r:
@@ -119,6 +125,7 @@ def run_unit(dut, requests, *, latency, commits=(), ready_p=1.0, cycles=40_000):
     sim = Simulator(dut)
     sim.add_clock(2e-9)
     sim.add_testbench(source)
+    sim.add_testbench(fences)
     sim.add_process(memory)
     sim.run_until(2e-9 * cycles)
     return results, mem, nwrites[0], out_cycles
@@ -199,3 +206,26 @@ def test_atomic_unit_checks_arguments():
     for kw in (dict(entries=3), dict(depth=0), dict(num_qps=5)):
         with pytest.raises(ValueError):
             AtomicUnit(**{"num_qps": 4, **kw})
+
+
+def test_atomic_unit_waits_for_landed():
+    """A request is taken only after a ``landed`` strobe of its own (the write issuer's
+    fence: the writes before it are in memory): none without one, one per strobe."""
+    dut = AtomicUnit(num_qps=2, entries=4, depth=16)
+    taken = []
+
+    async def bench(ctx):
+        ctx.set(dut.requests.valid, 1)
+        ctx.set(dut.requests.p.va, 0x100)
+        ctx.set(dut.rd_req.ready, 1)
+        for cycle in range(120):
+            ctx.set(dut.landed, cycle in (40, 80, 81))
+            if ctx.get(dut.requests.ready):
+                taken.append(cycle)
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(2e-9)
+    sim.add_testbench(bench)
+    sim.run()
+    assert taken == [41, 81, 82], taken
