@@ -164,7 +164,7 @@ class ResponderPath(WiringLevel):
         wiring.connect(m, b["ack_addresser"].o, b["ack_builder"].requests)
         # ACK/NAKs sent, up to two a cycle (queued: the coalesced ones are counted apart)
         resp_sent = Signal()
-        queued = b["ack_coalescer"].o
+        queued = b["atomic_ack_join"].o      # (after the join: a retried atomic without a record gets no answer)
         resp = queued.p
         m.d.comb += [resp_sent.eq(queued.valid & queued.ready), self.acks_coalesced.eq(b["ack_coalescer"].coalesced)]
         lanes = [resp_sent, resp_sent & resp.second]

@@ -153,10 +153,10 @@ class RxWriteIssuer(wiring.Component):
         rr = Signal()                # the port a free inline write takes
         a, b = Signal(RxWriteOrder), Signal(RxWriteOrder)
         m.d.comb += [a.eq(Mux(done0, head.p[1], head.p[0])), b.eq(head.p[1])]
-        a_there, b_there = Signal(), Signal()
-        # (a fence is only ever a, and has no b beside it: one fence a cycle at most)
-        m.d.comb += [a_there.eq(self.orders.valid),
-                     b_there.eq(self.orders.valid & ~done0 & head.second & ~a.fence & ~b.fence)]
+        a_there, b_there, b_exists = Signal(), Signal(), Signal()
+        # (a fence is only ever a, and nothing goes beside it: one fence a cycle at most)
+        m.d.comb += [a_there.eq(self.orders.valid), b_exists.eq(self.orders.valid & ~done0 & head.second),
+                     b_there.eq(b_exists & ~a.fence & ~b.fence)]
 
         def burst(name, o):
             # the burst an order issues: its own line, or the payload writer's AW
@@ -208,7 +208,7 @@ class RxWriteIssuer(wiring.Component):
         b_half = Signal()            # b is a payload-writer order of two bursts: the first went
         m.d.comb += b_half.eq(b_issue & ~merge & ~b.inline & (b.bursts == 2))
         finish = Signal()
-        m.d.comb += [finish.eq(a_done & (~b_there | (b_issue & ~b_half))), self.orders.ready.eq(finish)]
+        m.d.comb += [finish.eq(a_done & (~b_exists | (b_issue & ~b_half))), self.orders.ready.eq(finish)]
         with m.If(finish):
             m.d.sync += done0.eq(0)
         with m.Elif(a_done):

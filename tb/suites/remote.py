@@ -15,6 +15,7 @@ from cocotb.triggers import ClockCycles, RisingEdge
 
 from model.cqe import CqContext
 from model.frames import Port, QpContext
+from model.memory import SparseMemory
 from model.mr import MemoryRegion
 from model.requester import RcRequester
 from model.responder import RcResponder
@@ -30,18 +31,8 @@ LATENCY = 300                        # cycles from a request's last byte to its 
 NEVER = 1 << 31
 
 
-class PeerMemory:
+class PeerMemory(SparseMemory):
     """The peers' memory: sparse bytes, zero where never written."""
-    def __init__(self):
-        self.b = {}
-
-    def read(self, addr, n):
-        return bytes(self.b.get(addr + i, 0) for i in range(n))
-
-    def write(self, addr, data):
-        for i, x in enumerate(data):
-            self.b[addr + i] = x
-
     def u(self, addr, n):
         return int.from_bytes(self.read(addr, n), "little")
 

@@ -1,0 +1,192 @@
+"""System regressions of atomics with the NIC as responder (cocotb).
+
+The peers are golden requesters' frames (``model.read_atomic`` builds them) sent into the
+NIC's MAC RX; the golden responder (``RcResponder(atomics=True)``) takes the same frames
+on an image of GPU memory, and the NIC's ATOMIC ACKs, ACKs and NAKs, its GPU memory and
+its counters must equal the model's. Plain numbers back the model up (a sum of
+fetch-adds, the originals of a chain), so it cannot agree with itself.
+"""
+import random
+import zlib
+
+import cocotb
+from cocotb.triggers import RisingEdge
+
+from model.frames import build_write_frames
+from model.memory import SparseMemory
+from model.read_atomic import build_atomic_request, build_masked_atomic_request
+from spec.formats import AETH, OFF_BTH, OFF_EXT, Aeth, Op, unpack, BTH
+from tb.rc_env import DST, KEY, KEY_ATOMIC, KEY_PD, KEY_RO, REGION_LEN, peer_port, responder_env, run_and_check
+
+WORDS = DST + 0x8_0000                # the atomics' words
+
+
+class Peer:
+    """One peer requester's frames, PSN by PSN."""
+    def __init__(self, ctx, q):
+        self.ctx, self.q, self.psn = ctx, q, ctx.start_psn
+
+    def _next(self, frames):
+        self.psn = (self.psn + len(frames)) & 0xFFFFFF
+        return frames
+
+    def write(self, va, data, key=KEY):
+        return self._next(build_write_frames(self.ctx, peer_port(self.q), va, key, data, self.psn))
+
+    def fetch_add(self, va, add, key=KEY_ATOMIC):
+        return self._next([build_atomic_request(self.ctx, peer_port(self.q), Op.FETCH_ADD, va, key, add, 0,
+                                                self.psn, aligned=False)])
+
+    def compare_swap(self, va, swap, compare, key=KEY_ATOMIC):
+        return self._next([build_atomic_request(self.ctx, peer_port(self.q), Op.COMPARE_SWAP, va, key, swap,
+                                                compare, self.psn)])
+
+    def masked(self, op, va, operands, nbytes, key=KEY_ATOMIC):
+        return self._next([build_masked_atomic_request(self.ctx, peer_port(self.q), op, va, key, operands, nbytes,
+                                                       self.psn, aligned=False)])
+
+
+def _atomic_acks(frames):
+    """(PSN, original) of each ATOMIC ACK among ``frames``."""
+    out = []
+    for f in frames:
+        if f[OFF_BTH] == Op.ATOMIC_ACK:
+            out.append((unpack(BTH, f, OFF_BTH)["psn"], int.from_bytes(f[OFF_EXT + 4:OFF_EXT + 12], "big")))
+    return out
+
+
+def _init(env, image, words):
+    for va, v in words.items():
+        env.mem.write(va, v.to_bytes(8, "little"))
+        image.write(va, v.to_bytes(8, "little"))
+
+
+@cocotb.test()
+async def responder_atomics_every_form(dut):
+    """Every atomic form on 3 QPs between WRITEs: IBTA FETCH_ADD and COMPARE_SWAP, the
+    masked fetch-add and compare-swap on 4 and 8 bytes, to words of their own and to one
+    word all three QPs add to; retries of atomics already executed (answered from the
+    replay record, never applied again); a gap. Then each QP's violations: no atomic
+    right, another PD, out of bounds, misaligned (the QP goes to the error state). The
+    ATOMIC ACKs and ACK/NAKs, GPU memory and counters equal the golden responder's."""
+    rnd = random.Random(zlib.crc32(b"responder_atomics_every_form"))
+    image = SparseMemory()
+    env, model, peers = await responder_env(dut, rnd, {1: 1024, 2: 1024, 3: 4096, 4: 256},
+                                            {1: 1, 2: 4, 3: 8, 4: 1}, image=image)
+    shared = WORDS
+    own = {q: WORDS + 0x100 * q for q in peers}
+    init = {shared: 1000}
+    for q in peers:
+        for i in range(8):
+            init[own[q] + 8 * i] = rnd.randrange(1 << 64)
+    _init(env, image, init)
+    ps = {q: Peer(ctx, q) for q, (ctx, _) in peers.items()}
+    streams = {q: [] for q in peers}
+    adds = []
+    for q, p in ps.items():
+        if q == 4:
+            continue                                  # (QP 4 only for the out-of-bounds atomic)
+        s = streams[q]
+        base = own[q]
+        for k in range(3):
+            s.append(p.write(DST + 0x1000 * q + 0x200 * k, bytes(rnd.randrange(256) for _ in range(rnd.choice([8, 300])))))
+            v = rnd.randrange(1, 100)
+            adds.append(v)
+            s.append(p.masked(Op.MASKED_FETCH_ADD, shared, (v, 0), 4))
+        s.append(p.fetch_add(base, 0x1_0000_0001))
+        s.append(p.compare_swap(base + 8, 0x5555, init[base + 8]))          # compares equal: swapped
+        s.append(p.compare_swap(base + 16, 0x6666, init[base + 16] ^ 1))    # does not
+        s.append(p.masked(Op.MASKED_FETCH_ADD, base + 24, (0x0101_0101_0101_0101, 0x8080_8080_8080_8080), 8))
+        s.append(p.masked(Op.MASKED_FETCH_ADD, base + 36, (0xFFFF_FFFF, 0x8000_8000), 4))   # high half
+        s.append(p.masked(Op.MASKED_COMPARE_SWAP, base + 40, (0x1234_5678, 0, 0xFFFF_0000, 0), 4))
+        s.append(p.masked(Op.MASKED_COMPARE_SWAP, base + 48, (0xAB << 56, init[base + 48], 0xFF << 56,
+                                                              (1 << 64) - 1), 8))
+        s.append(p.fetch_add(base + 56, 7))
+    frames = []
+    while any(streams.values()):
+        q = rnd.choice([q for q, s in streams.items() if s])
+        frames += streams[q].pop(0)
+    # retries: atomics already executed, answered again from the replay record
+    retried = [f for f in frames if f[OFF_BTH] in (Op.FETCH_ADD, Op.MASKED_FETCH_ADD)][-6:]
+    frames += retried
+    # a gap on QP 2: a fetch-add arrives before the one it follows (NAK PSN sequence
+    # error, dropped), then both in order
+    p2 = ps[2]
+    first = p2.fetch_add(own[2] + 56, 1)
+    ahead = p2.fetch_add(own[2] + 56, 2)
+    frames += ahead + first + ahead
+    # the violations: each QP goes to the error state, its word untouched
+    frames += ps[1].fetch_add(own[1], 1, key=KEY_RO)                    # no remote-atomic right
+    frames += ps[2].fetch_add(own[2], 1, key=KEY_PD)                    # another PD
+    frames += ps[3].fetch_add(own[3] + 4, 1)                            # misaligned
+    frames += ps[4].masked(Op.MASKED_FETCH_ADD, DST + REGION_LEN, (1, 0), 4)   # out of bounds
+    frames += ps[3].fetch_add(own[3], 1)                                # QP 3 is in error now
+    expect, c = await run_and_check(env, model, frames, image=image, settle=2000)
+    # plain numbers: the shared word is the sum; each QP's words as computed by hand
+    u = lambda a, n=8: int.from_bytes(env.mem.read(a, n), "little")
+    assert u(shared, 4) == 1000 + sum(adds)
+    for q in (1, 2, 3):
+        b = own[q]
+        assert u(b) == (init[b] + 0x1_0000_0001) % (1 << 64)
+        assert u(b + 8) == 0x5555 and u(b + 16) == init[b + 16]
+        assert u(b + 56) == (init[b + 56] + 7 + (3 if q == 2 else 0)) % (1 << 64)
+    acks = _atomic_acks([f.data for f in env.wire.frames])
+    assert len(acks) == 3 * 11 + len(retried) + 2, len(acks)
+    reasons = [e.reason for e in expect]
+    assert reasons.count("access_error") == 3 and reasons.count("invalid_request") == 1, reasons
+    assert c["rx_psn_duplicate"] == len(retried)
+
+
+@cocotb.test()
+async def signal_after_data(dut):
+    """Put-with-signal and DeepEP's count/flag protocol with atomic signals, into a GPU
+    memory whose writes land only at their write response, 1..80 cycles after it on each
+    of the two write ports: on 3 QPs, token WRITEs (8 B .. 7 KiB) then a 4-byte masked
+    fetch-add of 1 on the QP's count (DeepEP) or an 8-byte FETCH_ADD on a flag
+    (NVSHMEM's signal_op). A watcher reads memory every cycle: a count of n is never
+    visible before the first n batches' data (the atomic unit reads its word only once
+    the write issuer has every earlier write's response; without that fence the counts
+    overtake their data). Memory, ATOMIC ACKs and counters as the model's."""
+    rnd = random.Random(zlib.crc32(b"signal_after_data"))
+    image = SparseMemory()
+    env, model, peers = await responder_env(dut, rnd, {1: 4096, 2: 4096, 3: 1024}, {1: 1, 2: 4, 3: 8},
+                                            image=image, b_latency=(1, 80), visible_at_b=True)
+    n = 12 if cocotb.SIM_NAME.lower().startswith("verilator") else 4
+    ps = {q: Peer(ctx, q) for q, (ctx, _) in peers.items()}
+    count = {q: DST + 0xF_0000 + 0x100 * q for q in peers}     # (above every batch)
+    batches = {q: [] for q in peers}           # per QP: the (va, data) of each batch
+    streams = {q: [] for q in peers}
+    for q, p in ps.items():
+        for k in range(n):
+            batch, frames = [], []
+            for t in range(rnd.randrange(1, 4)):
+                size = rnd.choice([8, 64, 300, 4096, 7168])
+                va = DST + 0x4_2000 * (q - 1) + 0x5800 * k + 0x1C80 * t + rnd.randrange(64)     # no overlaps
+                data = bytes(rnd.randrange(1, 256) for _ in range(size))
+                frames += p.write(va, data)
+                batch.append((va, data))
+            frames += (p.masked(Op.MASKED_FETCH_ADD, count[q], (1, 0), 4) if q != 2
+                       else p.fetch_add(count[q], 1))
+            batches[q].append(batch)
+            streams[q].append(frames)
+    frames = []
+    while any(streams.values()):
+        q = rnd.choice([q for q, s in streams.items() if s])
+        frames += streams[q].pop(0)
+    early = []
+
+    async def watch():
+        while True:
+            await RisingEdge(dut.clk)
+            for q in peers:
+                seen = int.from_bytes(env.mem.read(count[q], 4), "little")
+                for batch in batches[q][:seen]:
+                    for va, data in batch:
+                        if env.mem.read(va, len(data)) != data:
+                            early.append((q, seen, hex(va), env.counter.now))
+    watcher = cocotb.start_soon(watch())
+    await run_and_check(env, model, frames, image=image, settle=6000)
+    watcher.cancel()
+    assert not early, f"{len(early)} times a count was visible before its data, first {early[0]}"
+    for q in peers:
+        assert int.from_bytes(env.mem.read(count[q], 4), "little") == n
