@@ -11,7 +11,8 @@ from amaranth.lib import wiring
 
 from model.frames import Port, QpContext, build_write_frames
 from model.parse import build_response
-from rtl.responder.ack_builder import ACK_FRAME_LEN, AckBuilder
+from model.read_atomic import build_atomic_ack
+from rtl.responder.ack_builder import ACK_FRAME_LEN, ATOMIC_ACK_FRAME_LEN, AckBuilder
 from rtl.port.icrc_inserter import IcrcInserter
 from rtl.common.tx_beat import TxBeat
 from rtl.port.tx_mux import TxMux
@@ -49,7 +50,10 @@ def _requests(rnd, n):
         req = {"dmac": rnd.randrange(1 << 48), "dip": rnd.randrange(1 << 32), "dest_qp": rnd.randrange(1 << 24),
                "src_qpn": rnd.randrange(NQ), "psn": rnd.randrange(1 << 24),
                "syndrome": SYNDROMES[k % len(SYNDROMES)] if k < 10 else rnd.choice(SYNDROMES),
-               "msn": rnd.randrange(1 << 24)}
+               "msn": rnd.randrange(1 << 24), "atomic": 0, "orig": 0}
+        if k in (1, 5) or (k > 10 and rnd.random() < 0.2):
+            # an ATOMIC ACKNOWLEDGE (alone in its transfer)
+            req.update(atomic=1, syndrome=Aeth.ACK, orig=rnd.choice([rnd.randrange(1 << 64), (1 << 64) - 1]))
         if k == 0:
             req.update(psn=(1 << 24) - 1, msn=(1 << 24) - 1, dest_qp=(1 << 24) - 1, src_qpn=NQ - 1)
         mac, ip = rnd.randrange(1 << 48), rnd.randrange(1 << 32)
@@ -60,8 +64,12 @@ def _requests(rnd, n):
 def _with_port(req, mac, ip):
     """(req, mac, ip, the golden frame of req sent from port mac/ip)."""
     qp = QpContext(qpn=req["src_qpn"], remote_qpn=req["dest_qp"], dmac=req["dmac"], dip=req["dip"])
-    want = build_response(qp, Port(smac=mac, sip=ip), req["psn"], req["syndrome"], req["msn"])
-    assert len(want) == ACK_FRAME_LEN
+    if req["atomic"]:
+        want = build_atomic_ack(qp, Port(smac=mac, sip=ip), req["psn"], req["msn"], req["orig"])
+        assert len(want) == ATOMIC_ACK_FRAME_LEN
+    else:
+        want = build_response(qp, Port(smac=mac, sip=ip), req["psn"], req["syndrome"], req["msn"])
+        assert len(want) == ACK_FRAME_LEN
     return req, mac, ip, want
 
 
@@ -70,6 +78,8 @@ def _groups(rnd, reqs):
     out, k = [], 0
     while k < len(reqs):
         n = 1 if k < 3 else 2 if k < 9 else rnd.choice([1, 2])
+        if reqs[k][0]["atomic"] or (k + 1 < len(reqs) and reqs[k + 1][0]["atomic"]):
+            n = 1                   # an ATOMIC ACK fills half a beat and more: it goes alone
         g = reqs[k:k + n]
         if len(g) == 2:             # one port sends both
             g[1] = _with_port(g[1][0], g[0][1], g[0][2])
@@ -125,11 +135,12 @@ def _ack_bench(ack, out, groups, n_full, rnd, log):
 
 def _check_ack_log(groups, n_full, log, latency, icrc_filled):
     assert len(log["took"]) == len(log["mid"]) == len(log["out"]) == len(groups)
-    L = ACK_FRAME_LEN
     for k, (g, (raw, fields), (got, _)) in enumerate(zip(groups, log["mid"], log["out"])):
         wants = [w for _, _, _, w in g]
+        L = len(wants[0])
         # the frames with the 4 ICRC bytes zero, at lanes 0 and 64, the rest of the beat zero
-        beat = wants[0][:-4] + bytes(64 - L + 4) + (wants[1][:-4] + bytes(64 - L + 4) if len(g) == 2 else bytes(64))
+        beat = (wants[0][:-4] + bytes(4) + (bytes(64 - L) + wants[1][:-4] + bytes(64 - L + 4) if len(g) == 2
+                                            else bytes(BEAT - L)))
         assert raw == beat, f"transfer {k}: beat\n{raw.hex()}\n!= model\n{beat.hex()}"
         two = int(len(g) == 2)
         # nbytes last frame flen sop_hi end_hi flen_hi cpl_valid

@@ -17,6 +17,7 @@ from amaranth.sim import Simulator
 from model.frames import Port, QpContext
 from model.icrc import icrc, ipv4_checksum
 from model.parse import WRITE_OPCODES, build_rc_packet, build_response, parse_frame
+from model.read_atomic import build_atomic_ack, build_atomic_request, build_masked_atomic_request
 from rtl.port.header_parser import RxHeaderParser
 from rtl.common.rx_packet import RX_DROP_NAMES, RxDrop
 from spec.formats import BTH, ETH, IPV4, OFF_BTH, OFF_IP, OFF_UDP, UDP, Aeth, Op, pack, read_field
@@ -53,6 +54,19 @@ def _write(rnd, opcode, size, **dest):
 def _response(rnd, syndrome, **dest):
     qp, port = _endpoints(rnd, **dest)
     return build_response(qp, port, rnd.randrange(1 << 24), syndrome, rnd.randrange(1 << 24))
+
+
+def _atomic(rnd, opcode, nbytes=8, **dest):
+    """An atomic request (IBTA or this engine's masked form) or an ATOMIC ACK."""
+    qp, port = _endpoints(rnd, **dest)
+    psn, va, rkey = rnd.randrange(1 << 24), rnd.randrange(1 << 61) * 8, rnd.randrange(1 << 32)
+    w = lambda: rnd.randrange(1 << (8 * nbytes))
+    if opcode == Op.ATOMIC_ACK:
+        return build_atomic_ack(qp, port, psn, rnd.randrange(1 << 24), rnd.randrange(1 << 64))
+    if opcode in (Op.FETCH_ADD, Op.COMPARE_SWAP):
+        return build_atomic_request(qp, port, opcode, va, rkey, w(), w() if opcode == Op.COMPARE_SWAP else 0, psn)
+    n = 4 if opcode == Op.MASKED_COMPARE_SWAP else 2
+    return build_masked_atomic_request(qp, port, opcode, va, rkey, [w() for _ in range(n)], nbytes, psn)
 
 
 def _mutate(frame, edit, *, fix_csum=True, fix_icrc=True, relen=False):
@@ -93,6 +107,10 @@ def _frames(rnd, n_fuzz=150):
     good += [_response(rnd, s) for s in (Aeth.ACK, 0x00, Aeth.RNR_NAK, Aeth.NAK_PSN_SEQ, Aeth.NAK_INVALID_REQ,
                                          Aeth.NAK_REMOTE_ACCESS, Aeth.NAK_REMOTE_OP)]
     good.append(_write(rnd, Op.WRITE_ONLY, 4096))                          # 33 beats
+    for op in (Op.FETCH_ADD, Op.COMPARE_SWAP, Op.ATOMIC_ACK):
+        good += [_atomic(rnd, op) for _ in range(3)]
+    for op in (Op.MASKED_FETCH_ADD, Op.MASKED_COMPARE_SWAP):
+        good += [_atomic(rnd, op, nb) for nb in (4, 8, 8)]
     bad = []
     w = lambda op=Op.WRITE_ONLY, size=20: _write(rnd, op, size)
     ack = lambda: _response(rnd, Aeth.ACK)
@@ -102,6 +120,10 @@ def _frames(rnd, n_fuzz=150):
         bad.append(_mutate(w(op, size), _set(BTH, OFF_BTH, flags=cnt << 4 | rnd.choice([0, 0x80]))))
     bad.append(_mutate(ack(), lambda f: (pack(BTH, f, OFF_BTH, flags=0x10), f.append(0)), relen=True))
     bad.append(_mutate(ack(), _set(BTH, OFF_BTH, flags=0x10)))             # pad byte missing
+    # an atomic request or ATOMIC ACK carries nothing after its headers
+    for op in (Op.FETCH_ADD, Op.MASKED_COMPARE_SWAP, Op.ATOMIC_ACK):
+        bad.append(_mutate(_atomic(rnd, op), lambda f: f.append(0), relen=True))
+        bad.append(_mutate(_atomic(rnd, op), lambda f: f.__delitem__(slice(-1, None)), relen=True))
     # Ethernet padding of 58/59-byte frames to 60 bytes, and 60-byte frames that lie
     for size in (0, 1):
         for op in (Op.WRITE_MIDDLE, Op.WRITE_LAST):
@@ -204,13 +226,22 @@ def _expect(f, opcodes):
     if p is None:
         e["payload_len"] = 0
         return e, None
-    ext = 16 * (p.reth is not None) + 4 * (p.imm is not None) + 4 * (p.aeth is not None)
-    va, rkey, dma_len = p.reth or (0, 0, 0)
+    a = p.atomic
+    ext = (16 * (p.reth is not None) + 4 * (p.imm is not None) + 4 * (p.aeth is not None)
+           + 8 * (p.orig is not None) + (0 if a is None else 48 if "log_size" in a else 28))
+    va, rkey, dma_len = p.reth or ((a["va"], a["rkey"], 0) if a else (0, 0, 0))
+    if a is None:
+        atomic = dict(has_atomic=0, log_size=0, ops=[0, 0, 0, 0])
+    elif "log_size" in a:
+        atomic = dict(has_atomic=1, log_size=a["log_size"], ops=[a[f"op{i}"] for i in range(4)])
+    else:
+        atomic = dict(has_atomic=1, log_size=3, ops=[a["swap_add"], a["compare"], 0, 0])
     syndrome, msn = p.aeth or (0, 0)
     e.update(opcode=p.opcode, se=f[OFF_BTH + 1] >> 7, padcnt=p.padcnt, dqpn=p.dqpn, ackreq=int(p.ackreq),
              psn=p.psn, has_reth=int(p.reth is not None), has_imm=int(p.imm is not None),
              has_aeth=int(p.aeth is not None), va=va, rkey=rkey, dma_len=dma_len, imm=p.imm or 0,
              syndrome=syndrome, msn=msn, payload_offset=54 + ext, payload_len=len(p.payload),
+             orig=p.orig or 0, **atomic,
              smac=read_field(ETH, "smac", f), sip=read_field(IPV4, "sip", f, OFF_IP),
              # 1..4 payload bytes behind a RETH, within one 128-byte line: carried inline
              inline=int(p.reth is not None and p.imm is None and 1 <= len(p.payload) <= 4
@@ -225,7 +256,8 @@ def _got(c):
             "has_reth": c.has_reth, "has_imm": c.has_imm, "has_aeth": c.has_aeth, "va": c.reth.va,
             "rkey": c.reth.rkey, "dma_len": c.reth.dma_len, "imm": c.imm, "syndrome": c.aeth.syndrome,
             "msn": c.aeth.msn, "payload_offset": c.payload_offset, "smac": c.smac, "sip": c.sip,
-            "inline": c.inline, "inline_data": c.inline_data}
+            "inline": c.inline, "inline_data": c.inline_data, "orig": c.orig, "has_atomic": c.has_atomic,
+            "log_size": c.atomic.log_size, "ops": [c.atomic.ops[i] for i in range(4)]}
 
 
 def _sized(rnd, n):

@@ -55,6 +55,8 @@ def _plan(rnd, n, lines, p_seg):
 def _reference(plan):
     mem = {}
     for w in plan:
+        if w[0] == "fence":
+            continue
         if w[0] == "inline":
             for i, v in enumerate(w[2]):
                 mem[w[1] + i] = v
@@ -72,6 +74,8 @@ def _region(addr):
 
 
 def _order(w, qp):
+    if w[0] == "fence":
+        return {"fence": 1, "qp": qp}
     if w[0] == "inline":
         return {"inline": 1, "line": w[1] // LINE, "lane": w[1] % LINE, "length": len(w[2]),
                 "data": int.from_bytes(w[2], "little"), "qp": qp}
@@ -95,7 +99,7 @@ def _run(plan, *, seed, ready=0.7, b_lat=(1, 4), pairs=0.5, stalls=0.3, limit=20
     last B, B responses passed to the writer). ``qp_of(addr)`` gives a write's QP (with
     ``_region`` the slaves check the QP rule too), or None: a random QP per write."""
     rnd = random.Random(seed)
-    qps = [qp_of(w[1]) if qp_of else rnd.randrange(4) for w in plan]
+    qps = [0 if w[0] == "fence" else qp_of(w[1]) if qp_of else rnd.randrange(4) for w in plan]
     dut = RxWriteIssuer()
     mem, state = {}, {"first": None, "last": 0, "writer_b": 0, "transfers": 0}
     errors = []
@@ -195,8 +199,13 @@ def _run(plan, *, seed, ready=0.7, b_lat=(1, 4), pairs=0.5, stalls=0.3, limit=20
         return run
 
     async def writer_b(ctx):
-        async for _, _, v in ctx.tick().sample(dut.writer.bvalid):
+        now = 0
+        state["fences"] = []
+        async for _, _, v, f in ctx.tick().sample(dut.writer.bvalid, dut.fence_done):
+            now += 1
             state["writer_b"] += v
+            if f:
+                state["fences"].append(now)
 
     sim = Simulator(dut)
     sim.add_clock(2e-9)
@@ -209,6 +218,8 @@ def _run(plan, *, seed, ready=0.7, b_lat=(1, 4), pairs=0.5, stalls=0.3, limit=20
     assert not errors, errors[:5]
     assert state.get("fed") and (state.get("writer_done") or not seg_bursts), "the issuer did not take every write"
     assert all(f[2] is not None for f in in_flight[0] + in_flight[1]), "bursts still in flight at the end"
+    state["bursts"] = in_flight[0] + in_flight[1]
+    _run.last = state
     return mem, state["last"] - state["first"], state["writer_b"], state["transfers"]
 
 
@@ -317,3 +328,47 @@ def test_sorter_splits_commands():
     # only the fields the issuer reads for each kind
     norm = lambda o: (o[0], o[1]) if not o[0] else (o[0], o[2], o[3], o[4], o[5])
     assert [norm(o) for o in got_orders] == [norm(o) for o in want]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fences_after_their_writes(seed):
+    """Fence orders (atomics) among inline and payload-writer writes, each to lines of
+    its own, random pairs, stalls and B latencies up to 40 cycles: one ``fence_done``
+    per fence, in order, each only once every write before its fence has had its B
+    response; and the writes behind a fence are not held up by it (a fence takes no
+    port)."""
+    rnd = random.Random(100 + seed)
+    plan, line = [], 64
+    for w in _plan(rnd, 200, [0], p_seg=0.3):
+        if rnd.random() < 0.15:
+            plan.append(("fence",))
+        # move each write to lines of its own (none shared, so each burst is one write's)
+        if w[0] == "inline":
+            lane = w[1] % LINE
+            plan.append(("inline", line * LINE + lane, w[2]))
+            line += 1
+        else:
+            lines = (w[1] % LINE + w[2] + LINE - 1) // LINE
+            sub = _plan(random.Random(line), 1, [line], p_seg=1.0)[0]
+            plan.append(sub)
+            line += 8 + lines
+    mem, _, _, _ = _run(plan, seed=seed, b_lat=(1, 40), qp_of=None)
+    st = _run.last
+    assert mem == _reference(plan)
+    fences = [i for i, w in enumerate(plan) if w[0] == "fence"]
+    assert len(st["fences"]) == len(fences), (len(st["fences"]), len(fences))
+
+    def b_cycles(w):
+        spans = [(w[1], len(w[2]))] if w[0] == "inline" else [(ln * LINE, len(b) * LINE) for ln, b in w[3]]
+        out = []
+        for addr, n in spans:
+            hit = [f[2] for f in st["bursts"] if f[0] <= addr < f[0] + f[1]]
+            assert hit, f"no burst for {addr:#x}"
+            out += hit
+        return out
+
+    for n, (i, done) in enumerate(zip(fences, st["fences"])):
+        for w in plan[:i]:
+            if w[0] != "fence":
+                late = [b for b in b_cycles(w) if b > done]
+                assert not late, f"fence {n} done at cycle {done}, a write before it had its B at {late}"
