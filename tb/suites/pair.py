@@ -1,10 +1,13 @@
-"""Two RTL engines back to back (``ibgda_nic_pair``): RC RDMA WRITE end to end.
+"""Two RTL engines back to back (``ibgda_nic_pair``): RC RDMA WRITE and atomics end to end.
 
 NIC 0's GPU posts WRITEs of every shape into a memory region of NIC 1's GPU. Checked:
 NIC 0's frames and CQEs equal the transmit golden model (model/engine.py); the bytes in
 NIC 1's GPU memory equal what was sent; NIC 1's ACK frames equal the RC golden
 responder's (model/responder.py) for NIC 0's frames; every CQE of NIC 0 is written only after
-the ACK covering its WQE reached NIC 0; the receive counters of both agree.
+the ACK covering its WQE reached NIC 0; the receive counters of both agree. Atomics:
+NIC 0 the requester, NIC 1 the responder; the golden requester and responder predict the
+frames, CQEs and both memories, and plain sums back them up; under the fault matrix NIC 1
+also sends atomics to NIC 0 beside the WRITEs, each applied exactly once.
 """
 import random
 
@@ -14,10 +17,11 @@ from cocotb.triggers import ClockCycles
 from model.cqe import CqContext, parse_cqe
 from model.frames import Port, QpContext
 from model.link import simulate
+from model.memory import SparseMemory
 from model.mr import MemoryRegion
 from model.requester import RcRequester
 from model.responder import RcResponder
-from spec.formats import BTH, OFF_BTH, Access, CQE64, CqeOp, QpState, Syndrome, read_field, unpack
+from spec.formats import BTH, OFF_BTH, Access, CQE64, CqeOp, QpState, Syndrome, WqeOp, read_field, unpack
 from tb.suites import fault_matrix
 from model.network import FaultSpec
 from tb.pair_env import NIC_IPS, NIC_MACS, NicPairEnv
@@ -26,6 +30,12 @@ PD = 3
 KEY = (0x05 << 8) | 0x77
 DST = 0x4000_0000
 REGION = MemoryRegion(key=KEY, base=DST, length=1 << 24, access=Access.LOCAL_WRITE | Access.REMOTE_WRITE, pd=PD)
+# atomics' words (on either NIC) and where their originals land
+ATOMIC_KEY = (0x08 << 8) | 0x44
+WORDS = 0x6000_0000
+ATOMIC_REGION = MemoryRegion(key=ATOMIC_KEY, base=WORDS, length=1 << 16,
+                             access=Access.REMOTE_WRITE | Access.REMOTE_ATOMIC, pd=PD)
+ORIGINALS = 0x6800_0000
 
 
 async def _pair(dut, links, *, mtu=1024, ack_every=(1, 4, 8), faults=None, seed=0, timeout=None):
@@ -41,8 +51,14 @@ async def _pair(dut, links, *, mtu=1024, ack_every=(1, 4, 8), faults=None, seed=
     return env, a, b, pairs
 
 
-def _responder_model(pairs, mtu, ack_every):
-    model = RcResponder(Port(smac=NIC_MACS[1], sip=NIC_IPS[1]))
+class PeerImage(SparseMemory):
+    """What the golden responder takes GPU memory to hold."""
+
+
+def _responder_model(pairs, mtu, ack_every, atomics=None):
+    """NIC 1's golden responder (``atomics``: its memory image, to execute atomics on)."""
+    model = RcResponder(Port(smac=NIC_MACS[1], sip=NIC_IPS[1]), atomics=atomics is not None,
+                        read_memory=atomics.read if atomics is not None else None)
     for (qp_a, qp_b), every in zip(pairs, ack_every):
         model.add_qp(QpContext(qpn=qp_b.qpn, remote_qpn=qp_a.qpn, dmac=NIC_MACS[0], dip=NIC_IPS[0],
                                start_psn=qp_a.start_psn, mtu=mtu), PD, ack_every=every)
@@ -105,6 +121,102 @@ async def rc_writes_back_to_back(dut):
     assert cb["rx_accepted"] == len(a.wire.frames) and cb["acks_sent"] == len(want) and cb["naks_sent"] == 0
     assert ca["rx_ack_received"] == len(b.wire.frames)
     dut._log.info(f"{len(a.wire.frames)} frames, {len(want)} ACKs, {len(a.cqe_writes())} CQEs")
+
+
+@cocotb.test()
+async def rc_atomics_back_to_back(dut):
+    """Every atomic form from NIC 0 to NIC 1 on 2 QPs, between WRITEs, DeepEP's count
+    (a 4-byte masked fetch-add by both QPs on one word) and NVSHMEM's signal (an 8-byte
+    FETCH_ADD) among them. NIC 0's frames are the golden requester's, NIC 1's answers
+    (ATOMIC ACKs and ACKs) the golden responder's for them, NIC 0's CQEs and originals
+    the requester's for those answers, NIC 1's words the responder's, and the plain
+    numbers (the count is the sum, the chain of originals) hold."""
+    rnd = random.Random(11)
+    mtu = 1024
+    env, a, b, pairs = await _pair(dut, [(1, 11), (2, 12)], mtu=mtu, ack_every=(1, 4))
+    await b.ctl.register_mr(ATOMIC_REGION.key, ATOMIC_REGION.base, ATOMIC_REGION.length, ATOMIC_REGION.access,
+                            ATOMIC_REGION.pd)
+    count, signal = WORDS, WORDS + 8
+    own = {qp_a.qpn: WORDS + 0x100 * qp_a.qpn for qp_a, _ in pairs}
+    init = {count: 0, signal: 0}
+    for base in own.values():
+        init.update({base + 8 * i: rnd.randrange(1 << 64) for i in range(6)})
+    image = PeerImage()
+    for va, v in init.items():
+        b.mem.write(va, v.to_bytes(8, "little"))
+        image.write(va, v.to_bytes(8, "little"))
+    req = RcRequester(Port(smac=NIC_MACS[0], sip=NIC_IPS[0]), {0: CqContext(0, 7, base=a.cqs[0].base)}, a.mem.read,
+                      remote_ops=True, write_memory=lambda addr, data: originals.__setitem__(addr, bytes(data)))
+    originals = {}
+    adds, want_frames, ncqe = [], [], 0
+    for k, (qp_a, _) in enumerate(pairs):
+        req.add_qp(QpContext(qpn=qp_a.qpn, remote_qpn=qp_a.remote_qpn, dmac=NIC_MACS[1], dip=NIC_IPS[1],
+                             start_psn=qp_a.start_psn, mtu=mtu, cqn=0, user_index=qp_a.user_index), timeout_ns=1 << 40)
+        base, out = own[qp_a.qpn], ORIGINALS + 0x1000 * qp_a.qpn
+        ws = []
+        for i in range(8):
+            data = bytes(rnd.randrange(256) for _ in range(rnd.choice([8, 300, 2 * mtu])))
+            src = a.gpu.alloc(len(data), 128)
+            a.gpu.write(src, data)
+            ws.append(qp_a.post_write(DST + 0x10000 * qp_a.qpn + 0x1000 * i, KEY, local_addr=src, length=len(data),
+                                      signaled=False))
+            v = rnd.randrange(1, 1 << 16)
+            adds.append((v, out + 8 * i))
+            ws.append(qp_a.post_masked_atomic(WqeOp.ATOMIC_MASKED_FA, 4, count, ATOMIC_KEY,
+                                              {"add": v, "field_boundary": 0}, local_addr=out + 8 * i,
+                                              signaled=i % 4 == 3))
+            ncqe += i % 4 == 3
+        ws.append(qp_a.post_atomic(WqeOp.ATOMIC_FA, signal, ATOMIC_KEY, 1, local_addr=out + 0x100))
+        ws.append(qp_a.post_atomic(WqeOp.ATOMIC_FA, base, ATOMIC_KEY, 5, local_addr=out + 0x108))
+        ws.append(qp_a.post_atomic(WqeOp.ATOMIC_CS, base + 8, ATOMIC_KEY, 0x77, init[base + 8], local_addr=out + 0x110))
+        ws.append(qp_a.post_masked_atomic(WqeOp.ATOMIC_MASKED_FA, 8, base + 16, ATOMIC_KEY,
+                                          {"add": 0x0101_0101_0101_0101, "field_boundary": 0x8080_8080_8080_8080},
+                                          local_addr=out + 0x118))
+        ws.append(qp_a.post_masked_atomic(WqeOp.ATOMIC_MASKED_CS, 4, base + 28, ATOMIC_KEY,
+                                          {"swap": 0xABCD, "compare": 0, "swap_mask": 0xFFFF, "compare_mask": 0},
+                                          local_addr=out + 0x120))
+        ws.append(qp_a.post_masked_atomic(WqeOp.ATOMIC_MASKED_CS, 8, base + 32, ATOMIC_KEY,
+                                          {"swap": 1 << 63, "compare": init[base + 32], "swap_mask": 1 << 63,
+                                           "compare_mask": (1 << 64) - 1}, local_addr=out + 0x128))
+        ncqe += 6
+        for w in ws:
+            want_frames += [t.frame for t in req.post(qp_a.qpn, w.wqe)]
+        await qp_a.ring_nvshmem()
+    await a.wait_for(lambda: len(a.cqe_writes()) >= ncqe, 100_000, lambda: f"{ncqe} CQEs (got {len(a.cqe_writes())})")
+    await ClockCycles(dut.clk, 1000)
+    # NIC 1's answers are the golden responder's for NIC 0's frames (on the same words)
+    rsp = _responder_model(pairs, mtu, (1, 4), atomics=image)
+    rsp.register(ATOMIC_REGION)
+    want_answers = []
+    for f in a.wire.frames:
+        r = rsp.receive(f.data)
+        assert r.accepted, r.reason
+        for addr, data in r.writes:
+            image.write(addr, data)
+        if r.response is not None:
+            want_answers.append(r.response)
+    assert [f.data for f in b.wire.frames] == want_answers, "NIC 1's answers differ from the golden responder's"
+    # NIC 0's frames are the golden requester's (by QP: their order between QPs is the scheduler's)
+    by_qp = lambda fs: sorted(fs, key=lambda f: f[OFF_BTH + 5:OFF_BTH + 8])
+    assert by_qp([f.data for f in a.wire.frames]) == by_qp(want_frames)
+    for f in b.wire.frames:                      # the answers in the order NIC 0 took them
+        req.on_response(f.data, 0)
+    got = sorted((c["qpn"], c["wqe_counter"], raw) for raw in (w[2] for w in a.cqe_writes()) for c in [parse_cqe(raw)])
+    want = sorted((c["qpn"], c["wqe_counter"], rec.cqe) for rec in req.completions for c in [parse_cqe(rec.cqe)])
+    assert got == want, "NIC 0's CQEs differ from the golden requester's"
+    for addr, data in originals.items():
+        assert a.mem.read(addr, len(data)) == data, f"original at {addr:#x}"
+    assert b.mem.read(WORDS, 0x400) == image.read(WORDS, 0x400), "NIC 1's words differ from the golden responder's"
+    # plain numbers
+    u = lambda nic, addr, n, order="little": int.from_bytes(nic.mem.read(addr, n), order)
+    assert u(b, count, 4) == sum(v for v, _ in adds) and u(b, signal, 8) == 2
+    chain = sorted((u(a, slot, 4, "big"), v) for v, slot in adds)
+    assert all(o + v == o2 for (o, v), (o2, _) in zip(chain, chain[1:])) and chain[0][0] == 0, chain
+    for base in own.values():
+        assert u(b, base, 8) == (init[base] + 5) % (1 << 64) and u(b, base + 8, 8) == 0x77
+        assert u(b, base + 32, 8) == init[base + 32] | 1 << 63
+    cb = await b.ctl.read_counters()
+    assert cb["rx_accepted"] == len(a.wire.frames) and cb["naks_sent"] == 0
 
 
 # Regions of NIC 1 that a WRITE of PD 3 must not write: read-only, and of another PD.
@@ -492,16 +604,34 @@ async def rc_modify_to_error(dut):
 
 
 async def _faulty(dut, kind, rate, seed):
-    """WRITEs from NIC 0 to NIC 1 with ``kind`` faults at ``rate`` on both directions
-    of the cable: every message arrives once and intact, every CQE comes, in order,
-    and the counters agree with the faults the link injected."""
+    """WRITEs from NIC 0 to NIC 1, and atomics from NIC 1 to NIC 0 (DeepEP's 4-byte
+    masked fetch-add on a count, an 8-byte FETCH_ADD now and then), with ``kind`` faults
+    at ``rate`` on both directions of the cable: every message arrives once and intact,
+    every atomic is applied exactly once (the words are the sums, the originals a chain),
+    every CQE comes, in order, and the counters agree with the faults the link injected."""
     rnd = random.Random(seed)
     mtu = 1024
     spec = FaultSpec(**{kind: rate}, delay_cycles=300, reorder_depth=2)
     env, a, b, pairs = await _pair(dut, [(1, 11), (2, 12)], mtu=mtu, ack_every=(1, 4), faults=spec, seed=seed,
                                    timeout=3000)
+    await a.ctl.register_mr(ATOMIC_REGION.key, ATOMIC_REGION.base, ATOMIC_REGION.length, ATOMIC_REGION.access,
+                            ATOMIC_REGION.pd)
+    qp_at, _ = await env.connect(1, 3, 0, 3, cq_a=b.cqs[0], cq_b=a.cqs[0], mtu=mtu, pd=PD, timeout=3000)
+    count, signal = WORDS, WORDS + 8
+    adds, fetch_adds, atomic_cqes = [], 0, 0
     sent = []
     for i in range(fault_matrix.messages(rate)):
+        v = rnd.randrange(1, 1 << 12)
+        adds.append((v, ORIGINALS + 8 * i))
+        qp_at.post_masked_atomic(WqeOp.ATOMIC_MASKED_FA, 4, count, ATOMIC_KEY, {"add": v, "field_boundary": 0},
+                                 local_addr=ORIGINALS + 8 * i, signaled=i % 4 == 3)
+        atomic_cqes += i % 4 == 3
+        if i % 8 == 5:
+            qp_at.post_atomic(WqeOp.ATOMIC_FA, signal, ATOMIC_KEY, 1, local_addr=ORIGINALS + 0x8000 + 8 * i,
+                              signaled=False)
+            fetch_adds += 1
+        if i % 4 == 3:
+            await qp_at.ring_nvshmem()
         for k, (qp_a, _) in enumerate(pairs):
             n = rnd.choice([8, 64, 700, mtu, 2 * mtu + 5, 4 * mtu])
             raddr = DST + 0x400000 * qp_a.qpn + 0x4000 * i
@@ -520,6 +650,8 @@ async def _faulty(dut, kind, rate, seed):
     try:
         await a.wait_for(lambda: len(a.cqe_writes()) >= want_cqes, 400_000,
                          f"{want_cqes} CQEs (got {len(a.cqe_writes())})")
+        await b.wait_for(lambda: len(b.cqe_writes()) >= atomic_cqes, 400_000,
+                         f"{atomic_cqes} atomic CQEs of NIC 1 (got {len(b.cqe_writes())})")
     except TimeoutError:
         ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
         dut._log.error(f"hung: link 0->1 {env.net.tx_links[0].counters}, 1->0 {env.net.tx_links[1].counters}; "
@@ -536,6 +668,14 @@ async def _faulty(dut, kind, rate, seed):
             src = [(hex(ra), d.find(got[off:off + 32])) for ra, d in sent if got[off:off + 32] in d]
             raise AssertionError(f"remote memory at {raddr:#x} ({len(data)} B): bytes {off}..{end} differ; "
                                  f"they are found in the payload of {src}")
+    # the atomics: each applied once (the count is the sum, each original the sum of the
+    # adds applied before it), every CQE a success
+    u = lambda nic, addr, n, order="little": int.from_bytes(nic.mem.read(addr, n), order)
+    assert u(a, count, 4) == sum(v for v, _ in adds) and u(a, signal, 8) == fetch_adds
+    chain = sorted((u(b, slot, 4, "big"), v) for v, slot in adds)
+    assert chain[0][0] == 0 and all(o + v == o2 for (o, v), (o2, _) in zip(chain, chain[1:])), chain[:4]
+    cqes = [parse_cqe(raw) for _, _, raw, _ in b.cqe_writes()]
+    assert [(c["qpn"], c["opcode"], c["syndrome"]) for c in cqes] == [(3, CqeOp.REQ, 0)] * atomic_cqes
     ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
     links = env.net.tx_links
     injected = {d: links[d].counters for d in (0, 1)}
@@ -546,13 +686,12 @@ async def _faulty(dut, kind, rate, seed):
                  "delay": "delayed"}[kind]
     data_faults, ack_faults = injected[0][fault_key], injected[1][fault_key]
     assert data_faults + ack_faults > 0, "no fault was injected: raise the rate or the traffic"
-    # every frame NIC 0 sent reached NIC 1's MAC once, or twice when duplicated; none when dropped
-    frames_to_b = injected[0]["delivered"]
-    assert sum(cb[k] for k in cb if k.startswith("rx_") and k != "rx_ack_received") == frames_to_b
-    assert cb["rx_bad_icrc"] + cb["rx_bad_ip_checksum"] + cb["rx_bad_length"] + cb["rx_not_roce"] \
-        == (data_faults if kind == "corrupt" else 0)
-    assert ca["rx_ack_received"] + ca["rx_bad_icrc"] + ca["rx_bad_ip_checksum"] + ca["rx_bad_length"] \
-        + ca["rx_not_roce"] == injected[1]["delivered"]
+    # every frame one NIC sent reached the other's MAC once, or twice when duplicated; none
+    # when dropped; each counted once by a receive counter
+    bad = lambda c: c["rx_bad_icrc"] + c["rx_bad_ip_checksum"] + c["rx_bad_length"] + c["rx_not_roce"]
+    for c, direction in ((cb, 0), (ca, 1)):
+        assert sum(c[k] for k in c if k.startswith("rx_")) == injected[direction]["delivered"]
+        assert bad(c) == (injected[direction]["corrupted"] if kind == "corrupt" else 0)
     if kind in ("drop", "corrupt") and data_faults:
         assert ca["retransmits"] > 0, "frames were lost but nothing was sent again"
     if kind == "duplicate":
