@@ -8,10 +8,12 @@ __all__ = ["StreamFifo", "Pair", "pack_pair", "PairSplitter"]
 
 
 class StreamFifo(wiring.Component):
-    """A ``lib.fifo.SyncFIFOBuffered`` with stream ports and a structured payload."""
+    """A ``lib.fifo.SyncFIFOBuffered`` with stream ports and a structured payload
+    (``level``: the entries it holds)."""
     def __init__(self, shape, depth):
         self._shape, self._depth = shape, depth
-        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape)),
+                          "level": Out(range(depth + 1))})
 
     def elaborate(self, platform):
         m = Module()
@@ -19,7 +21,7 @@ class StreamFifo(wiring.Component):
         m.submodules.fifo = f = fifo.SyncFIFOBuffered(width=width, depth=self._depth)
         m.d.comb += [
             f.w_data.eq(self.i.p), f.w_en.eq(self.i.valid), self.i.ready.eq(f.w_rdy),
-            self.o.p.eq(f.r_data), self.o.valid.eq(f.r_rdy), f.r_en.eq(self.o.ready),
+            self.o.p.eq(f.r_data), self.o.valid.eq(f.r_rdy), f.r_en.eq(self.o.ready), self.level.eq(f.level),
         ]
         return m
 

@@ -17,11 +17,13 @@ class AckCoalescer(wiring.Component):
     duplicates (1.02 a cycle at line rate for 0-byte WRITEs) while MAC TX sends a data
     frame (42 cycles for 4 KiB) owes more ACKs than the queue holds. Those ACKs are all
     the same record (QP, PSN, syndrome, MSN): the same frame, which tells the requester
-    nothing the first one does not. So when the queue is full (and therefore still holds
-    the last record queued, not yet sent) a pair whose records are all ACKs equal to that
-    one is taken and dropped (``coalesced``) instead of holding the responder, and so MAC
-    RX, back. With room in the queue nothing is dropped: each record is queued as it
-    comes (so without back-pressure the ACK frames are the model's one for one).
+    nothing the first one does not. So when the queue is full, or holds a backlog
+    (``backlog``: the queue is deep, for the answers waiting behind an atomic, and a
+    flood of re-ACKs need not fill it), and therefore still holds the last record
+    queued, not yet sent, a pair whose records are all ACKs equal to that one is taken
+    and dropped (``coalesced``) instead of holding the responder, and so MAC RX, back.
+    Otherwise nothing is dropped: each record is queued as it comes (so without
+    back-pressure the ACK frames are the model's one for one).
 
     Purely combinational but for the last record queued (``i.ready`` is ``o.ready``, or
     1 when the pair is dropped: an 80-bit compare of registers).
@@ -34,12 +36,15 @@ class AckCoalescer(wiring.Component):
         To the ACK queue.
     coalesced : Out(2)
         Records dropped this cycle (0..2).
+    backlog : In(1)
+        The queue holds so many records that a re-ACK may be dropped with room left.
     """
     def __init__(self):
         super().__init__({
             "i": In(stream.Signature(Pair(ResponderAck))),
             "o": Out(stream.Signature(Pair(ResponderAck))),
             "coalesced": Out(2),
+            "backlog": In(1),
         })
 
     def elaborate(self, platform):
@@ -55,7 +60,7 @@ class AckCoalescer(wiring.Component):
                             & (~i.p.second | (i.p.p[1].as_value() == tail.as_value())))
         drop = Signal()
         m.d.comb += [
-            drop.eq(i.valid & ~o.ready & same),
+            drop.eq(i.valid & (~o.ready | self.backlog) & same),
             o.valid.eq(i.valid & ~drop), o.p.eq(i.p),
             i.ready.eq(o.ready | drop),
             self.coalesced.eq(Mux(drop, 1 + i.p.second, 0)),

@@ -6,6 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from spec import params as P
 from rtl.common.axi import AxiReadSignature, AxiWriteSignature, Burst, Cache
+from rtl.responder.atomic_unit import AtomicWordWrite
 
 __all__ = ["AtomicDma"]
 
@@ -31,7 +32,8 @@ class AtomicDma(wiring.Component):
     -------
     rd_req : In(stream.Signature({addr}))
     rd_resp : Out(stream.Signature(64))
-    wr_req : In(stream.Signature({addr, data}))
+    wr_req : In(stream.Signature(AtomicWordWrite))
+        A word and its byte strobes (a 4-byte atomic writes only its half).
     wr_done : Out(1)
     rd : Out(AxiReadSignature)
     wr : Out(AxiWriteSignature)
@@ -44,7 +46,7 @@ class AtomicDma(wiring.Component):
         super().__init__({
             "rd_req": In(stream.Signature(data.StructLayout({"addr": unsigned(64)}))),
             "rd_resp": Out(stream.Signature(unsigned(64))),
-            "wr_req": In(stream.Signature(data.StructLayout({"addr": unsigned(64), "data": unsigned(64)}))),
+            "wr_req": In(stream.Signature(AtomicWordWrite)),
             "wr_done": Out(1),
             "rd": Out(AxiReadSignature(**kw)),
             "wr": Out(AxiWriteSignature(**kw)),
@@ -71,12 +73,13 @@ class AtomicDma(wiring.Component):
                      rd.rready.eq(self.rd_resp.ready), lanes.r_en.eq(rd.rvalid & rd.rready)]
         # ---- writes ----
         aw_valid, w_valid = Signal(), Signal()
-        w_addr, w_data = Signal(64), Signal(64)
+        w_addr, w_data, w_strb = Signal(64), Signal(64), Signal(8)
         take_w = Signal()
         m.d.comb += [self.wr_req.ready.eq((~aw_valid | wr.awready) & (~w_valid | wr.wready)),
                      take_w.eq(self.wr_req.valid & self.wr_req.ready)]
         with m.If(take_w):
-            m.d.sync += [aw_valid.eq(1), w_valid.eq(1), w_addr.eq(self.wr_req.p.addr), w_data.eq(self.wr_req.p.data)]
+            m.d.sync += [aw_valid.eq(1), w_valid.eq(1), w_addr.eq(self.wr_req.p.addr), w_data.eq(self.wr_req.p.data),
+                         w_strb.eq(self.wr_req.p.strb)]
         with m.Else():
             with m.If(wr.awready):
                 m.d.sync += aw_valid.eq(0)
@@ -87,6 +90,6 @@ class AtomicDma(wiring.Component):
                      wr.awlen.eq(0), wr.awsize.eq(3), wr.awburst.eq(Burst.INCR),
                      wr.awcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE),
                      wr.wvalid.eq(w_valid), wr.wdata.eq(w_data.replicate(BEAT // 8)),
-                     wr.wstrb.eq(C(0xFF, BEAT) << (lane * 8)), wr.wlast.eq(1),
+                     wr.wstrb.eq(w_strb.as_unsigned() << (lane * 8)), wr.wlast.eq(1),
                      wr.bready.eq(1), self.wr_done.eq(wr.bvalid)]
         return m

@@ -9,7 +9,7 @@ from amaranth.lib.wiring import In, Out
 from spec.formats import PSN_BITS
 from rtl.common.contexts import qp_bits
 
-__all__ = ["AtomicOp", "AtomicRequest", "AtomicResult", "AtomicUnit"]
+__all__ = ["AtomicOp", "AtomicRequest", "AtomicResult", "AtomicWordWrite", "AtomicUnit"]
 
 
 class AtomicOp(enum.Enum, shape=2):
@@ -45,6 +45,12 @@ def AtomicResult(num_qps):
         "qpn": unsigned(qp_bits(num_qps)), "psn": unsigned(PSN_BITS), "orig": unsigned(64), "msn": unsigned(24),
         "replayed": unsigned(1), "found": unsigned(1),
     })
+
+
+# A word write-through: the 8-byte-aligned word and the bytes the atomic owns (all 8, or
+# the 4-byte atomic's half: the other half of the word is never written, so a GPU store
+# or a region boundary beside a 4-byte counter is not touched).
+AtomicWordWrite = data.StructLayout({"addr": unsigned(64), "data": unsigned(64), "strb": unsigned(8)})
 
 
 def _first_set(v):
@@ -98,8 +104,8 @@ class AtomicUnit(wiring.Component):
     rd_req : Out(stream.Signature(addr))
         8-byte-aligned word reads; ``rd_resp`` answers them in order.
     rd_resp : In(stream.Signature(64))
-    wr_req : Out(stream.Signature(addr, data))
-        8-byte word write-throughs, in execution order; ``wr_done`` (a strobe) marks
+    wr_req : Out(stream.Signature(AtomicWordWrite))
+        Word write-throughs (only the atomic's bytes strobed), in execution order; ``wr_done`` (a strobe) marks
         each one's write response, in order.
     wr_done : In(1)
     commit : In(stream.Signature(qpn))
@@ -121,7 +127,7 @@ class AtomicUnit(wiring.Component):
             "results": Out(stream.Signature(AtomicResult(num_qps))),
             "rd_req": Out(stream.Signature(data.StructLayout({"addr": unsigned(64)}))),
             "rd_resp": In(stream.Signature(unsigned(64))),
-            "wr_req": Out(stream.Signature(data.StructLayout({"addr": unsigned(64), "data": unsigned(64)}))),
+            "wr_req": Out(stream.Signature(AtomicWordWrite)),
             "wr_done": In(1),
             "commit": In(stream.Signature(data.StructLayout({"qpn": unsigned(qp_bits(num_qps))}))),
             "landed": In(1),
@@ -286,7 +292,8 @@ class AtomicUnit(wiring.Component):
         with m.If(h_valid & ~r.duplicate & ready_word & out_free & self.wr_req.ready & wbacks.w_rdy):
             m.d.comb += [advance.eq(1), dec.bit_select(h.idx, 1).eq(1), winc.bit_select(h.idx, 1).eq(1),
                          self.wr_req.valid.eq(1), self.wr_req.p.addr.eq(Cat(C(0, 3), r.va[3:])),
-                         self.wr_req.p.data.eq(merged), wbacks.w_en.eq(1), wbacks.w_data.eq(h.idx),
+                         self.wr_req.p.data.eq(merged),
+                         self.wr_req.p.strb.eq(Mux(r.wide, 0xFF, Mux(r.va[2], 0xF0, 0x0F))), wbacks.w_en.eq(1), wbacks.w_data.eq(h.idx),
                          rp_wr.en.eq(1), rp_wr.addr.eq(Cat(r.psn[:rb], r.qpn)),
                          rp_wr.data.valid.eq(1), rp_wr.data.gen.eq(gen_rd.data), rp_wr.data.psn.eq(r.psn),
                          rp_wr.data.orig.eq(orig), rp_wr.data.msn.eq(r.msn)]

@@ -46,6 +46,7 @@ SEGMENT_QUEUE = 4           # payload beats between the resegmenter and the payl
 # atomic waits for the writes before it to land and for its word's read: at 200 M atomics/s
 # (0.4 a cycle) and 1 us of read latency, some 200 of them.
 ACK_QUEUE = 256
+ACK_BACKLOG = 16            # records queued beyond which an identical re-ACK is coalesced
 ATOMIC_QUEUE = 128          # atomics waiting for the writes before them to land (fence)
 ATOMIC_WORDS = 64           # the atomic unit's cached words: misses in flight to different words
 ATOMIC_DEPTH = 256          # atomics waiting in order in the unit (for their words)
@@ -147,6 +148,7 @@ class ResponderPath(WiringLevel):
         wiring.connect(m, rpw.dma, b["rx_write_issuer"].writer)
         wiring.connect(m, rsp.responses, b["ack_coalescer"].i)
         wiring.connect(m, b["ack_coalescer"].o, b["ack_fifo"].i)
+        m.d.comb += b["ack_coalescer"].backlog.eq(b["ack_fifo"].level >= ACK_BACKLOG)
         wiring.connect(m, b["ack_fifo"].o, b["atomic_ack_join"].i)
         wiring.connect(m, b["atomic_ack_join"].o, b["ack_addresser"].i)
         au = b["atomic_unit"]

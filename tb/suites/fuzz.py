@@ -39,13 +39,15 @@ from cocotb.triggers import ClockCycles
 from model.cqe import CqContext
 from model.frames import Port, QpContext, build_nop_wqe, build_write_frames, ip_bytes, mac_bytes
 from model.icrc import icrc, ipv4_checksum
+from model.memory import SparseMemory
+from model.read_atomic import build_atomic_ack, build_atomic_request, build_masked_atomic_request
 from model.parse import _patch_bth, build_rc_packet, build_response, parse_frame
 from model.requester import RcRequester
 from model.responder import RcResponder
 from spec import formats as F
 from spec.formats import Aeth, Op, QpState, WqeOp
 from tb.env import NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
-from tb.rc_env import DST, KEY, KEY_PD, KEY_RO, PD, REGION_LEN, REGIONS, match_coalesced, not_roce
+from tb.rc_env import DST, KEY, KEY_ATOMIC, KEY_PD, KEY_RO, PD, REGION_LEN, REGIONS, match_coalesced, not_roce
 
 NEVER = 1 << 31
 
@@ -116,7 +118,7 @@ def _set_field(f, name, rnd):
 
 # ---- class 1: receive frames --------------------------------------------------------------
 RX_KINDS = ("random_bytes", "runt", "bit_flip", "field", "psn_behind", "psn_ahead", "over_mtu", "qp_not_ready",
-            "wrong_peer", "other_opcode", "bad_key", "tver", "response")
+            "wrong_peer", "other_opcode", "bad_key", "tver", "response", "atomic")
 
 
 @cocotb.test()
@@ -140,8 +142,10 @@ async def fuzz_receive(dut):
     for r in REGIONS:
         await env.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
 
-    def make_model():
-        m = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP))
+    def make_model(image=None):
+        # the engine executes atomics: the model does too, on its image of GPU memory
+        image = SparseMemory() if image is None else image
+        m = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), atomics=True, read_memory=image.read)
         for ctx, every in setup:
             m.add_qp(ctx, PD, ack_every=every)
         for r in REGIONS:
@@ -206,6 +210,26 @@ async def fuzz_receive(dut):
         if kind == "other_opcode":
             op = rnd.choice([Op.SEND_ONLY, Op.SEND_FIRST, Op.READ_REQUEST, 0x0D, 0x10, 0x13, 0x14, 0x64, 0xC0, 0xFF])
             return _refresh(base[:42] + bytes([op]) + base[43:])
+        if kind == "atomic":
+            # an atomic request of any form, mostly in sequence and allowed (executed: GPU
+            # memory must end as the model's), else behind (a retry), ahead, misaligned,
+            # without the right or out of bounds (fatal ones are not sent, as below)
+            p = psn[q] if rnd.random() < 0.8 else (psn[q] + rnd.choice([-1, -2, 1, 5])) & 0xFFFFFF
+            key = KEY_ATOMIC if rnd.random() < 0.85 else rnd.choice([KEY, KEY_RO, KEY_PD, KEY_ATOMIC + 1])
+            nbytes = rnd.choice([4, 8])
+            addr = DST + 0x3F000 + rnd.randrange(64) * nbytes
+            if rnd.random() < 0.05:
+                addr += rnd.choice([1, 2, 4])
+            if rnd.random() < 0.03:
+                addr = DST + REGION_LEN - rnd.choice([0, 4])
+            op = rnd.choice([Op.FETCH_ADD, Op.COMPARE_SWAP, Op.MASKED_FETCH_ADD, Op.MASKED_COMPARE_SWAP])
+            w = lambda: rnd.randrange(1 << (8 * nbytes))
+            if op in (Op.FETCH_ADD, Op.COMPARE_SWAP):
+                return build_atomic_request(ctx, port, op, addr, key, rnd.randrange(1 << 64), rnd.randrange(1 << 64),
+                                            p, aligned=False)
+            n_ops = 2 if op == Op.MASKED_FETCH_ADD else 4
+            return build_masked_atomic_request(ctx, port, op, addr, key, [w() for _ in range(n_ops)], nbytes, p,
+                                               aligned=False)
         if kind == "bad_key":
             return None        # handled by the caller (it kills the QP: rare, and then re-creates)
         if kind == "tver":
@@ -249,7 +273,8 @@ async def fuzz_receive(dut):
     async def body():
         from tb.rc_env import run_and_check
         try:
-            expect, c = await run_and_check(env, make_model(), frames, acks=acks)
+            image = SparseMemory()
+            expect, c = await run_and_check(env, make_model(image), frames, acks=acks, image=image)
         except AssertionError as e:
             e.repro = {"seed": seed, "count": n, "note": "rerun with FUZZ_SEED/FUZZ_RECEIVE to replay",
                        "frames": len(frames)}
@@ -292,15 +317,21 @@ RESP_KINDS = ("unknown_qp", "not_rc", "qp_state", "wrong_peer", "bad_aeth", "psn
 
 @cocotb.test()
 async def fuzz_responses(dut):
-    """Bursts of forged ACK/NAKs at line rate between good ACKs, for RC QPs with WRITEs
-    outstanding: each dropped and counted by reason as ``RcRequester`` says, nothing
+    """Bursts of forged ACK/NAKs and ATOMIC ACKNOWLEDGEs at line rate between good ACKs,
+    for RC QPs with WRITEs outstanding: each dropped and counted by reason as
+    ``RcRequester`` says, nothing
     changed; the good ACKs complete the WRITEs, CQE for CQE (bytes) as the model."""
     seed, n = _seed(), _count("responses", 1500)
     rep = Report("responses", seed)
     rnd = random.Random(seed ^ 0x5151)
     env = await NicEnv(dut).start()
     cq = await env.cq(0, 12)
-    model = RcRequester(Port(smac=PORT_MAC, sip=PORT_IP), {0: CqContext(0, 12, base=cq.base)}, env.mem.read)
+    # remote_ops: the engine takes ATOMIC ACKNOWLEDGEs (nothing here is atomic, so the
+    # model never writes: a forged one must be dropped before it could)
+    def no_write(addr, data):
+        raise AssertionError(f"a forged response wrote {len(data)} bytes at {addr:#x}")
+    model = RcRequester(Port(smac=PORT_MAC, sip=PORT_IP), {0: CqContext(0, 12, base=cq.base)}, env.mem.read,
+                        remote_ops=True, write_memory=no_write)
     rcs = [await env.qp(q, cq, mtu=1024, uc=False, timeout=NEVER) for q in (1, 2, 3, 4)]
     uc = await env.qp(5, cq, mtu=1024)
     dead = await env.qp(6, cq, mtu=1024, uc=False, timeout=NEVER)
@@ -365,7 +396,15 @@ async def fuzz_responses(dut):
         elif kind == "stale":
             psn = (acked - rnd.randrange(0, 1 << 22)) & 0xFFFFFF
             syn = rnd.choice([Aeth.ACK, Aeth.NAK_PSN_SEQ, Aeth.NAK_REMOTE_ACCESS, Aeth.NAK_INVALID_REQ])
-        f = build_response(ctx, port, psn, syn, rnd.randrange(1 << 24))
+        if kind != "bad_aeth" and rnd.random() < 0.3:
+            # as an ATOMIC ACKNOWLEDGE: it passes the same checks (nothing atomic is
+            # outstanding, but each of these is dropped before that matters)
+            f = build_atomic_ack(ctx, port, psn, rnd.randrange(1 << 24), rnd.randrange(1 << 64))
+            if kind == "bad_length":
+                f = _refresh(f[:rnd.randrange(58, 70)])
+                return f
+        else:
+            f = build_response(ctx, port, psn, syn, rnd.randrange(1 << 24))
         if kind == "bad_version":
             f = _patch_bth(f, flags=rnd.randrange(1, 16))
         elif kind == "bad_pkey":

@@ -8,12 +8,13 @@ field, pairs only one of whose records is the repeat, an unused lane 1 (``second
 that differs. The output's ``ready`` drops at random, mostly, or never.
 
 Checked every cycle against a reference (the last record that left, the last of its
-pair): a pair is taken and dropped exactly when ``o.ready`` is 0 and every record of it
+pair): a pair is taken and dropped exactly when ``o.ready`` is 0 or ``backlog`` 1 (at
+random, but never in the always-ready mode) and every record of it
 is an ACK equal to that record; else it is passed on unchanged (``o.valid`` = ``i.valid``,
 ``o.p`` = ``i.p``) and taken when ``o.ready``; ``coalesced`` counts the dropped records.
 At the end, from the records alone: what left is the input with only such records
-removed, each in a cycle whose ``o.ready`` was 0; ``coalesced`` sums to their count; with
-``o.ready`` always 1 nothing is removed.
+removed, each in a cycle whose ``o.ready`` was 0 or with a backlog; ``coalesced`` sums to
+their count; with ``o.ready`` always 1 and no backlog nothing is removed.
 """
 import random
 
@@ -114,10 +115,12 @@ def _run(ready_mode, seed, n):
             ctx.set(dut.i.p.as_value(), (len(pair) == 2) << sec | _pack(lane0) << off[0] | _pack(lane1) << off[1])
             ready = rnd.random() < ready_p
             ctx.set(dut.o.ready, ready)
+            backlog = ready_mode != "high" and rnd.random() < 0.2      # the queue holds a backlog
+            ctx.set(dut.backlog, backlog)
 
             same = (bool(pair) and tail is not None and tail[2] == Aeth.ACK and not tail[4]
                     and all(r == tail for r in pair))
-            drop = same and not ready
+            drop = same and (not ready or backlog)
             ov = ctx.get(dut.o.valid)
             assert ov == (offer and not drop), f"cycle {cycle}: o.valid {ov} (ready {ready}, {pair}, last {tail})"
             ir = ctx.get(dut.i.ready)
@@ -129,7 +132,7 @@ def _run(ready_mode, seed, n):
                 got = [_unpack(op >> off[j]) for j in range(1 + (op >> sec & 1))]
                 assert got == pair, f"cycle {cycle}: o.p {got}, i.p {pair}"
             res["coalesced"] += co
-            res["log"].append((ready, tuple(pair), ov and ready, drop))
+            res["log"].append((ready and not backlog, tuple(pair), ov and ready, drop))
             if ov and ready:
                 res["out"].append((k, pair))
                 tail = pair[-1]
@@ -157,7 +160,7 @@ def _check_stream(pairs, res):
     last = None
     for ready, pair, passed, dropped in res["log"]:
         if dropped:
-            assert not ready, "removed while o.ready was 1"
+            assert not ready, "removed while o.ready was 1 and the queue held no backlog"
             assert last is not None and last[2] == Aeth.ACK and all(r == last for r in pair), \
                 f"removed {pair}, the last that left {last}"
         if passed:

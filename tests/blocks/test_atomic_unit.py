@@ -99,7 +99,7 @@ def run_unit(dut, requests, *, latency, commits=(), ready_p=1.0, cycles=40_000):
                 reads.append((max(now + lat(), last), rp.addr))
             if wv and wr:
                 last = writes[-1][0] if writes else 0
-                writes.append((max(now + lat(), last), wp.addr, wp.data))
+                writes.append((max(now + lat(), last), wp.addr, wp.data, wp.strb))
                 nwrites[0] += 1
             if resv and resr:
                 results.append(dict(qpn=resp.qpn, psn=resp.psn, orig=resp.orig, replayed=resp.replayed,
@@ -108,8 +108,9 @@ def run_unit(dut, requests, *, latency, commits=(), ready_p=1.0, cycles=40_000):
             # a write response: the word lands in memory now
             done = 0
             if writes and writes[0][0] <= now:
-                _, a, d = writes.pop(0)
-                mem[a] = d
+                _, a, d, strb = writes.pop(0)
+                keep = sum(0xFF << 8 * i for i in range(8) if not strb >> i & 1)
+                mem[a] = mem.get(a, 0) & keep | d & ~keep & (1 << 64) - 1
                 done = 1
             ctx.set(dut.wr_done, done)
             # the next read answer (a read sees only the writes completed before it)
