@@ -53,6 +53,14 @@ def AtomicResult(num_qps):
 AtomicWordWrite = data.StructLayout({"addr": unsigned(64), "data": unsigned(64), "strb": unsigned(8)})
 
 
+def _one_hot_or(values, sel):
+    """The value ``sel`` (at most one bit set) picks, as an OR of masked values."""
+    out = 0
+    for i, v in enumerate(values):
+        out = out | (v & sel[i].replicate(len(v)))
+    return out
+
+
 def _first_set(v):
     """(any bit set, index of the lowest set bit) of ``v`` (a power-of-two width), as a
     tree of halves: log2 levels instead of a chain."""
@@ -216,14 +224,22 @@ class AtomicUnit(wiring.Component):
         with m.If(self.wr_done):
             m.d.comb += wdec.bit_select(wbacks.r_data, 1).eq(1)
 
-        # ---- replay records: per QP, the last REPLAY_DEPTH atomics by PSN --------------------
-        rb = (self.REPLAY_DEPTH - 1).bit_length()
+        # ---- replay records: per QP, its last REPLAY_DEPTH atomics by count ---------------
+        # A row of REPLAY_DEPTH records per QP and a count of its atomics (mod the depth):
+        # a new atomic takes the record after the last one, a retry compares all of them
+        # (a QP's atomics are any PSNs apart: WRITEs come between them, so PSN slots would
+        # collide and a retry find its record taken).
+        D = self.REPLAY_DEPTH
+        rb = (D - 1).bit_length()
         rec_layout = data.StructLayout({"valid": unsigned(1), "gen": unsigned(8), "psn": unsigned(PSN_BITS),
                                         "orig": unsigned(64), "msn": unsigned(24)})
-        m.submodules.replay = replay = Memory(shape=rec_layout, depth=self.num_qps * self.REPLAY_DEPTH, init=[])
+        m.submodules.replay = replay = Memory(shape=data.ArrayLayout(rec_layout, D), depth=self.num_qps, init=[])
+        m.submodules.counts = counts = Memory(shape=unsigned(rb), depth=self.num_qps, init=[])
         m.submodules.gens = gens = Memory(shape=unsigned(8), depth=self.num_qps, init=[])
-        rp_wr = replay.write_port()
+        rp_wr = replay.write_port(granularity=1)                # one record of the row
         rp_rd = replay.read_port(transparent_for=(rp_wr,))     # a retry right behind its original
+        cnt_wr = counts.write_port()
+        cnt_rd = counts.read_port(transparent_for=(cnt_wr,))
         gen_wr = gens.write_port()
         gen_rd = gens.read_port(transparent_for=(gen_wr,))
         gen_rmw = gens.read_port(transparent_for=())
@@ -246,8 +262,8 @@ class AtomicUnit(wiring.Component):
         q_head = Signal(q_layout)
         m.d.comb += q_head.eq(queue.r_data)
         advance = Signal()                       # stage 2 is done (or empty): take the next
-        m.d.comb += [queue.r_en.eq(advance), rp_rd.en.eq(advance), gen_rd.en.eq(advance),
-                     rp_rd.addr.eq(Cat(q_head.req.psn[:rb], q_head.req.qpn)), gen_rd.addr.eq(q_head.req.qpn)]
+        m.d.comb += [queue.r_en.eq(advance), rp_rd.en.eq(advance), gen_rd.en.eq(advance), cnt_rd.en.eq(advance),
+                     rp_rd.addr.eq(q_head.req.qpn), gen_rd.addr.eq(q_head.req.qpn), cnt_rd.addr.eq(q_head.req.qpn)]
         with m.If(advance):
             m.d.sync += [h.eq(q_head), h_valid.eq(queue.r_rdy)]
 
@@ -278,7 +294,14 @@ class AtomicUnit(wiring.Component):
         merged = Signal(64)
         m.d.comb += merged.eq(Mux(r.wide, new, Mux(r.va[2], Cat(word[:32], new[:32]), Cat(new[:32], word[32:]))))
 
-        found = rec.valid & (rec.gen == gen_rd.data) & (rec.psn == r.psn)
+        # a retry's record: the one of this life of the QP with its PSN (at most one)
+        match = Signal(D)
+        for i in range(D):
+            m.d.comb += match[i].eq(rec[i].valid & (rec[i].gen == gen_rd.data) & (rec[i].psn == r.psn))
+        found = match.any()
+        rec_orig, rec_msn = Signal(64), Signal(24)
+        m.d.comb += [rec_orig.eq(_one_hot_or([rec[i].orig for i in range(D)], match)),
+                     rec_msn.eq(_one_hot_or([rec[i].msn for i in range(D)], match))]
         ready_word = filled.bit_select(h.idx, 1)
         res = self.results
         out_free = ~res.valid | res.ready
@@ -287,16 +310,18 @@ class AtomicUnit(wiring.Component):
         m.d.comb += advance.eq(~h_valid)
         with m.If(h_valid & r.duplicate & out_free):
             m.d.comb += advance.eq(1)
-            m.d.sync += [res.valid.eq(1), res.p.qpn.eq(r.qpn), res.p.psn.eq(r.psn), res.p.orig.eq(rec.orig),
-                         res.p.msn.eq(rec.msn), res.p.replayed.eq(1), res.p.found.eq(found)]
+            m.d.sync += [res.valid.eq(1), res.p.qpn.eq(r.qpn), res.p.psn.eq(r.psn), res.p.orig.eq(rec_orig),
+                         res.p.msn.eq(rec_msn), res.p.replayed.eq(1), res.p.found.eq(found)]
         with m.If(h_valid & ~r.duplicate & ready_word & out_free & self.wr_req.ready & wbacks.w_rdy):
             m.d.comb += [advance.eq(1), dec.bit_select(h.idx, 1).eq(1), winc.bit_select(h.idx, 1).eq(1),
                          self.wr_req.valid.eq(1), self.wr_req.p.addr.eq(Cat(C(0, 3), r.va[3:])),
                          self.wr_req.p.data.eq(merged),
                          self.wr_req.p.strb.eq(Mux(r.wide, 0xFF, Mux(r.va[2], 0xF0, 0x0F))), wbacks.w_en.eq(1), wbacks.w_data.eq(h.idx),
-                         rp_wr.en.eq(1), rp_wr.addr.eq(Cat(r.psn[:rb], r.qpn)),
-                         rp_wr.data.valid.eq(1), rp_wr.data.gen.eq(gen_rd.data), rp_wr.data.psn.eq(r.psn),
-                         rp_wr.data.orig.eq(orig), rp_wr.data.msn.eq(r.msn)]
+                         rp_wr.en.eq(1 << cnt_rd.data), rp_wr.addr.eq(r.qpn),
+                         cnt_wr.en.eq(1), cnt_wr.addr.eq(r.qpn), cnt_wr.data.eq(cnt_rd.data + 1)]
+            for i in range(D):       # every record of the row offered; the enable picks one
+                m.d.comb += [rp_wr.data[i].valid.eq(1), rp_wr.data[i].gen.eq(gen_rd.data),
+                             rp_wr.data[i].psn.eq(r.psn), rp_wr.data[i].orig.eq(orig), rp_wr.data[i].msn.eq(r.msn)]
             m.d.sync += [words[h.idx].eq(merged),
                          res.valid.eq(1), res.p.qpn.eq(r.qpn), res.p.psn.eq(r.psn), res.p.orig.eq(orig),
                          res.p.msn.eq(r.msn), res.p.replayed.eq(0), res.p.found.eq(1)]

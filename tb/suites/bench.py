@@ -31,6 +31,8 @@ def point_name(p):
         return f"share_w{'-'.join(map(str, p['weights']))}_{p['window']}"
     if kind == "latency":
         return f"latency_{p['latency_ns']}ns"
+    if kind == "atomic":
+        return f"atomic_fetch_add_{p['words']}words_{p['qps']}qp_{p['latency_ns']}ns"
     if kind == "rx":
         stride = f"_s{p['stride']}" if "stride" in p else ""
         return f"rx_{p['flood']}_{p['size']}B_{p.get('qps', 1)}qp{stride}"
@@ -210,12 +212,70 @@ async def _rx(dut, p):
             "counters": {k: v for k, v in c.items() if k.startswith("rx_") or k.startswith("ack")}}
 
 
+async def _atomics(dut, p):
+    """``frames`` 8-byte IBTA FETCH_ADDs of 1 (86-byte frames) received back to back at
+    the 400G line rate from ``qps`` peer QPs in turn, to ``words`` distinct 8-byte words
+    (1: every one to one address), GPU memory ``latency_ns`` away: the rate is the
+    atomics over the time from the first request on MAC RX to the last ATOMIC ACK on the
+    wire (the execution rate; the request wire limit is 1 / wire time of 86 bytes). Each
+    word must end as the count of its adds and every ATOMIC ACK's original be distinct
+    per word (applied once each)."""
+    import random
+    from model.read_atomic import build_atomic_request
+    from spec.formats import OFF_EXT, Op
+    from tb.rc_env import DST, KEY_ATOMIC, peer_port, responder_env
+    rnd = random.Random(1)
+    n, qps, words = p["frames"], p["qps"], p["words"]
+    latency = int(p["latency_ns"] / P.CLOCK_PERIOD_NS)
+    env, _, peers = await responder_env(dut, rnd, {q: 4096 for q in range(1, qps + 1)},
+                                        {q: 1 for q in range(1, qps + 1)}, dma_latency=latency)
+    psn = {q: ctx.start_psn for q, (ctx, _) in peers.items()}
+    frames, targets = [], []
+    for k in range(n):
+        q = 1 + k % qps
+        addr = DST + 0x8_0000 + 8 * (k % words)
+        frames.append(build_atomic_request(peers[q][0], peer_port(q), Op.FETCH_ADD, addr, KEY_ATOMIC, 1, 0, psn[q]))
+        targets.append(addr)
+        psn[q] = (psn[q] + 1) & 0xFFFFFF
+    for f in frames:
+        env.rx.send(f)
+    atomic_acks = lambda: [f for f in env.wire.frames if f.data[42] == Op.ATOMIC_ACK]
+    for _ in range(2000):
+        if len(atomic_acks()) >= n:
+            break
+        await ClockCycles(dut.clk, 100)
+    acks = atomic_acks()
+    assert len(acks) == n, f"{len(acks)} ATOMIC ACKs of {n}"
+    await ClockCycles(dut.clk, 2 * latency + 200)
+    for w in range(words):
+        addr = DST + 0x8_0000 + 8 * w
+        want = sum(1 for t in targets if t == addr)
+        assert int.from_bytes(env.mem.read(addr, 8), "little") == want, f"word {addr:#x}"
+    origs = sorted(int.from_bytes(a.data[OFF_EXT + 4:OFF_EXT + 12], "big") for a in acks)
+    assert len(set(origs)) == n or words > 1, "one address: every original distinct (applied once each)"
+    sent = env.rx.sent
+    t0 = sent[0][1]
+    t1 = acks[-1].last_cycle
+    # the steady rate: the middle half of the ATOMIC ACKs
+    lo, hi = acks[n // 4], acks[3 * n // 4]
+    steady = (3 * n // 4 - n // 4) / ((hi.last_cycle - lo.last_cycle) * P.CLOCK_PERIOD_NS) * 1e9
+    wire_limit = 1e9 / (P.wire_bytes(len(frames[0])) / P.WIRE_BYTES_PER_CYCLE * P.CLOCK_PERIOD_NS)
+    env.wire.write_pcap(OUT / f"{point_name(p)}.pcap")
+    c = await env.ctl.read_counters()
+    return {"point": point_name(p), "kind": "atomic", "words": words, "qps": qps, "atomics": n,
+            "dma_latency_ns": p["latency_ns"], "cycles": t1 - t0,
+            "atomics_per_s": n / ((t1 - t0) * P.CLOCK_PERIOD_NS) * 1e9, "steady_atomics_per_s": steady,
+            "request_wire_limit_per_s": wire_limit, "mac_rx_stall_cycles": env.rx.stall_cycles,
+            "counters": {k: v for k, v in c.items() if v and (k.startswith("rx_") or k.startswith("ack"))}}
+
+
 def _make(k, p):
     async def bench(dut):
         print(f"[bench] point {k + 1}/{len(POINTS)}: {point_name(p)}", flush=True)
         kind = p.get("kind", "write")
         rec = await (_share(dut, p) if kind == "share" else _latency(dut, p) if kind == "latency"
-                     else _rx(dut, p) if kind == "rx" else _point(dut, p))
+                     else _rx(dut, p) if kind == "rx" else _atomics(dut, p) if kind == "atomic"
+                     else _point(dut, p))
         (OUT / f"{rec['point']}.json").write_text(json.dumps(rec, indent=2))
     bench.__name__ = bench.__qualname__ = f"bench_{k:03d}"
     return cocotb.test()(bench)
