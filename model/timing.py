@@ -38,3 +38,18 @@ def single_beat_latency(*, inline, dma_latency, nwqebbs=1, lat=Latencies()):
         return wqe_back + lat.wqe_to_builder + gather + lat.chunk_to_tx
     return (wqe_back + lat.wqe_to_payload_read + gather + dma_latency + lat.payload_to_chunk
             + lat.chunk_to_tx)
+
+
+# An atomic unit entry is busy for a GPU-memory read round trip plus about this many
+# cycles (the AR register, the fill, the free entry chosen a cycle ahead): an estimate,
+# not a cycle model (`make bench` prints it beside the measured rate).
+ATOMIC_ENTRY_OVERHEAD = 3
+
+
+def atomic_rate_estimate(*, words, entries, dma_latency, wire_limit_per_cycle):
+    """Atomics per cycle the responder's atomic unit sustains: one a cycle to one word
+    (it stays cached: no GPU-memory round trip between them); to distinct words, the
+    cache's ``entries`` misses in flight over an entry's busy time; never more than the
+    requests arrive (``wire_limit_per_cycle``)."""
+    per_cycle = 1.0 if words == 1 else entries / (dma_latency + ATOMIC_ENTRY_OVERHEAD)
+    return min(per_cycle, wire_limit_per_cycle)

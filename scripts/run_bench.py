@@ -39,7 +39,14 @@ def points(quick):
         out += [{"kind": "latency", "latency_ns": l} for l in (250, 1000)]
         out += [{"kind": "share", "weights": [1, 1, 1, 1], "window": 100_000, "latency_ns": 1000},
                 {"kind": "share", "weights": [1, 2, 4], "window": 50_000, "latency_ns": 1000}]
-    return out + rx_points(quick)
+    return out + rx_points(quick) + atomic_points(quick)
+
+
+def atomic_points(quick):
+    """8-byte FETCH_ADDs received at line rate (kind "atomic"): to one word, and each to a
+    word of its own, 64 peer QPs, 1 us GPU memory."""
+    n = 2000 if quick else 6000
+    return [{"kind": "atomic", "words": w, "qps": 64, "frames": n, "latency_ns": 1000} for w in (1, n)]
 
 
 def rx_points(quick):
@@ -61,9 +68,13 @@ def rx_points(quick):
 def pair_points(quick):
     """Two-node points (tb/suites/bench_pair.py): RC with the responder in the loop, lossless and lossy."""
     if quick:
-        return [{"size": 4096, "qps": 4, "msgs": 32, "loss": l} for l in (0, 0.01)]
+        return [{"size": 4096, "qps": 4, "msgs": 32, "loss": l} for l in (0, 0.01)] \
+            + [{"size": 7168, "qps": 4, "msgs": 32, "loss": 0, "signal": "count", "batch": 8}]
+    # DeepEP's low-latency pattern: per peer, batches of token WRITEs, each followed by a
+    # 4-byte masked fetch-add on the peer's count
+    deepep = [{"size": s, "qps": 8, "msgs": 96, "loss": 0, "signal": "count", "batch": 8} for s in (4096, 7168)]
     return [{"size": 4096, "qps": 4, "msgs": 128, "loss": l} for l in (0, 0.001, 0.01)] \
-        + [{"size": 1024, "qps": 4, "msgs": 256, "loss": 0}, {"size": 8, "qps": 4, "msgs": 1024, "loss": 0}]
+        + [{"size": 1024, "qps": 4, "msgs": 256, "loss": 0}, {"size": 8, "qps": 4, "msgs": 1024, "loss": 0}] + deepep
 
 
 def _plot(path, title, xlabel, ylabel, x, series, *, base=10, hline=None):
@@ -126,7 +137,8 @@ def main():
     shares = [json.loads(f.read_text()) for f in sorted(out.glob("share_*.json"))]
     lats = [json.loads(f.read_text()) for f in sorted(out.glob("latency_*.json"))]
     rxs = [json.loads(f.read_text()) for f in sorted(out.glob("rx_*.json"))]
-    (out / "results.json").write_text(json.dumps(recs + lats + shares + rxs + pairs, indent=2))
+    atomics = [json.loads(f.read_text()) for f in sorted(out.glob("atomic_*.json"))]
+    (out / "results.json").write_text(json.dumps(recs + lats + shares + rxs + atomics + pairs, indent=2))
     print(f"\n{'payload':>8} {'QPs':>4} {'batch':>5} {'DMA ns':>6} {'msgs':>6} {'M msg/s':>8} {'Gb/s':>7} "
           f"{'limit':>7} {'ratio':>6} {'model Gb/s':>10}")
     for r in recs:
@@ -154,16 +166,30 @@ def main():
             stride = r.get("stride", 64) if r["flood"] == "write" else "-"
             print(f"{r['flood']:>8} {r['frame_bytes']:>6} {r['qps']:>4} {stride:>6} {r['frames']:>7} {fps:>10.1f} "
                   f"{r['ratio_to_line_rate']:>6.3f} {r['mac_rx_stall_cycles']:>7}")
+    if atomics:
+        print("\n8-byte FETCH_ADDs at the responder, requests at line rate, 1 us GPU memory "
+              "(estimate: one a cycle to one word; words in flight / round trip to distinct ones):")
+        print(f"{'words':>6} {'QPs':>4} {'atomics':>7} {'M/s':>7} {'steady':>7} {'estimate':>8} {'wire limit':>10} "
+              f"{'RX stalls':>9}")
+        for r in sorted(atomics, key=lambda r: r["words"]):
+            print(f"{r['words']:>6} {r['qps']:>4} {r['atomics']:>7} {r['atomics_per_s'] / 1e6:>7.1f} "
+                  f"{r['steady_atomics_per_s'] / 1e6:>7.1f} {r['estimate_per_s'] / 1e6:>8.1f} "
+                  f"{r['request_wire_limit_per_s'] / 1e6:>10.1f} {r['mac_rx_stall_cycles']:>9}")
     if pairs:
         print("\ntwo nodes, RC, responder in the loop (cable 100 cycles each way, loss on both directions):")
-        print(f"{'payload':>8} {'QPs':>4} {'msgs':>6} {'loss':>6} {'Gb/s':>7} {'M msg/s':>8} {'steady':>7} "
-              f"{'vs lossless':>11} {'frames':>7} {'dropped':>8} {'NAKs':>5} {'retx':>5} {'timeouts':>8}")
-        base = {r["payload_bytes"]: r["goodput_gbps"] for r in pairs if r["loss"] == 0}
-        for r in sorted(pairs, key=lambda r: (-r["payload_bytes"], r["loss"])):
+        print("(signal count/n: DeepEP's pattern, a masked fetch-add on the peer's count after every n "
+              "tokens; wire ratio: payload goodput over NIC 0's wire span against its frames back to back)")
+        print(f"{'payload':>8} {'QPs':>4} {'signal':>9} {'msgs':>6} {'loss':>6} {'Gb/s':>7} {'M msg/s':>8} "
+              f"{'steady':>7} {'wire ratio':>10} {'vs lossless':>11} {'frames':>7} {'dropped':>8} {'NAKs':>5} "
+              f"{'retx':>5} {'timeouts':>8}")
+        base = {r["payload_bytes"]: r["goodput_gbps"] for r in pairs if r["loss"] == 0 and not r.get("signal")}
+        for r in sorted(pairs, key=lambda r: (-r["payload_bytes"], bool(r.get("signal")), r["loss"])):
             ratio = r["goodput_gbps"] / base[r["payload_bytes"]] if r["payload_bytes"] in base else float("nan")
-            print(f"{r['payload_bytes']:>8} {r['qps']:>4} {r['messages']:>6} {r['loss']:>6g} {r['goodput_gbps']:>7.1f} "
+            sig = f"count/{r['batch']}" if r.get("signal") else "-"
+            print(f"{r['payload_bytes']:>8} {r['qps']:>4} {sig:>9} {r['messages']:>6} {r['loss']:>6g} "
+                  f"{r['goodput_gbps']:>7.1f} "
                   f"{r['messages_per_s'] / 1e6:>8.1f} {(r.get('steady_frames_per_s') or 0) / 1e6:>7.1f} "
-                  f"{ratio:>11.3f} {r['frames_sent']:>7} "
+                  f"{r['ratio_to_wire_limit']:>10.4f} {ratio:>11.3f} {r['frames_sent']:>7} "
                   f"{sum(r['dropped'].values()):>8} {r['naks']:>5} {r['retransmits']:>5} {r['timeouts']:>8}")
     plots(recs, out)
     print(f"\nresults: {out / 'results.json'}; plots and one pcap per point beside it")

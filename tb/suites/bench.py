@@ -260,9 +260,14 @@ async def _atomics(dut, p):
     lo, hi = acks[n // 4], acks[3 * n // 4]
     steady = (3 * n // 4 - n // 4) / ((hi.last_cycle - lo.last_cycle) * P.CLOCK_PERIOD_NS) * 1e9
     wire_limit = 1e9 / (P.wire_bytes(len(frames[0])) / P.WIRE_BYTES_PER_CYCLE * P.CLOCK_PERIOD_NS)
+    from model.timing import atomic_rate_estimate
+    from rtl.responder.path import ATOMIC_WORDS
+    estimate = atomic_rate_estimate(words=words, entries=ATOMIC_WORDS, dma_latency=latency,
+                                    wire_limit_per_cycle=wire_limit * P.CLOCK_PERIOD_NS / 1e9) / P.CLOCK_PERIOD_NS * 1e9
+    OUT.mkdir(parents=True, exist_ok=True)
     env.wire.write_pcap(OUT / f"{point_name(p)}.pcap")
     c = await env.ctl.read_counters()
-    return {"point": point_name(p), "kind": "atomic", "words": words, "qps": qps, "atomics": n,
+    return {"point": point_name(p), "kind": "atomic", "estimate_per_s": estimate, "atomic_unit_words": ATOMIC_WORDS, "words": words, "qps": qps, "atomics": n,
             "dma_latency_ns": p["latency_ns"], "cycles": t1 - t0,
             "atomics_per_s": n / ((t1 - t0) * P.CLOCK_PERIOD_NS) * 1e9, "steady_atomics_per_s": steady,
             "request_wire_limit_per_s": wire_limit, "mac_rx_stall_cycles": env.rx.stall_cycles,

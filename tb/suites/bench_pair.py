@@ -30,8 +30,14 @@ PD = 1
 TIMEOUT_CYCLES = 4000        # 8 us: a few ACK round trips of this cable and GPU memory
 
 
+COUNT_KEY = (0x0A << 8) | 0x33           # NIC 1's counts: remote atomic
+COUNTS = 0x9000_0000
+SCRATCH_BYTES = 8
+
+
 def point_name(p):
-    return f"pair_{p['size']}B_{p['qps']}qp_loss{p['loss']:g}" + (f"_seed{p['seed']}" if "seed" in p else "")
+    sig = f"_count{p['batch']}" if p.get("signal") == "count" else ""
+    return f"pair_{p['size']}B_{p['qps']}qp{sig}_loss{p['loss']:g}" + (f"_seed{p['seed']}" if "seed" in p else "")
 
 
 async def _point(dut, p):
@@ -42,6 +48,9 @@ async def _point(dut, p):
     cq_a, cq_b = await a.cq(0, 0, collapsed=True), await b.cq(0, 0, collapsed=True)
     region = max(1 << 20, nq * msgs * max(size, 64))
     await b.ctl.register_mr(KEY, DST, region, Access.LOCAL_WRITE | Access.REMOTE_WRITE, PD)
+    deepep = p.get("signal") == "count"       # DeepEP's low-latency pattern: tokens, then the count
+    if deepep:
+        await b.ctl.register_mr(COUNT_KEY, COUNTS, 1 << 16, Access.LOCAL_WRITE | Access.REMOTE_ATOMIC, PD)
     pairs = [await env.connect(0, q + 1, 1, q + 1, cq_a=cq_a, cq_b=cq_b, mtu=4096, pd=PD, ack_every=8,
                                timeout=TIMEOUT_CYCLES, log_depth=max(8, (msgs * 2).bit_length()))
              for q in range(nq)]
@@ -59,14 +68,28 @@ async def _point(dut, p):
                 a.gpu.write(addr, data)
                 qp.post_write(raddr, KEY, local_addr=addr, length=size, signaled=last)
             sent.append((raddr, data))
+            if deepep and i % p["batch"] == p["batch"] - 1:
+                # the batch's count: a 4-byte masked fetch-add of 1 (CQ_UPDATE set), as
+                # DeepEP's low-latency dispatch signals a peer after its tokens
+                qp.amo_nonfetch_add(COUNTS + 4 * q, COUNT_KEY, 1, scratch=a.gpu.alloc(SCRATCH_BYTES, 8))
             if last:
                 await qp.ring_nvshmem()
-    want = sum((msgs + 31) // 32 for _ in pairs)
+    want = sum((msgs + 31) // 32 for _ in pairs) + (nq * (msgs // p["batch"]) if deepep else 0)
     await a.wait_for(lambda: len(a.cqe_writes()) >= want, 5_000_000, f"{want} CQEs")
     for raddr, data in sent:
         assert b.mem.read(raddr, len(data)) == data, f"NIC 1 memory at {raddr:#x}"
-    a.predict()
-    a.check_cqes()                                   # every CQE as the golden model's
+    if deepep:
+        # every count is its QP's batches (each fetch-add applied once, after its tokens),
+        # every CQE a success (the golden transmit model does not predict atomics' CQEs)
+        for q in range(nq):
+            got = int.from_bytes(b.mem.read(COUNTS + 4 * q, 4), "little")
+            assert got == msgs // p["batch"], f"count of QP {q + 1}: {got}"
+        from model.cqe import parse_cqe
+        bad = [c for c in (parse_cqe(raw) for _, _, raw, _ in a.cqe_writes()) if c["syndrome"]]
+        assert not bad, f"error CQEs: {bad[:2]}"
+    else:
+        a.predict()
+        a.check_cqes()                               # every CQE as the golden model's
     first = a.wire.frames[0].start_bytes / P.WIRE_BYTES_PER_CYCLE
     last_cqe = max(c for *_, c in a.cqe_writes())
     ns = (last_cqe - first) * P.CLOCK_PERIOD_NS
@@ -76,7 +99,17 @@ async def _point(dut, p):
     n = len(frames)
     lo, hi = frames[n // 4], frames[3 * n // 4]
     steady_ns = (hi.start_bytes - lo.start_bytes) / P.WIRE_BYTES_PER_CYCLE * P.CLOCK_PERIOD_NS
-    return {"point": point_name(p), "kind": "pair", "payload_bytes": size, "qps": nq, "messages": msgs * nq,
+    # the wire limit of what NIC 0 sent (tokens, their headers and the atomics): its frames
+    # back to back; the ratio is the payload's goodput over the wire span against it
+    wire_ns = sum(P.wire_bytes(len(f)) for f in frames) * 8 / P.WIRE_GBPS
+    span_ns = (frames[-1].end_bytes - frames[0].start_bytes) * 8 / P.WIRE_GBPS
+    limit_gbps = 8 * payload / wire_ns
+    if not loss:
+        OUT.mkdir(parents=True, exist_ok=True)
+        a.wire.write_pcap(OUT / f"{point_name(p)}.pcap")
+    return {"point": point_name(p), "kind": "pair", "signal": p.get("signal"), "batch": p.get("batch"),
+            "wire_limit_goodput_gbps": limit_gbps, "ratio_to_wire_limit": 8 * payload / span_ns / limit_gbps,
+            "payload_bytes": size, "qps": nq, "messages": msgs * nq,
             "loss": loss, "goodput_gbps": 8 * payload / ns, "messages_per_s": msgs * nq / ns * 1e9,
             "steady_frames_per_s": (3 * n // 4 - n // 4) / steady_ns * 1e9 if steady_ns else None,
             "acks_merged": ca["acks_merged"],
