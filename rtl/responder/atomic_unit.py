@@ -266,11 +266,28 @@ class AtomicUnit(wiring.Component):
                      rp_rd.addr.eq(q_head.req.qpn), gen_rd.addr.eq(q_head.req.qpn), cnt_rd.addr.eq(q_head.req.qpn)]
         with m.If(advance):
             m.d.sync += [h.eq(q_head), h_valid.eq(queue.r_rdy)]
+        # The head's word is read from the cache as it enters stage 2 (the wide mux of the
+        # cache off the ALU's path), with what this cycle writes to its entry forwarded:
+        # the atomic in stage 2 executing on the same word, or the word's fill arriving;
+        # a fill arriving while the head waits for it is taken too.
+        word = Signal(64)                        # the head's word (registered)
+        word_ok = Signal()                       # ... is there (filled)
+        fill_now = Signal()
+        m.d.comb += fill_now.eq(self.rd_resp.valid & fills.r_rdy)
+        executing = Signal()                     # stage 2 executes this cycle (merged is its result)
+        merged = Signal(64)
+        with m.If(advance):
+            with m.If(executing & (h.idx == q_head.idx)):
+                m.d.sync += [word.eq(merged), word_ok.eq(1)]
+            with m.Elif(fill_now & (fills.r_data == q_head.idx)):
+                m.d.sync += [word.eq(self.rd_resp.p), word_ok.eq(1)]
+            with m.Else():
+                m.d.sync += [word.eq(words[q_head.idx]), word_ok.eq(filled.bit_select(q_head.idx, 1))]
+        with m.Elif(fill_now & (fills.r_data == h.idx)):
+            m.d.sync += [word.eq(self.rd_resp.p), word_ok.eq(1)]
 
         r = h.req
         rec = rp_rd.data
-        word = Signal(64)
-        m.d.comb += word.eq(words[h.idx])
         half = Signal(32)
         m.d.comb += half.eq(Mux(r.va[2], word[32:], word[:32]))
         orig = Signal(64)
@@ -291,7 +308,6 @@ class AtomicUnit(wiring.Component):
             m.d.comb += new.eq(((orig & ~swap_mask) | (swap & swap_mask)) & ones)
         with m.Else():
             m.d.comb += new.eq(orig)
-        merged = Signal(64)
         m.d.comb += merged.eq(Mux(r.wide, new, Mux(r.va[2], Cat(word[:32], new[:32]), Cat(new[:32], word[32:]))))
 
         # a retry's record: the one of this life of the QP with its PSN (at most one)
@@ -302,7 +318,7 @@ class AtomicUnit(wiring.Component):
         rec_orig, rec_msn = Signal(64), Signal(24)
         m.d.comb += [rec_orig.eq(_one_hot_or([rec[i].orig for i in range(D)], match)),
                      rec_msn.eq(_one_hot_or([rec[i].msn for i in range(D)], match))]
-        ready_word = filled.bit_select(h.idx, 1)
+        ready_word = word_ok
         res = self.results
         out_free = ~res.valid | res.ready
         with m.If(res.valid & res.ready):
@@ -313,7 +329,7 @@ class AtomicUnit(wiring.Component):
             m.d.sync += [res.valid.eq(1), res.p.qpn.eq(r.qpn), res.p.psn.eq(r.psn), res.p.orig.eq(rec_orig),
                          res.p.msn.eq(rec_msn), res.p.replayed.eq(1), res.p.found.eq(found)]
         with m.If(h_valid & ~r.duplicate & ready_word & out_free & self.wr_req.ready & wbacks.w_rdy):
-            m.d.comb += [advance.eq(1), dec.bit_select(h.idx, 1).eq(1), winc.bit_select(h.idx, 1).eq(1),
+            m.d.comb += [advance.eq(1), executing.eq(1), dec.bit_select(h.idx, 1).eq(1), winc.bit_select(h.idx, 1).eq(1),
                          self.wr_req.valid.eq(1), self.wr_req.p.addr.eq(Cat(C(0, 3), r.va[3:])),
                          self.wr_req.p.data.eq(merged),
                          self.wr_req.p.strb.eq(Mux(r.wide, 0xFF, Mux(r.va[2], 0xF0, 0x0F))), wbacks.w_en.eq(1), wbacks.w_data.eq(h.idx),

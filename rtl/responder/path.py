@@ -48,7 +48,7 @@ SEGMENT_QUEUE = 4           # payload beats between the resegmenter and the payl
 ACK_QUEUE = 256
 ACK_BACKLOG = 16            # records queued beyond which an identical re-ACK is coalesced
 ATOMIC_QUEUE = 128          # atomics waiting for the writes before them to land (fence)
-ATOMIC_WORDS = 64           # the atomic unit's cached words: misses in flight to different words
+ATOMIC_WORDS = 256          # the atomic unit's cached words: misses in flight to different words
 ATOMIC_DEPTH = 256          # atomics waiting in order in the unit (for their words)
 
 
