@@ -64,6 +64,8 @@ REGISTERS = (
     Reg("QP_RETRY", 0x150, RW, 3, "RC retry count 0..7: timer retransmissions before the QP gives up"),
     Reg("QP_USER_INDEX", 0x154, RW, 24, "user index its CQEs carry in srqn_uidx [23:0] (CQE version 1; "
         "taken by a create)"),
+    Reg("QP_MAX_RD_ATOMIC", 0x158, RW, 5, "READs and atomics in flight at most, 1..16 (ibv_qp_attr.max_rd_atomic, "
+        "the peer's responder resources; 0 and over 16 count as 16): one more, and every WQE after it, waits"),
     Reg("CQ_NUM", 0x200, RW, _CQ_BITS, "CQ the next CQ commit writes"),
     Reg("CQ_BASE_LO", 0x204, RW, 32, "CQ buffer base address [31:0] (64-byte aligned)"),
     Reg("CQ_BASE_HI", 0x208, RW, 32, "CQ buffer base address [63:32]"),

@@ -91,7 +91,7 @@ class NicControl:
 
     async def create_qp(self, qpn, sq_base, log_depth, cqn, remote_qpn, start_psn, dmac, dip,
                         mtu_code, state=QpState.RTS, weight=1, rq_psn=0, pd=0, ack_every=1, uc=False,
-                        timeout=DEFAULT_TIMEOUT_CYCLES, retry_cnt=7, user_index=0):
+                        timeout=DEFAULT_TIMEOUT_CYCLES, retry_cnt=7, user_index=0, max_rd_atomic=16):
         """Stage a QP context and commit it to ``qpn`` (indices reset to 0, PSN to start_psn).
 
         Parameters:
@@ -131,7 +131,8 @@ class NicControl:
                 "QP_SQ_LOG_DEPTH": log_depth, "QP_CQN": cqn, "QP_REMOTE_QPN": remote_qpn, "QP_START_PSN": start_psn,
                 "QP_DMAC_LO": lo, "QP_DMAC_HI": hi, "QP_DIP": dip, "QP_MTU": mtu_code, "QP_STATE": state,
                 "QP_WEIGHT": weight, "QP_RQ_PSN": rq_psn, "QP_PD": pd, "QP_ACK_EVERY": ack_every, "QP_SERVICE": int(uc),
-                "QP_TIMEOUT": timeout, "QP_RETRY": retry_cnt, "QP_USER_INDEX": user_index}
+                "QP_TIMEOUT": timeout, "QP_RETRY": retry_cnt, "QP_USER_INDEX": user_index,
+                "QP_MAX_RD_ATOMIC": max_rd_atomic}
         for addr, value in regs.items():
             await self.write_reg(addr, value)
         await self.write_reg("QP_COMMIT", 1)

@@ -320,9 +320,13 @@ class WqeParser(wiring.Component):
         m.d.comb += in_flight.eq(cur_rtail - cur_rhead)
         new_op = Signal()                            # a first transmission of a READ or atomic
         m.d.comb += new_op.eq(send_atomic & ~skip_wqe & ~(cur_psn - cur_rlast - 1)[23])
-        wait_op = Signal()                           # this WQE waits (ring full, or fenced behind ops)
+        # the QP's limit (QP_MAX_RD_ATOMIC: 1..16, else the ring's 16)
+        cfg_limit = job.cfg.max_rd_atomic
+        limit = Signal(5)
+        m.d.comb += limit.eq(Mux((cfg_limit == 0) | (cfg_limit > P.MAX_RD_ATOMIC), P.MAX_RD_ATOMIC, cfg_limit))
+        wait_op = Signal()                           # this WQE waits (limit reached, or fenced behind ops)
         m.d.comb += wait_op.eq(~cur_fail & ~skip_wqe
-                               & ((new_op & (in_flight >= P.MAX_RD_ATOMIC)) | (fence & (in_flight != 0))))
+                               & ((new_op & (in_flight >= limit)) | (fence & (in_flight != 0))))
         recreated = Signal()                         # the burst's QP was created again (registered)
         with m.If(rhead_fresh):
             m.d.sync += [rhead.eq(rh_rd.data), rhead_fresh.eq(0)]

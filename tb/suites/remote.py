@@ -19,7 +19,7 @@ from model.memory import SparseMemory
 from model.mr import MemoryRegion
 from model.requester import RcRequester
 from model.responder import RcResponder
-from spec.formats import Access, WqeOp, unpack, BTH, OFF_BTH
+from spec.formats import Access, Op, WqeOp, unpack, BTH, OFF_BTH
 from tb.env import NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
 
 PD = 3
@@ -60,7 +60,7 @@ class RequesterWithPeers:
         for qp in qps:
             self.model.add_qp(QpContext(qpn=qp.qpn, remote_qpn=qp.remote_qpn, dmac=qp.dmac, dip=qp.dip,
                                         start_psn=qp.start_psn, mtu=qp.mtu, cqn=cq.cqn, user_index=qp.user_index),
-                              timeout_ns=NEVER)
+                              timeout_ns=NEVER, max_rd_atomic=getattr(qp, "max_rd_atomic", 16))
         self.model_writes = {}           # addr -> bytes the model's requester wrote
         self.expect = []                 # frames the model sends, in order
         self.delivered = []              # responses handed to the NIC
@@ -135,10 +135,16 @@ class RequesterWithPeers:
         assert self.cq.try_poll() is None, "a CQE the model does not write"
 
 
-async def _setup(dut, nqps=1, **kw):
+async def _setup(dut, nqps=1, limits=None, **kw):
+    """``limits``: QP -> QP_MAX_RD_ATOMIC (default 16)."""
     env = await NicEnv(dut).start()
     cq = await env.cq(0, 8)
-    qps = [await env.qp(q, cq, mtu=1024, uc=False, timeout=NEVER) for q in range(1, nqps + 1)]
+    qps = []
+    for q in range(1, nqps + 1):
+        limit = (limits or {}).get(q, 16)
+        qp = await env.qp(q, cq, mtu=1024, uc=False, timeout=NEVER, max_rd_atomic=limit)
+        qp.max_rd_atomic = limit
+        qps.append(qp)
     return env, cq, qps, RequesterWithPeers(env, cq, qps, **kw)
 
 
@@ -232,6 +238,39 @@ async def fetch_add_counts_exactly_once(dut):
     assert chain[-1][0] + chain[-1][1] == sum(adds)
     for qp in qps:
         assert net.mem.u(REMOTE + 0x1000 * qp.qpn, 8) == 3 * 4
+
+
+@cocotb.test()
+async def max_rd_atomic_per_qp(dut):
+    """QP_MAX_RD_ATOMIC: QP 1 may have 2 atomics in flight, QP 2 the default 16 (the peer
+    answers each 300 cycles after it). Each posts 12 8-byte FETCH_ADDs and a signaled
+    NOP: frames and CQEs as the model (given the same limits); QP 1 sends its k-th
+    request only after the ATOMIC ACK of its (k-2)-th reached the NIC, QP 2 all 12 before
+    its first answer; the words are the sums."""
+    limits = {1: 2}
+    env, cq, qps, net = await _setup(dut, 2, limits=limits)
+    for qp in qps:
+        w = [qp.post_atomic(WqeOp.ATOMIC_FA, REMOTE + 0x1000 * qp.qpn, KEY, i + 1,
+                            local_addr=LOCAL + 0x1000 * qp.qpn + 8 * i, signaled=False) for i in range(12)]
+        w.append(qp.post_nop())
+        net.post(qp, w)
+    for qp in qps:
+        await qp.ring_nvshmem()
+    cqes = await net.finish(2, 40_000)
+    net.check(cqes)
+    for qp in qps:
+        assert net.mem.u(REMOTE + 0x1000 * qp.qpn, 8) == sum(range(1, 13))
+        sent = [f.first_cycle for f in env.wire.frames
+                if unpack(BTH, f.data, OFF_BTH)["dqpn"] == qp.remote_qpn and f.data[OFF_BTH] == Op.FETCH_ADD]
+        answered = [last for f, _, last in env.rx.sent
+                    if unpack(BTH, f, OFF_BTH)["dqpn"] == qp.qpn and f[OFF_BTH] == Op.ATOMIC_ACK]
+        assert len(sent) == len(answered) == 12, (len(sent), len(answered))
+        limit = limits.get(qp.qpn, 16)
+        if limit < 12:
+            early = [k for k in range(limit, 12) if sent[k] <= answered[k - limit]]
+            assert not early, f"QP {qp.qpn}: requests {early} sent with {limit} already in flight"
+        else:
+            assert sent[-1] < answered[0], f"QP {qp.qpn} held back below its limit of {limit}"
 
 
 @cocotb.test()
