@@ -12,8 +12,7 @@ import cocotb
 from cocotb.triggers import ClockCycles, Lock, RisingEdge
 from cocotbext.axi import AxiMasterWrite, AxiWriteBus
 
-from spec.formats import (ATOMIC_SEG, CQE64, CQE_SIZE, CTRL_SEG, DATA_SEG, DS_UNIT, EXT_CS32_SEG, EXT_CS64_SEG,
-                          EXT_FA32_SEG, EXT_FA64_SEG, FENCE_FENCE, FM_CE_SE_CQ_UPDATE, INLINE_FLAG,
+from spec.formats import (ATOMIC_FORMS, ATOMIC_SEG, CQE64, CQE_SIZE, CTRL_SEG, DATA_SEG, DS_UNIT, FENCE_FENCE, FM_CE_SE_CQ_UPDATE, INLINE_FLAG,
                           MAX_WQEBBS, OPMOD_EXT_ATOMIC_4B, OPMOD_EXT_ATOMIC_8B, RADDR_SEG, UAR_DB_OFFSET,
                           UAR_DB_OFFSET_ALT, UAR_PAGE_SHIFT, WQEBB, CqeOp, QpState, WqeOp, pack, unpack)
 from spec.params import DB_DATA_BYTES
@@ -479,11 +478,10 @@ class Qp:
         ``operands`` {add, field_boundary} or ATOMIC_MASKED_CS with {swap, compare,
         swap_mask, compare_mask}; ``nbytes`` 4 (opmod 0x08) or 8 (0x09). ds 4 (1 WQEBB),
         but ds 5 (2 WQEBBs) for the 8-byte compare-swap's 32-byte segment."""
-        tables = {(WqeOp.ATOMIC_MASKED_FA, 4): EXT_FA32_SEG, (WqeOp.ATOMIC_MASKED_FA, 8): EXT_FA64_SEG,
-                  (WqeOp.ATOMIC_MASKED_CS, 4): EXT_CS32_SEG, (WqeOp.ATOMIC_MASKED_CS, 8): EXT_CS64_SEG}
-        if (opcode, nbytes) not in tables:
+        opmod = {4: OPMOD_EXT_ATOMIC_4B, 8: OPMOD_EXT_ATOMIC_8B}.get(nbytes)
+        if opcode not in (WqeOp.ATOMIC_MASKED_FA, WqeOp.ATOMIC_MASKED_CS) or opmod is None:
             raise ValueError(f"a masked atomic is ATOMIC_MASKED_FA/CS of 4 or 8 bytes, not {opcode!r}/{nbytes!r}")
-        table = tables[opcode, nbytes]
+        _, _, table, _ = ATOMIC_FORMS[opcode, opmod]     # the form table the parser and model read
         names = [n for n, _, _ in table if n != "rsvd"]
         if set(operands) != set(names):
             raise ValueError(f"operands must be {names}, got {sorted(operands)}")
@@ -492,7 +490,6 @@ class Qp:
         _check("raddr", raddr, 0, 2**64 - 1), _check("rkey", rkey, 0, 2**32 - 1)
         segs = [self._seg(RADDR_SEG, raddr=raddr, rkey=rkey), self._seg(table, **operands),
                 self._data_seg(local_addr, nbytes, lkey)]
-        opmod = OPMOD_EXT_ATOMIC_4B if nbytes == 4 else OPMOD_EXT_ATOMIC_8B
         return self._post(segs, opcode, signaled, raddr=raddr, rkey=rkey, payload=b"", length=nbytes,
                           local_addr=local_addr, lkey=lkey, inline=False, opmod=opmod)
 
