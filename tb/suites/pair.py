@@ -21,6 +21,7 @@ from model.memory import SparseMemory
 from model.mr import MemoryRegion
 from model.requester import RcRequester
 from model.responder import RcResponder
+from spec import params as P
 from spec.formats import BTH, OFF_BTH, Access, CQE64, CqeOp, QpState, Syndrome, WqeOp, read_field, unpack
 from tb.suites import fault_matrix
 from model.network import FaultSpec
@@ -379,6 +380,64 @@ def _assert_frames_as_model(res, a, b):
 # Each episode is one 4-packet WRITE posted when the previous one completed; frame
 # indices below follow from the protocol alone (the episode's packets all leave before a
 # response can come back), so the model's frame sequences are the RTL's, byte for byte.
+PD4_ATOMIC_REGION = MemoryRegion(key=(0x0B << 8) | 0x22, base=WORDS + 0x2_0000, length=0x1000,
+                                 access=Access.REMOTE_ATOMIC, pd=PD + 1)
+
+
+@cocotb.test()
+async def rc_atomic_access_errors(dut):
+    """Atomic violations through two engines: QP 1..5 each post a good FETCH_ADD, then a
+    bad atomic (1: a region without REMOTE_ATOMIC, 2: a wrong key, 3: another PD, 4: out
+    of bounds, 5: a 4-byte masked fetch-add at a VA not 4-byte aligned), then a WRITE and
+    an atomic. NIC 1 NAKs (remote access; invalid request for the misaligned one); NIC 0
+    gives each bad one REQ_ERR with REMOTE_ACCESS_ERR / REMOTE_INVAL_REQ_ERR and every WQE
+    after it WR_FLUSH_ERR. On NIC 1 only the five good atomics wrote (one write-through
+    each, AWID 4): every bad one's target and the flushed ones' are untouched."""
+    env, a, b, pairs = await _pair(dut, [(q, 20 + q) for q in range(1, 6)], ack_every=(1,) * 5)
+    for r in (ATOMIC_REGION, PD4_ATOMIC_REGION):
+        await b.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
+    fa = lambda qp, i, va, key: qp.post_atomic(WqeOp.ATOMIC_FA, va, key, 5, local_addr=ORIGINALS + 0x100 * qp.qpn
+                                               + 8 * i, signaled=i != 2)
+    bad = {1: (REGION.base + 0x40, KEY), 2: (WORDS + 0x800, ATOMIC_KEY ^ 0x100), 3: (PD4_ATOMIC_REGION.base, PD4_ATOMIC_REGION.key),
+           4: (WORDS + ATOMIC_REGION.length, ATOMIC_KEY), 5: (WORDS + 0x902, ATOMIC_KEY)}
+    syndrome = {q: Syndrome.REMOTE_ACCESS_ERR for q in (1, 2, 3, 4)} | {5: Syndrome.REMOTE_INVAL_REQ_ERR}
+    expect, untouched = {}, []
+    for qp, _ in pairs:
+        q = qp.qpn
+        good = WORDS + 0x100 * q
+        fa(qp, 0, good, ATOMIC_KEY)
+        va, key = bad[q]
+        if q == 5:
+            qp.post_masked_atomic(WqeOp.ATOMIC_MASKED_FA, 4, va, key, {"add": 1, "field_boundary": 0},
+                                  local_addr=ORIGINALS + 0x100 * q + 8)
+        else:
+            fa(qp, 1, va, key)
+        src = a.gpu.alloc(64, 128)
+        a.gpu.write(src, bytes(range(64)))
+        qp.post_write(DST + 0x1000 * q, KEY, local_addr=src, length=64, signaled=False)
+        fa(qp, 3, good + 8, ATOMIC_KEY)
+        untouched += [(va & ~7, 8), (good + 8, 8), (DST + 0x1000 * q, 64)]
+        expect[q] = [(0, CqeOp.REQ, 0, 8), (1, CqeOp.REQ_ERR, syndrome[q], 0),
+                     (2, CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 0), (3, CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 0)]
+        await qp.ring_nvshmem()
+    want = sum(len(e) for e in expect.values())
+    await a.wait_for(lambda: len(a.cqe_writes()) >= want, 100_000, f"{want} CQEs (got {len(a.cqe_writes())})")
+    await ClockCycles(dut.clk, 2000)
+    got = {}
+    for c in (parse_cqe(raw) for _, _, raw, _ in a.cqe_writes()):
+        got.setdefault(c["qpn"], []).append((c["wqe_counter"], c["opcode"], c["syndrome"], c["byte_cnt"]))
+    assert got == expect, f"CQEs per QP {got}, expected {expect}"
+    for qp, _ in pairs:
+        assert int.from_bytes(b.mem.read(WORDS + 0x100 * qp.qpn, 8), "little") == 5
+        assert int.from_bytes(a.mem.read(ORIGINALS + 0x100 * qp.qpn, 8), "little") == 0   # its original
+    for va, n in untouched:
+        assert b.mem.read(va, n) == bytes(n), f"NIC 1 memory at {va:#x} was written"
+    atomic_writes = [w for w in b.mem.writes if w.id == P.AXI_ID_ATOMIC_WRITE]
+    assert len(atomic_writes) == 5, f"{len(atomic_writes)} atomic write-throughs, 5 good atomics"
+    cb = await b.ctl.read_counters()
+    assert cb["naks_sent"] == 5, cb["naks_sent"]
+
+
 PATTERN_DATA = [(5, "drop"),                 # episode 1: a middle packet: NAK, go back to it
                 (14, "drop"),                # episode 2: the last packet: timeout, resend all 4
                 (20, "corrupt", 8 * 300),    # episode 3: a payload bit: bad ICRC, NAK

@@ -19,7 +19,8 @@ COCOTB_TESTS = cocotb_tests("pair")
 # (nop_and_error_wqes), long inline WRITEs (long_inline_writes) and the responder's access
 # errors (tb/suites/rc.py) on Icarus, and rc_writes_back_to_back and rc_unsignaled_tail run
 # the two engines there.
-VERILATOR_ONLY = ("rc_fault_pattern", "rc_long_inline_resume", "rc_local_error_flush", "rc_access_errors")
+VERILATOR_ONLY = ("rc_fault_pattern", "rc_long_inline_resume", "rc_local_error_flush", "rc_access_errors",
+                  "rc_atomic_access_errors")
 
 
 @pytest.mark.parametrize("sim,testcase", sim_cases(COCOTB_TESTS, VERILATOR_ONLY))
