@@ -113,8 +113,8 @@ class AtomicUnit(wiring.Component):
         8-byte-aligned word reads; ``rd_resp`` answers them in order.
     rd_resp : In(stream.Signature(64))
     wr_req : Out(stream.Signature(AtomicWordWrite))
-        Word write-throughs (only the atomic's bytes strobed), in execution order; ``wr_done`` (a strobe) marks
-        each one's write response, in order.
+        Word write-throughs (only the atomic's bytes strobed), in execution order;
+        ``wr_done`` (a strobe) marks each one's write response, in order.
     wr_done : In(1)
     commit : In(stream.Signature(qpn))
         A QP is created: its replay records are void.
@@ -331,8 +331,8 @@ class AtomicUnit(wiring.Component):
         with m.If(h_valid & ~r.duplicate & ready_word & out_free & self.wr_req.ready & wbacks.w_rdy):
             m.d.comb += [advance.eq(1), executing.eq(1), dec.bit_select(h.idx, 1).eq(1), winc.bit_select(h.idx, 1).eq(1),
                          self.wr_req.valid.eq(1), self.wr_req.p.addr.eq(Cat(C(0, 3), r.va[3:])),
-                         self.wr_req.p.data.eq(merged),
-                         self.wr_req.p.strb.eq(Mux(r.wide, 0xFF, Mux(r.va[2], 0xF0, 0x0F))), wbacks.w_en.eq(1), wbacks.w_data.eq(h.idx),
+                         self.wr_req.p.data.eq(merged), self.wr_req.p.strb.eq(Mux(r.wide, 0xFF, Mux(r.va[2], 0xF0, 0x0F))),
+                         wbacks.w_en.eq(1), wbacks.w_data.eq(h.idx),
                          rp_wr.en.eq(1 << cnt_rd.data), rp_wr.addr.eq(r.qpn),
                          cnt_wr.en.eq(1), cnt_wr.addr.eq(r.qpn), cnt_wr.data.eq(cnt_rd.data + 1)]
             for i in range(D):       # every record of the row offered; the enable picks one

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import cocotb
 
+from model.cqe import parse_cqe
 from spec import params as P
 from spec.formats import Access
 from model.network import FaultSpec
@@ -84,7 +85,6 @@ async def _point(dut, p):
         for q in range(nq):
             got = int.from_bytes(b.mem.read(COUNTS + 4 * q, 4), "little")
             assert got == msgs // p["batch"], f"count of QP {q + 1}: {got}"
-        from model.cqe import parse_cqe
         bad = [c for c in (parse_cqe(raw) for _, _, raw, _ in a.cqe_writes()) if c["syndrome"]]
         assert not bad, f"error CQEs: {bad[:2]}"
     else:

@@ -398,8 +398,9 @@ async def rc_atomic_access_errors(dut):
         await b.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
     fa = lambda qp, i, va, key: qp.post_atomic(WqeOp.ATOMIC_FA, va, key, 5, local_addr=ORIGINALS + 0x100 * qp.qpn
                                                + 8 * i, signaled=i != 2)
-    bad = {1: (REGION.base + 0x40, KEY), 2: (WORDS + 0x800, ATOMIC_KEY ^ 0x100), 3: (PD4_ATOMIC_REGION.base, PD4_ATOMIC_REGION.key),
-           4: (WORDS + ATOMIC_REGION.length, ATOMIC_KEY), 5: (WORDS + 0x902, ATOMIC_KEY)}
+    bad = {1: (REGION.base + 0x40, KEY), 2: (WORDS + 0x800, ATOMIC_KEY ^ 0x100),
+           3: (PD4_ATOMIC_REGION.base, PD4_ATOMIC_REGION.key), 4: (WORDS + ATOMIC_REGION.length, ATOMIC_KEY),
+           5: (WORDS + 0x902, ATOMIC_KEY)}
     syndrome = {q: Syndrome.REMOTE_ACCESS_ERR for q in (1, 2, 3, 4)} | {5: Syndrome.REMOTE_INVAL_REQ_ERR}
     expect, untouched = {}, []
     for qp, _ in pairs:
