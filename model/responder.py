@@ -28,8 +28,8 @@ Decisions (the RTL must follow them; the tests hold the model to them):
       (IBA responder class A/C errors; Linux rxe, rxe_resp.c ``do_class_ac_error``, does so).
     - A multi-packet WRITE is checked once, on FIRST, for the whole RETH range; later
       packets write at ``RETH.va + offset`` and are held to that range.
-    - READ and atomics (``remote_ops=True``; ``atomics=True``: atomics only, as the engine's
-      receive path takes them today; the default drops both as bad_opcode). A READ REQUEST
+    - READ and atomics (``remote_ops=True``, as the engine's receive path takes them;
+      ``atomics=True``: atomics only; the default drops both as bad_opcode). A READ REQUEST
       (outside a message) is checked for REMOTE_READ over its whole RETH range and
       answered by READ RESPONSE frames from GPU memory (``read_memory``), one PSN each
       from its own, the MSN counting it; the expected PSN moves past them. An atomic
@@ -37,11 +37,14 @@ Decisions (the RTL must follow them; the tests hold the model to them):
       checked for REMOTE_ATOMIC and alignment to its size (misaligned: NAK invalid
       request, as Linux rxe), executed on memory (its write in ``writes``: the caller
       applies it before the next frame) and answered by an ATOMIC ACK with the original
-      value. The last ``responder_resources`` READs and atomics of a QP are remembered: a
-      duplicate READ inside one is executed again from its own PSN (key checked again,
-      MSN the current one), a duplicate atomic answered with the saved ATOMIC ACK, never
-      executed twice; a duplicate of neither is dropped without an answer (rxe's class D
-      rule), the requester's timer then resends from the start.
+      value. A duplicate READ REQUEST is executed again from its own PSN and RETH (key
+      checked again, MSN the current one), whatever came before it: a READ changes no
+      memory, so the responder keeps no record of READs (IBTA 9.7.5.1.2 asks it to
+      re-execute; rxe looks its resource up and drops the request without one, which only
+      differs for a duplicate older than its resources). The last ``responder_resources``
+      atomics of a QP are remembered: a duplicate atomic is answered with the saved ATOMIC
+      ACK, never executed twice; one without a record is dropped without an answer (rxe's
+      class D rule), the requester's timer then resends from the start.
 """
 
 from collections import Counter
@@ -355,7 +358,6 @@ class RcResponder:
         frames = self._read_frames(q, p, q.msn)
         q.epsn = (q.epsn + len(frames)) & PSN_MASK
         q.unacked = 0                  # the responses acknowledge every earlier packet
-        self._remember(q, _Resource("read", p.psn, len(frames)))
         c = self.counters
         c.accepted += 1
         c.messages += 1
@@ -395,18 +397,17 @@ class RcResponder:
                         True)
 
     def _duplicate_remote_op(self, q, p):
-        """A READ or atomic behind the expected PSN: executed again (READ) or answered
+        """A READ or atomic behind the expected PSN: executed again (READ), or answered
         again (atomic) when it is one of the QP's remembered ones, else dropped unanswered."""
+        if p.opcode == Op.READ_REQUEST:
+            status = self._read_check(q, p)
+            if status != MrCheck.OK:
+                return self._fatal(q, p, "access_error", Aeth.NAK_REMOTE_ACCESS, "nak_remote_access",
+                                   mr_status=status)
+            frames = self._read_frames(q, p, q.msn)
+            self.counters.dropped["psn_duplicate"] += 1
+            return RxResult(False, "psn_duplicate", p.dqpn, p.psn, p.opcode, read_responses=frames)
         for r in reversed(q.resources):
-            inside = ((p.psn - r.psn) & PSN_MASK) < r.npkts
-            if r.kind == "read" and p.opcode == Op.READ_REQUEST and inside:
-                status = self._read_check(q, p)
-                if status != MrCheck.OK:
-                    return self._fatal(q, p, "access_error", Aeth.NAK_REMOTE_ACCESS, "nak_remote_access",
-                                       mr_status=status)
-                frames = self._read_frames(q, p, q.msn)
-                self.counters.dropped["psn_duplicate"] += 1
-                return RxResult(False, "psn_duplicate", p.dqpn, p.psn, p.opcode, read_responses=frames)
             if r.kind == "atomic" and p.opcode in ATOMIC_OPCODES and r.psn == p.psn:
                 return self._drop("psn_duplicate", p, r.ack, "ack")
         return self._drop("psn_duplicate", p)

@@ -104,9 +104,12 @@ class IbgdaNic(wiring.Component):
         # the CQE writer and the atomic results share the arbiter's first input (both one beat
         # a write; a result's AW goes before the AW of the CQE it precedes)
         m.submodules.cqe_write = cqe_arb = AxiWriteArbiter(ids=(P.AXI_ID_CQE_WRITE, P.AXI_ID_RESULT_WRITE))
-        # the atomic unit's reads share m_axi's read channels with the payload fetch, its
-        # write-throughs m_axi_rx with the received payload's second port
-        m.submodules.dma_read = rd_arb = AxiReadArbiter(ids=(P.AXI_ID_PAYLOAD_FETCH, P.AXI_ID_ATOMIC_READ))
+        # the atomic unit's reads and the READ responses' share m_axi's read channels with the
+        # payload fetch (half of the turns each), its write-throughs m_axi_rx with the
+        # received payload's second port
+        m.submodules.rsp_read = rsp_rd_arb = AxiReadArbiter(ids=(P.AXI_ID_ATOMIC_READ, P.AXI_ID_READ_RESPONSE))
+        m.submodules.dma_read = rd_arb = AxiReadArbiter(
+            ids=(P.AXI_ID_PAYLOAD_FETCH, (P.AXI_ID_ATOMIC_READ, P.AXI_ID_READ_RESPONSE)))
         m.submodules.rx_write = rx_arb = AxiWriteArbiter(ids=(P.AXI_ID_RX_WRITE, P.AXI_ID_ATOMIC_WRITE))
 
         # External ports.
@@ -195,7 +198,9 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, cqe_arb.bus, wr_arb.a)
         wiring.connect(m, rsp.dma, wr_arb.b)
         wiring.connect(m, req.payload_dma, rd_arb.a)
-        wiring.connect(m, rsp.atomic_rd, rd_arb.b)
+        wiring.connect(m, rsp.atomic_rd, rsp_rd_arb.a)
+        wiring.connect(m, rsp.read_dma, rsp_rd_arb.b)
+        wiring.connect(m, rsp_rd_arb.bus, rd_arb.b)
         wiring.connect(m, rsp.dma_rx, rx_arb.a)
         wiring.connect(m, rsp.atomic_wr, rx_arb.b)
         # Receive: frame drops counted at the port, ACKs to the requester, requests and the

@@ -85,11 +85,12 @@ ATOMIC_ACK_ETH_OPS = (Op.ATOMIC_ACK,)                      # carry an AtomicAckE
 ATOMIC_ETH_OPS = (Op.COMPARE_SWAP, Op.FETCH_ADD)           # IBTA atomic requests: AtomicETH
 MASKED_ATOMIC_ETH_OPS = (Op.MASKED_COMPARE_SWAP, Op.MASKED_FETCH_ADD)   # this engine's: MaskedAtomicETH
 ATOMIC_OPS = ATOMIC_ETH_OPS + MASKED_ATOMIC_ETH_OPS        # every atomic request the responder executes
-KNOWN_OPS = WRITE_OPS + AETH_OPS + ATOMIC_OPS              # every opcode the receive port parses
+READ_REQUEST_OPS = (Op.READ_REQUEST,)                      # a RETH and nothing after it
+KNOWN_OPS = WRITE_OPS + (Op.READ_REQUEST,) + AETH_OPS + ATOMIC_OPS   # every opcode the receive port parses
 # opcode -> (RETH, ImmDt, AETH, AtomicAckETH, AtomicETH, MaskedAtomicETH) present, for the
 # opcodes of KNOWN_OPS
-EXT_HEADERS = {op: (op in RETH_OPS, op in IMM_OPS, op in AETH_OPS, op in ATOMIC_ACK_ETH_OPS, op in ATOMIC_ETH_OPS,
-                    op in MASKED_ATOMIC_ETH_OPS) for op in KNOWN_OPS}
+EXT_HEADERS = {op: (op in RETH_OPS or op in READ_REQUEST_OPS, op in IMM_OPS, op in AETH_OPS, op in ATOMIC_ACK_ETH_OPS,
+                    op in ATOMIC_ETH_OPS, op in MASKED_ATOMIC_ETH_OPS) for op in KNOWN_OPS}
 
 # ---- receive verdicts --------------------------------------------------------------
 # What becomes of a received frame: ``(name, stage, meaning)`` in receive-counter order

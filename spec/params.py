@@ -24,6 +24,7 @@ AXI_ID_RX_WRITE = 2                # AWID of the received payload writes (m_axi 
 AXI_ID_RESULT_WRITE = 3            # AWID on m_axi: an atomic's original value written to local memory
 AXI_ID_ATOMIC_READ = 2             # ARID on m_axi: the responder's atomic unit reads a word
 AXI_ID_ATOMIC_WRITE = 4            # AWID on m_axi_rx: the atomic unit writes a word through
+AXI_ID_READ_RESPONSE = 3           # ARID on m_axi: the responder reads a READ's payload
 NUM_QPS = 1024                     # QP contexts in RAM (issue 3: 1024 and more)
 NUM_CQS = NUM_QPS                  # one collapsed CQ per QP, as NVSHMEM creates them (issue 16)
 DEFAULT_MTU = 4096

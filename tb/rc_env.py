@@ -8,7 +8,7 @@ from model.frames import Port, QpContext, build_write_frames
 from model.memory import SparseMemory
 from model.mr import MemoryRegion
 from model.responder import RcResponder
-from spec.formats import DROP_REASONS, Access
+from spec.formats import DROP_REASONS, OFF_BTH, Access, Op
 from tb.env import NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
 
 
@@ -95,10 +95,10 @@ async def responder_env(dut, rnd, mtus, ack_every, *, image=None, **env_kw):
     """The NIC with RC QPs (QP q: MTU ``mtus[q]``, ``ack_every[q]``) and the regions, and
     the golden responder of the same set-up. ``image``: a ``SparseMemory`` that holds what
     the model expects GPU memory to hold (``run_and_check`` keeps it): the model then
-    executes atomics too, on that image, as the engine does."""
+    executes READs and atomics too, on that image, as the engine does."""
     env = await NicEnv(dut, **env_kw).start()
     cq = await env.cq(0, 6)
-    model = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), atomics=image is not None,
+    model = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), remote_ops=image is not None,
                         read_memory=image.read if image is not None else None)
     peers = {}
     for q, mtu in mtus.items():
@@ -129,7 +129,7 @@ async def run_and_check(env, model, frames, *, acks=(), settle=300, image=None):
             expect.append(e)
     for f in frames:
         env.rx.send(f)
-    responses = [e.response for e in expect if e.response is not None]
+    responses = [f for e in expect for f in e.frames_out]      # ACK/NAKs, ATOMIC ACKs, READ responses
     while not env.rx.idle:
         await ClockCycles(env.dut.clk, 64)
     try:
@@ -166,7 +166,7 @@ def match_coalesced(got, want):
     for k, w in enumerate(want):
         if j < len(got) and got[j] == w:
             last, j = w, j + 1
-        elif w == last and w[54] >> 5 == 0:              # an ACK (AETH syndrome kind 0) like the last one
+        elif w == last and w[OFF_BTH] == Op.ACK and w[54] >> 5 == 0:    # an ACK like the last one
             merged += 1
         else:
             g = got[j].hex() if j < len(got) else "nothing"

@@ -1,5 +1,8 @@
 """Two AXI4 read masters onto one: the payload fetch and the atomic unit share ``m_axi``'s
 read channels."""
+import functools
+import operator
+
 from amaranth.hdl import *
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -24,8 +27,9 @@ class AxiReadArbiter(wiring.Component):
     ----------
     data_width, id_width : int
         Widths of both masters and the bus.
-    ids : (int, int)
-        The ARID each master uses (R routing).
+    ids : (int, int or tuple of int)
+        The ARID each master uses (R routing); ``b``'s may be several (``b`` is then
+        itself an arbiter's bus).
 
     Members
     -------
@@ -33,9 +37,13 @@ class AxiReadArbiter(wiring.Component):
     bus : Out(AxiReadSignature)
     """
     def __init__(self, *, data_width=1024, id_width=4, ids=(1, 2)):
-        if len(ids) != 2 or ids[0] == ids[1] or not all(0 <= i < 1 << id_width for i in ids):
-            raise ValueError(f"ids must be two different ARIDs of {id_width} bits, not {ids!r}")
-        self.ids = ids
+        b_ids = (ids[1],) if len(ids) == 2 and isinstance(ids[1], int) else tuple(ids[1]) if len(ids) == 2 else ()
+        all_ids = (ids[0], *b_ids) if len(ids) == 2 else ()
+        if (not b_ids or len(set(all_ids)) != len(all_ids)
+                or not all(isinstance(i, int) and 0 <= i < 1 << id_width for i in all_ids)):
+            raise ValueError(f"ids must be two different ARIDs (the second may be a tuple) of {id_width} bits, "
+                             f"not {ids!r}")
+        self.ids, self._b_ids = ids, b_ids
         sig = AxiReadSignature(addr_width=64, data_width=data_width, id_width=id_width)
         super().__init__({"a": In(sig), "b": In(sig), "bus": Out(sig)})
 
@@ -56,9 +64,11 @@ class AxiReadArbiter(wiring.Component):
             m.d.comb += s.arready.eq(mine & bus.arready)
             for name in _R:
                 m.d.comb += getattr(s, name).eq(getattr(bus, name))
-            m.d.comb += s.rvalid.eq(bus.rvalid & (bus.rid == self.ids[k]))
-        m.d.comb += [bus.arvalid.eq(self.a.arvalid | self.b.arvalid),
-                     bus.rready.eq(Mux(bus.rid == self.ids[1], self.b.rready, self.a.rready))]
+        to_b = Signal()
+        m.d.comb += to_b.eq(functools.reduce(operator.or_, [bus.rid == i for i in self._b_ids]))
+        m.d.comb += [self.a.rvalid.eq(bus.rvalid & (bus.rid == self.ids[0])), self.b.rvalid.eq(bus.rvalid & to_b),
+                     bus.arvalid.eq(self.a.arvalid | self.b.arvalid),
+                     bus.rready.eq(Mux(to_b, self.b.rready, self.a.rready))]
         with m.If(bus.arvalid & bus.arready):
             m.d.sync += prefer_b.eq(~sel)
         return m

@@ -118,8 +118,10 @@ class _FrameCheck(wiring.Component):
                                + Mux(has_atomic, F.ATOMIC_ETH_LEN, 0) + Mux(has_masked, F.MASKED_ATOMIC_ETH_LEN, 0))
         need = Signal(range(MIN_FRAME + EXT_BYTES + 4))   # headers + ICRC + pad bytes
         m.d.comb += need.eq(MIN_FRAME + ext_len + padcnt)
-        ext_bad = Signal()      # an ACK or atomic carries nothing after its headers (no payload)
-        m.d.comb += ext_bad.eq((n_eff < need) | ((has_aeth | has_atomic | has_masked) & (n_eff != need)))
+        ext_bad = Signal()      # an ACK, READ REQUEST or atomic carries nothing after its headers (no payload)
+        read_req = Signal()
+        m.d.comb += read_req.eq(known & (opcode == F.Op.READ_REQUEST))
+        m.d.comb += ext_bad.eq((n_eff < need) | ((has_aeth | has_atomic | has_masked | read_req) & (n_eff != need)))
 
         with m.If(short):
             m.d.comb += desc.drop.eq(RxDrop.BAD_LENGTH)
@@ -264,7 +266,7 @@ class RxHeaderParser(wiring.Component):
             raise ValueError(f"opcodes must be an iterable of BTH opcodes or None, not {opcodes!r}") from None
         bad = [op for op in opcodes if not isinstance(op, int) or op not in KNOWN_OPCODES]
         if bad:
-            raise ValueError(f"opcodes must be among {sorted(KNOWN_OPCODES)} (RC WRITE, ACK, ATOMIC ACK, atomics), "
+            raise ValueError(f"opcodes must be among {sorted(KNOWN_OPCODES)} (RC WRITE, READ REQUEST, ACK, ATOMIC ACK, atomics), "
                              f"not {bad!r}")
         if not opcodes:
             raise ValueError("opcodes must name at least one opcode")

@@ -1,4 +1,4 @@
-"""Transmit multiplexer: ACK/NAK frames into the data frame stream, at frame boundaries only."""
+"""Transmit multiplexer: the responder's frames into the data frame stream, at frame boundaries only."""
 from amaranth.hdl import *
 from amaranth.lib import wiring, stream
 from amaranth.lib.wiring import In, Out
@@ -9,14 +9,15 @@ __all__ = ["TxMux"]
 
 
 class TxMux(wiring.Component):
-    """Merges the ACK builder's one-beat frames into the packet builder's beat stream.
+    """Merges the responder's frames (ACK/NAKs, ATOMIC ACKs, READ responses) into the
+    packet builder's beat stream.
 
-    The output switches only at a boundary of the ``data`` stream: after a beat with
+    The output switches only at a boundary of the stream it is on: after a beat with
     ``last`` = 1 and ``sop_hi`` = 0, or after a marker beat (``frame`` = 0, a single beat
     that carries a completion). Never inside a frame, and never between a beat with
     ``sop_hi`` = 1 (a frame starts at lane 64) and the beat that continues that frame.
-    At a boundary a waiting ACK goes first: ACKs are short and their latency bounds the
-    peer's retransmission timer.
+    At a boundary of the data stream a waiting responder frame goes first: ACKs are short
+    and their latency bounds the peer's retransmission timer.
 
     The path is combinational; the only state is registered: whether a data frame is
     open, and whether a data beat is on the output without having been taken (it stays
@@ -33,7 +34,7 @@ class TxMux(wiring.Component):
     data : In(stream.Signature(TxBeat(num_qps, num_cqs)))
         From the packet builder.
     acks : In(stream.Signature(TxBeat(num_qps, num_cqs)))
-        From the ACK builder: whole frames of one beat each (``last`` = 1, ``sop_hi`` = 0).
+        From the responder: ACK frames of one beat, READ responses of several.
     o : Out(stream.Signature(TxBeat(num_qps, num_cqs)))
         To the ICRC inserter.
     """
@@ -54,19 +55,23 @@ class TxMux(wiring.Component):
         beat = self.data.p
 
         frame_open = Signal()        # the last data beat out left a frame open
+        ack_open = Signal()          # the last responder beat out left a frame open
         data_offered = Signal()      # a data beat was on the output last cycle and not taken
-        use_data = Signal()
-        m.d.comb += use_data.eq(frame_open | data_offered | ~self.acks.valid)
+        use_acks = Signal()
+        m.d.comb += use_acks.eq(ack_open | (~frame_open & ~data_offered & self.acks.valid))
 
-        with m.If(use_data):
+        with m.If(~use_acks):
             m.d.comb += [self.o.valid.eq(self.data.valid), self.o.p.eq(self.data.p),
                          self.data.ready.eq(self.o.ready)]
         with m.Else():
-            m.d.comb += [self.o.valid.eq(1), self.o.p.eq(self.acks.p),
+            m.d.comb += [self.o.valid.eq(self.acks.valid), self.o.p.eq(self.acks.p),
                          self.acks.ready.eq(self.o.ready)]
 
+        # open after a beat that does not end its frame, or that starts one at lane 64
         with m.If(self.data.valid & self.data.ready):
-            # open after a beat that does not end its frame, or that starts one at lane 64
             m.d.sync += frame_open.eq(beat.frame & (beat.sop_hi | ~beat.last))
-        m.d.sync += data_offered.eq(use_data & self.data.valid & ~self.o.ready)
+        ab = self.acks.p
+        with m.If(self.acks.valid & self.acks.ready):
+            m.d.sync += ack_open.eq(ab.frame & (ab.sop_hi | ~ab.last))
+        m.d.sync += data_offered.eq(~use_acks & self.data.valid & ~self.o.ready)
         return m

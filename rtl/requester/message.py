@@ -14,6 +14,8 @@ class MessageKind(enum.Enum, shape=3):
     DUMP = 3       # NVSHMEM's consistency point: a local read of its data segment, no packets, a CQE if signaled
     ATOMIC = 4     # an atomic request (its operands in the WQE's first beat, on ``inline``); the original
                    # value is written to ``addr`` when its ATOMIC ACK arrives, before the CQE
+    READ_RESPONSE = 5  # the responder's answer to a READ REQUEST: ``length`` bytes read at ``addr``, sent
+                   # as READ RESPONSE packets from ``psn`` with ``rkey`` as the AETH's MSN (no CQE)
 
 
 def Message(num_qps, num_cqs):

@@ -31,8 +31,21 @@ class PacketBuilder(wiring.Component):
     4-byte forms, docs/interfaces.md), its operands taken from the WQE's first beat on
     ``inline`` (a cycle of its own), AckReq set.
 
+    A READ_RESPONSE message (the responder's answer to a READ REQUEST) is split and packed
+    as a WRITE is, its payload fetched from ``addr``, as READ RESPONSE FIRST/MIDDLE/LAST/ONLY
+    packets whose FIRST, LAST and ONLY carry an AETH (ACK, MSN ``rkey``) where a WRITE has its
+    RETH, AckReq clear (``model.read_atomic.build_read_responses``).
+
     NOP and ERROR messages produce a marker beat (``frame = 0``) that carries their
     completion through the same ordered path, so CQEs never overtake packets.
+
+    Parameters
+    ----------
+    num_qps, num_cqs : int
+    merge_messages : bool
+        Whether a message's first packet may start at lane 64 behind the previous message's
+        last frame. The responder's instance does not: each READ's responses then begin a
+        beat of their own, so its frames can be put in order among the ACKs per READ.
 
     Members
     -------
@@ -44,8 +57,8 @@ class PacketBuilder(wiring.Component):
         Strobe when an RC QP's packet has been packed (its last bytes out or held), with
         its PSN: for the completion tracker's ACK timer.
     """
-    def __init__(self, *, num_qps, num_cqs):
-        self.num_qps, self.num_cqs = num_qps, num_cqs
+    def __init__(self, *, num_qps, num_cqs, merge_messages=True):
+        self.num_qps, self.num_cqs, self.merge_messages = num_qps, num_cqs, bool(merge_messages)
         super().__init__({
             "messages": In(stream.Signature(Message(num_qps, num_cqs))),
             "payload": In(stream.Signature(8 * BEAT)),
@@ -78,8 +91,15 @@ class PacketBuilder(wiring.Component):
         m.d.comb += atomic.eq(msg.kind == MessageKind.ATOMIC)
         masked = Signal()
         m.d.comb += masked.eq((msg.wire_op == F.Op.MASKED_FETCH_ADD) | (msg.wire_op == F.Op.MASKED_COMPARE_SWAP))
+        rresp = Signal()             # a READ RESPONSE packet (the responder's instance)
+        m.d.comb += rresp.eq(msg.kind == MessageKind.READ_RESPONSE)
+        middle = Signal()
+        m.d.comb += middle.eq(~pkt_first & ~is_last_pkt)
         with m.If(atomic):
             m.d.comb += opcode.eq(msg.wire_op)
+        with m.Elif(rresp):
+            m.d.comb += opcode.eq(Mux(pkt_first, Mux(is_last_pkt, F.Op.READ_RESP_ONLY, F.Op.READ_RESP_FIRST),
+                                      Mux(is_last_pkt, F.Op.READ_RESP_LAST, F.Op.READ_RESP_MIDDLE)))
         with m.Elif(pkt_first & is_last_pkt):
             m.d.comb += opcode.eq(F.Op.WRITE_ONLY)
         with m.Elif(pkt_first):
@@ -90,14 +110,15 @@ class PacketBuilder(wiring.Component):
             m.d.comb += opcode.eq(F.Op.WRITE_MIDDLE)
         hlen = Signal(8)
         m.d.comb += hlen.eq(Mux(atomic, F.OFF_EXT + Mux(masked, F.MASKED_ATOMIC_ETH_LEN, F.ATOMIC_ETH_LEN),
-                                Mux(pkt_first, F.HDR_LEN_RETH, F.HDR_LEN_NO_RETH)))
+                                Mux(rresp, F.OFF_EXT + Mux(middle, 0, F.AETH_LEN),
+                                    Mux(pkt_first, F.HDR_LEN_RETH, F.HDR_LEN_NO_RETH))))
         flen = Signal(16)
         m.d.comb += flen.eq(hlen + pkt_len + F.ICRC_LEN)
 
         hdr = Signal(RoceWriteHeader)
         drive_roce_headers(m, hdr, dmac=msg.cfg.dmac, smac=self.port_mac, sip=self.port_ip, dip=msg.cfg.dip,
                            flen=flen, src_qpn=msg.qpn, opcode=opcode, dqpn=msg.cfg.remote_qpn,
-                           ackreq=Mux(is_last_pkt, 0x80, 0), psn=psn)
+                           ackreq=Mux(is_last_pkt & ~rresp, 0x80, 0), psn=psn)
         m.d.comb += [
             hdr.reth.va.eq(be(msg.raddr, 8)), hdr.reth.rkey.eq(be(msg.rkey, 4)),
             hdr.reth.dma_len.eq(be(msg.length, 4)),
@@ -118,8 +139,15 @@ class PacketBuilder(wiring.Component):
         masked_ext = Cat(be(msg.raddr, 8), be(msg.rkey, 4), be(Mux(msg.size8, 3, 2), 1), Const(0, 24), *ops)
         m.d.comb += ext.eq(Mux(masked, masked_ext, ibta_ext))
         hdr_bytes = Signal(8 * BEAT)
-        m.d.comb += hdr_bytes.eq(Mux(atomic, Cat(hdr.as_value()[:8 * F.OFF_EXT], ext),
-                                     Mux(pkt_first, hdr.as_value(), hdr.as_value()[:8 * F.HDR_LEN_NO_RETH])))
+        aeth = Cat(Const(F.Aeth.ACK, 8), be(msg.rkey[:24], 3))      # a READ RESPONSE's: ACK, the MSN
+        with m.If(atomic):
+            m.d.comb += hdr_bytes.eq(Cat(hdr.as_value()[:8 * F.OFF_EXT], ext))
+        with m.Elif(rresp & ~middle):
+            m.d.comb += hdr_bytes.eq(Cat(hdr.as_value()[:8 * F.OFF_EXT], aeth))
+        with m.Elif(pkt_first & ~rresp):
+            m.d.comb += hdr_bytes.eq(hdr.as_value())
+        with m.Else():
+            m.d.comb += hdr_bytes.eq(hdr.as_value()[:8 * F.HDR_LEN_NO_RETH])
 
         # ---- aligner: next chunk of the current packet ---------------------------------
         raw_valid = Signal()
@@ -158,6 +186,7 @@ class PacketBuilder(wiring.Component):
         m.d.comb += has.eq(~need_raw | raw_valid)
         merge = Signal()             # this cycle packs the packet's first chunk behind the held tail
         m.d.comb += merge.eq(held & pkt_start & has & (flen > SEG + F.ICRC_LEN)
+                             & (~pkt_first if not self.merge_messages else 1)
                              & (SEG + hlen + n + Mux(chunk_last, F.ICRC_LEN, 0) >= BEAT))
         # A packet started at lane 64 carries up to 64 + 70 header bytes ahead of its
         # payload, so the residual may exceed a beat (at most 138 bytes, steady).
@@ -218,7 +247,7 @@ class PacketBuilder(wiring.Component):
                     pkt_first.eq(~p.resume), pkt_start.eq(1), psn.eq(p.psn),
                     pos.eq(p.addr[:7]),          # inline: the data's offset in the WQE (parser)
                 ]
-                with m.If(p.kind == MessageKind.WRITE):
+                with m.If((p.kind == MessageKind.WRITE) | (p.kind == MessageKind.READ_RESPONSE)):
                     m.next = "PACKET"
                 with m.Elif(p.kind == MessageKind.ATOMIC):
                     # one packet without payload (length is the operand size, for the CQE)

@@ -27,6 +27,8 @@ class PayloadFetch(wiring.Component):
         Payload buffer depth in data beats.
     max_burst_beats : int
         Longest AXI burst (power of two, at most 4096 / beat bytes).
+    arid : int
+        The ARID of its reads (the responder's READ responses use their own).
 
     Members
     -------
@@ -34,10 +36,13 @@ class PayloadFetch(wiring.Component):
     messages_out : Out(stream.Signature(Message))
     payload : Out(stream.Signature(1024))
         Raw aligned beats, in message order.
-    dma : Out(AxiReadSignature)    ARID 1.
+    dma : Out(AxiReadSignature)    ARID ``arid`` (1, the requester's payload fetch).
     """
     def __init__(self, *, num_qps, num_cqs, buffer_beats=64, max_burst_beats=32,
-                 data_width=1024, id_width=4):
+                 data_width=1024, id_width=4, arid=AXI_ID_PAYLOAD_FETCH):
+        if not isinstance(arid, int) or not 0 <= arid < 1 << id_width:
+            raise ValueError(f"arid must be an ARID of {id_width} bits, not {arid!r}")
+        self.arid = arid
         beat = data_width // 8
         if max_burst_beats < 1 or max_burst_beats & (max_burst_beats - 1) or max_burst_beats * beat > AXI_PAGE:
             raise ValueError(f"max_burst_beats must be a power of two with bursts <= 4 KiB, "
@@ -73,13 +78,14 @@ class PayloadFetch(wiring.Component):
         m.d.comb += burst.eq(Mux(to_4k < by_len, to_4k, by_len))
 
         msg = self.messages_in.p
-        needs_dma = ((msg.kind == MessageKind.WRITE) | (msg.kind == MessageKind.DUMP)) & ~msg.inline & (msg.length != 0)
+        needs_dma = (((msg.kind == MessageKind.WRITE) | (msg.kind == MessageKind.DUMP) | (msg.kind == MessageKind.READ_RESPONSE))
+                     & ~msg.inline & (msg.length != 0))
         first_beat = msg.addr & ~((1 << beat_shift) - 1)
         last_byte = msg.addr + msg.length - 1
         nbeats = ((last_byte >> beat_shift) - (msg.addr >> beat_shift) + 1)[:32]
 
         m.d.comb += [
-            dma.arid.eq(AXI_ID_PAYLOAD_FETCH), dma.araddr.eq(addr), dma.arlen.eq(burst - 1), dma.arsize.eq(beat_shift),
+            dma.arid.eq(self.arid), dma.araddr.eq(addr), dma.arlen.eq(burst - 1), dma.arsize.eq(beat_shift),
             dma.arburst.eq(Burst.INCR), dma.arcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE),
             self.messages_out.p.eq(msg),
         ]

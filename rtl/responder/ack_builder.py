@@ -23,7 +23,8 @@ def AckRequest(num_qps):
     ``src_qpn``: the local (responder) QP, whose low 14 bits pick the UDP source port as
     on the transmit side (``QpContext.qpn`` in the model); ``psn``: BTH.PSN;
     ``syndrome``/``msn``: the AETH (``spec.formats.Aeth``); ``atomic``: an ATOMIC
-    ACKNOWLEDGE, with ``orig`` in its AtomicAckETH.
+    ACKNOWLEDGE, with ``orig`` in its AtomicAckETH; ``read``: no frame, the place of a READ's
+    responses (a marker beat).
     """
     return data.StructLayout({
         "dmac":     unsigned(48),
@@ -35,6 +36,7 @@ def AckRequest(num_qps):
         "msn":      unsigned(24),
         "atomic":   unsigned(1),
         "orig":     unsigned(64),
+        "read":     unsigned(1),
     })
 
 
@@ -52,8 +54,10 @@ class AckBuilder(wiring.Component):
     and 1.01 per cycle at line rate, each needing its own ACK), and two 62-byte frames
     fit one 128-byte beat. An ATOMIC ACKNOWLEDGE (``atomic``: opcode 0x12, the AETH and
     the AtomicAckETH, 70 bytes, ``model.read_atomic.build_atomic_ack``'s) comes alone in its
-    transfer (``AtomicAckJoin``) and takes lanes 0..69 of its beat. One transfer per
-    cycle; the output is a register.
+    transfer (``AtomicAckJoin``) and takes lanes 0..69 of its beat. A READ's place holder
+    (``read``, alone in its transfer too) becomes a marker beat (``frame`` = 0), where
+    ``ResponseMerge`` puts that READ's responses. One transfer per cycle; the output is a
+    register.
 
     Parameters
     ----------
@@ -99,18 +103,19 @@ class AckBuilder(wiring.Component):
         held = [Signal(RoceAckHeader, name=f"held{k}") for k in range(2)]
         two = Signal()
         atomic = Signal()
+        marker = Signal()                          # a READ's place: a marker beat (frame = 0)
         orig = Signal(8 * F.ATOMIC_ACK_ETH_LEN)     # the AtomicAckETH, in wire order
         m.d.comb += self.requests.ready.eq(~out.valid | out.ready)
         with m.If(out.valid & out.ready):
             m.d.sync += out.valid.eq(0)
         with m.If(self.requests.valid & self.requests.ready):
             r0 = self.requests.p.p[0]
-            m.d.sync += [atomic.eq(r0.atomic), orig.eq(Mux(r0.atomic, be(r0.orig, F.ATOMIC_ACK_ETH_LEN), 0))]
+            m.d.sync += [atomic.eq(r0.atomic), marker.eq(r0.read), orig.eq(Mux(r0.atomic, be(r0.orig, F.ATOMIC_ACK_ETH_LEN), 0))]
             m.d.sync += [out.valid.eq(1), held[0].eq(hdrs[0]), two.eq(self.requests.p.second),
                          held[1].eq(Mux(self.requests.p.second, hdrs[1].as_value(), 0))]
         m.d.comb += [
             out.p.data.eq(held[0].as_value() | (orig << (8 * _ACK_HDR)) | (held[1].as_value() << (8 * SEG))),
-            out.p.nbytes.eq(Mux(atomic, ATOMIC_ACK_FRAME_LEN, ACK_FRAME_LEN)), out.p.last.eq(1), out.p.frame.eq(1),
+            out.p.nbytes.eq(Mux(atomic, ATOMIC_ACK_FRAME_LEN, ACK_FRAME_LEN)), out.p.last.eq(1), out.p.frame.eq(~marker),
             out.p.flen.eq(Mux(atomic, ATOMIC_ACK_FRAME_LEN, ACK_FRAME_LEN)), out.p.sop_hi.eq(two), out.p.end_hi.eq(two),
             out.p.flen_hi.eq(Mux(two, ACK_FRAME_LEN, 0)),
             out.p.cpl_valid.eq(0), out.p.cpl.eq(0),

@@ -55,7 +55,7 @@ class AckCoalescer(wiring.Component):
         present = [C(1, 1), i.p.second]
         same = Signal()
         # (an ATOMIC ACK's place holder is never dropped: each one takes one atomic's result)
-        m.d.comb += same.eq(tail_valid & (tail.syndrome == Aeth.ACK) & ~tail.atomic
+        m.d.comb += same.eq(tail_valid & (tail.syndrome == Aeth.ACK) & ~tail.atomic & ~tail.read
                             & (i.p.p[0].as_value() == tail.as_value())
                             & (~i.p.second | (i.p.p[1].as_value() == tail.as_value())))
         drop = Signal()

@@ -21,7 +21,8 @@ class AtomicAckJoin(wiring.Component):
     (``found`` = 0), nothing: the answer is dropped, as ``model.responder`` drops it.
 
     An ATOMIC ACK (70 bytes) does not fit half a beat as an ACK does, so it leaves alone
-    in its transfer; a pair of two plain ACKs passes as it is. One transfer a cycle, a
+    in its transfer, and so does a READ's place holder (``read``: its responses go in
+    there later, ``ResponseMerge``); a pair of two plain ACKs passes as it is. One transfer a cycle, a
     registered output.
 
     Parameters
@@ -55,7 +56,8 @@ class AtomicAckJoin(wiring.Component):
         m.d.comb += rest.eq(~half & i.p.second)
         # the whole transfer at once: no place holder in it
         whole = Signal()
-        m.d.comb += whole.eq(~half & ~i.p.p[0].atomic & ~(i.p.second & i.p.p[1].atomic))
+        m.d.comb += whole.eq(~half & ~i.p.p[0].atomic & ~i.p.p[0].read
+                             & ~(i.p.second & (i.p.p[1].atomic | i.p.p[1].read)))
         free = Signal()
         m.d.comb += free.eq(~o.valid | o.ready)
         with m.If(o.valid & o.ready):

@@ -7,6 +7,8 @@
       -> frames (to the port)
     Responder -> atomics -> AtomicUnit (after RxWriteIssuer's fence) <-> AtomicDma
       -> m_axi reads, m_axi_rx writes; results -> AtomicAckJoin
+    Responder -> READs -> ReadResponseSource (after the fence) -> PayloadFetch (m_axi reads)
+      -> PacketBuilder -> ResponseMerge (into the ACK frames, at each READ's place) -> frames
 """
 from amaranth.hdl import *
 from amaranth.lib import wiring
@@ -24,9 +26,14 @@ from rtl.responder.atomic_dma import AtomicDma
 from rtl.responder.atomic_unit import AtomicRequest, AtomicUnit
 from rtl.responder.ack_coalescer import AckCoalescer
 from rtl.responder.ack_builder import AckBuilder
+from rtl.requester.message import Message
+from rtl.requester.packet_builder import PacketBuilder
+from rtl.requester.payload_fetch import PayloadFetch
 from rtl.responder.payload_writer import RxPayloadWriter, RxWriteCommand
+from rtl.responder.read_response_source import ReadResponseSource
+from rtl.responder.response_merge import ResponseMerge
 from rtl.responder.resegmenter import RxResegmenter
-from rtl.responder.responder import Responder, ResponderAck
+from rtl.responder.responder import ReadJob, Responder, ResponderAck
 from rtl.responder.write_issuer import RxWriteIssuer
 from rtl.responder.write_sorter import RxWriteOrder, RxWriteSorter
 
@@ -50,6 +57,13 @@ ACK_BACKLOG = 16            # records queued beyond which an identical re-ACK is
 ATOMIC_QUEUE = 128          # atomics waiting for the writes before them to land (fence)
 ATOMIC_WORDS = 256          # the atomic unit's cached words: misses in flight to different words
 ATOMIC_DEPTH = 256          # atomics waiting in order in the unit (for their words)
+# READs: waiting for the writes before them to land; then their payload is read ahead of the
+# builder. 8-byte READs at the request wire limit (about one a cycle) with 1 us of read
+# latency keep some 500 READs' reads in flight (a beat each) and their messages queued; a
+# 64 KiB READ keeps 50 KB (400 beats) in flight at the wire rate. So 512 of each.
+READ_QUEUE = 128
+READ_BUFFER_BEATS = 512
+READ_MESSAGE_QUEUE = 512
 
 
 class ResponderPath(WiringLevel):
@@ -81,8 +95,10 @@ class ResponderPath(WiringLevel):
         Payload writes on the second port ``m_axi_rx``.
     atomic_rd, atomic_wr : Out(AxiReadSignature), Out(AxiWriteSignature)
         The atomic unit's word reads (on ``m_axi``) and write-throughs (on ``m_axi_rx``).
+    read_dma : Out(AxiReadSignature)
+        READ payload reads (on ``m_axi``, ARID ``AXI_ID_READ_RESPONSE``).
     frames : Out(stream.Signature(TxBeat))
-        ACK/NAK frames for MAC TX.
+        ACK/NAK, ATOMIC ACK and READ RESPONSE frames for MAC TX, in answer order.
     verdict_valid, verdict : Out
         The responder's verdict on each of up to two requests a cycle (counters).
     acks_sent, naks_sent : Out(2)
@@ -120,6 +136,17 @@ class ResponderPath(WiringLevel):
             "atomic_ack_join": AtomicAckJoin(num_qps=nq),
             "ack_addresser": AckAddresser(num_qps=nq),
             "ack_builder": AckBuilder(num_qps=nq, num_cqs=nc),
+            # READs: in order to the response source once the writes before them have
+            # landed; their payload read and their frames built as the requester's are,
+            # each READ's frames put at its place among the ACKs
+            "read_split": PairSplitter(ReadJob(nq)),
+            "read_fifo": StreamFifo(ReadJob(nq), READ_QUEUE),
+            "read_source": ReadResponseSource(num_qps=nq, num_cqs=nc, credits=READ_QUEUE + 4),
+            "read_fetch": PayloadFetch(num_qps=nq, num_cqs=nc, buffer_beats=READ_BUFFER_BEATS,
+                                       max_burst_beats=P.PAYLOAD_MAX_BURST_BEATS, arid=P.AXI_ID_READ_RESPONSE),
+            "read_msg_fifo": StreamFifo(Message(nq, nc), READ_MESSAGE_QUEUE),
+            "read_builder": PacketBuilder(num_qps=nq, num_cqs=nc, merge_messages=False),
+            "response_merge": ResponseMerge(num_qps=nq, num_cqs=nc),
         }
         b = self._blocks
         self._ports = [
@@ -127,7 +154,9 @@ class ResponderPath(WiringLevel):
             (b["responder"], {"requests": "packets", "commit": "commit", "modify": "modify",
                               "mr_commit": "mr_commit", "verdict_valid": "verdict_valid", "verdict": "verdict"}),
             (b["ack_addresser"], {"peer_commit": "commit"}),
-            (b["ack_builder"], {"port_mac": "port_mac", "port_ip": "port_ip", "frames": "frames"}),
+            (b["ack_builder"], {"port_mac": "port_mac", "port_ip": "port_ip"}),
+            (b["response_merge"], {"frames": "o"}),
+            (b["read_fetch"], {"read_dma": "dma"}),
             (b["rx_write_issuer"], {"dma": "p0", "dma_rx": "p1"}),
             (b["atomic_dma"], {"atomic_rd": "rd", "atomic_wr": "wr"}),
         ]
@@ -161,9 +190,24 @@ class ResponderPath(WiringLevel):
         wiring.connect(m, au.wr_req, b["atomic_dma"].wr_req)
         # (a create is always taken: the unit's commit is ready but in the cycle after one,
         # and creates come many cycles apart over the control path)
-        m.d.comb += [au.wr_done.eq(b["atomic_dma"].wr_done), au.landed.eq(b["rx_write_issuer"].fence_done),
+        wi = b["rx_write_issuer"]
+        m.d.comb += [au.wr_done.eq(b["atomic_dma"].wr_done), au.landed.eq(wi.fence_done & ~wi.fence_read),
                      au.commit.valid.eq(self.commit.valid), au.commit.p.qpn.eq(self.commit.p.qpn)]
         wiring.connect(m, b["ack_addresser"].o, b["ack_builder"].requests)
+        # READs
+        rs, rb = b["read_source"], b["read_builder"]
+        wiring.connect(m, rsp.reads, b["read_split"].i)
+        wiring.connect(m, b["read_split"].o, b["read_fifo"].i)
+        wiring.connect(m, b["read_fifo"].o, rs.jobs)
+        m.d.comb += [rs.landed.eq(wi.fence_done & wi.fence_read),
+                     rs.commit.valid.eq(self.peer_commit.valid), rs.commit.p.eq(self.peer_commit.p)]
+        wiring.connect(m, rs.messages, b["read_fetch"].messages_in)
+        wiring.connect(m, b["read_fetch"].messages_out, b["read_msg_fifo"].i)
+        wiring.connect(m, b["read_msg_fifo"].o, rb.messages)
+        wiring.connect(m, b["read_fetch"].payload, rb.payload)
+        m.d.comb += [rb.port_mac.eq(self.port_mac), rb.port_ip.eq(self.port_ip), rb.inline.valid.eq(0)]
+        wiring.connect(m, b["ack_builder"].frames, b["response_merge"].acks)
+        wiring.connect(m, rb.frames, b["response_merge"].reads)
         # ACK/NAKs sent, up to two a cycle (queued: the coalesced ones are counted apart)
         resp_sent = Signal()
         queued = b["atomic_ack_join"].o      # (after the join: a retried atomic without a record gets no answer)
@@ -171,7 +215,8 @@ class ResponderPath(WiringLevel):
         m.d.comb += [resp_sent.eq(queued.valid & queued.ready), self.acks_coalesced.eq(b["ack_coalescer"].coalesced)]
         lanes = [resp_sent, resp_sent & resp.second]
         m.d.comb += [
-            self.acks_sent.eq(sum(lanes[k] & (resp.p[k].syndrome == F.Aeth.ACK) for k in range(2))),
+            # (a READ's place holder is no ACK: its responses are counted as frames)
+            self.acks_sent.eq(sum(lanes[k] & (resp.p[k].syndrome == F.Aeth.ACK) & ~resp.p[k].read for k in range(2))),
             self.naks_sent.eq(sum(lanes[k] & (resp.p[k].syndrome != F.Aeth.ACK) for k in range(2))),
         ]
         return m

@@ -28,7 +28,8 @@ RxWriteCommand = data.StructLayout({
     "inline": unsigned(1),      # the payload is in ``data`` (RxPacket.inline): not for this writer
     "data":   unsigned(8 * INLINE_MAX),     # with inline: the payload bytes, first in bits 7..0
     "qp":     unsigned(QP_TAG_BITS),        # the QP's number (low bits): its writes land in order
-    "fence":  unsigned(1),      # with inline: an atomic's place in the write order (no payload)
+    "fence":  unsigned(1),      # with inline: an atomic's or READ's place in the write order (no payload)
+    "fence_read": unsigned(1),  # with fence: a READ's (else an atomic's)
 })
 RxWriteCommand.__doc__ = """What to do with one received frame (see :class:`RxPayloadWriter`)."""
 

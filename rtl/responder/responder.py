@@ -18,15 +18,28 @@ from rtl.common.stream import Pair, pack_pair
 from rtl.responder.atomic_unit import AtomicOp, AtomicRequest
 from rtl.responder.payload_writer import RxWriteCommand
 
-__all__ = ["Responder", "ResponderAck", "ResponderConfig", "ResponderEntry", "RxVerdict", "RX_VERDICT_NAMES"]
+__all__ = ["Responder", "ResponderAck", "ReadJob", "ResponderConfig", "ResponderEntry", "RxVerdict", "RX_VERDICT_NAMES"]
 
 # An answer the responder owes: an ACK/NAK (``AckRecord``'s fields) or, with ``atomic``,
 # the ATOMIC ACKNOWLEDGE of the atomic of PSN ``psn``, whose MSN and original value the
-# ``AtomicUnit`` supplies later (``AtomicAckJoin``: ``msn`` and ``orig`` are filled there).
+# ``AtomicUnit`` supplies later (``AtomicAckJoin``: ``msn`` and ``orig`` are filled there),
+# or, with ``read``, the place of a READ's responses (``ResponseMerge`` puts them there).
 ResponderAck = data.StructLayout({
     "qpn": unsigned(24), "psn": unsigned(PSN_BITS), "syndrome": unsigned(8), "msn": unsigned(24),
-    "atomic": unsigned(1), "orig": unsigned(64),
+    "atomic": unsigned(1), "orig": unsigned(64), "read": unsigned(1),
 })
+
+
+def ReadJob(num_qps):
+    """A READ REQUEST the responder executes (new, or a duplicate executed again): read
+    ``length`` bytes at ``va`` and send them from PSN ``psn`` with the AETH MSN ``msn``, at
+    the QP's path MTU (ibv_mtu code ``mtu``)."""
+    return data.StructLayout({
+        "qpn": unsigned(qp_bits(num_qps)), "psn": unsigned(PSN_BITS), "va": unsigned(64),
+        "length": unsigned(32), "msn": unsigned(24), "mtu": unsigned(3),
+    })
+
+
 
 # BTH opcode -> the AtomicUnit's operation
 _ATOMIC_OP = {F.Op.FETCH_ADD: AtomicOp.FETCH_ADD, F.Op.COMPARE_SWAP: AtomicOp.COMPARE_SWAP,
@@ -41,7 +54,7 @@ class RxVerdict(enum.Enum, shape=4):
     The names of all the receive counters; the ``Responder`` itself only gives
     ACCEPTED and the QP-level verdicts (QP_NOT_READY and after): ``RxDispatch`` counts
     ACKs received and the frame-level drops (BAD_LENGTH..BAD_OPCODE)."""
-    ACCEPTED = 0            # a WRITE packet or an atomic executed
+    ACCEPTED = 0            # a WRITE packet, a READ or an atomic executed
     ACK_RECEIVED = 1        # an ACK/NAK for this NIC's requester side
     BAD_LENGTH = 2
     NOT_ROCE = 3
@@ -188,14 +201,16 @@ class Responder(wiring.Component):
             "commands": Out(stream.Signature(Pair(RxWriteCommand))),
             "responses": Out(stream.Signature(Pair(ResponderAck))),
             "atomics": Out(stream.Signature(Pair(AtomicRequest(num_qps)))),
+            "reads": Out(stream.Signature(Pair(ReadJob(num_qps)))),
             "verdict_valid": Out(2),
             "verdict": Out(data.ArrayLayout(RxVerdict, 2)),
         })
 
-    def _decide(self, m, k, p, ctx, status, ctl_state):
+    def _decide(self, m, k, p, ctx, status, ctl_state, npkts):
         """Lane ``k``'s decision on packet ``p`` with QP context ``ctx``, key-check
-        ``status`` and the state the control path last set (``ctl_state``): the new
-        context and what to do (a dict of Signals)."""
+        ``status``, the state the control path last set (``ctl_state``) and, for a READ
+        REQUEST, its response packets (``npkts``): the new context and what to do (a dict
+        of Signals)."""
         entry_layout = ResponderEntry(self.pd_bits)
         cfg, dyn = ctx.cfg, ctx.dyn
 
@@ -214,6 +229,9 @@ class Responder(wiring.Component):
         atomic, atomic_dup, size_ok = sig("atomic"), sig("atomic_dup"), sig("size_ok")
         m.d.comb += size_ok.eq(((p.atomic.log_size == 3) & (p.reth.va[:3] == 0))
                                | ((p.atomic.log_size == 2) & (p.reth.va[:2] == 0)))
+        read, read_dup = sig("read"), sig("read_dup")    # a READ executed (new, or again)
+        read_req = sig("read_req")
+        m.d.comb += read_req.eq(p.opcode == F.Op.READ_REQUEST)
         ready_state = sig("ready_state")
         m.d.comb += ready_state.eq(((cfg.state == QpState.RTR) | (cfg.state == QpState.RTS))
                                    & ((ctl_state == QpState.RTR) | (ctl_state == QpState.RTS)))
@@ -249,6 +267,13 @@ class Responder(wiring.Component):
             # when it has none), never executed again
             m.d.comb += [verdict.eq(RxVerdict.PSN_DUPLICATE), atomic_dup.eq(1), respond.eq(1),
                          resp_psn.eq(p.psn), resp_syn.eq(Aeth.ACK)]
+        with m.Elif(dist[PSN_BITS - 1] & read_req & (status != MrCheck.OK)):
+            m.d.comb += [verdict.eq(RxVerdict.ACCESS_ERROR), fatal.eq(1), fatal_syn.eq(Aeth.NAK_REMOTE_ACCESS)]
+        with m.Elif(dist[PSN_BITS - 1] & read_req):
+            # a retried READ: executed again from its own PSN (its key checked again), with
+            # the current MSN; nothing else changes (a READ changes no memory)
+            m.d.comb += [verdict.eq(RxVerdict.PSN_DUPLICATE), read_dup.eq(1), respond.eq(1),
+                         resp_psn.eq(p.psn), resp_syn.eq(Aeth.ACK)]
         with m.Elif(dist[PSN_BITS - 1]):
             m.d.comb += [verdict.eq(RxVerdict.PSN_DUPLICATE), new.dyn.unacked.eq(0),
                          respond.eq(1), resp_psn.eq(dyn.epsn - 1), resp_syn.eq(Aeth.ACK)]
@@ -257,6 +282,17 @@ class Responder(wiring.Component):
             with m.If(~dyn.nak_sent):
                 m.d.comb += [new.dyn.nak_sent.eq(1), new.dyn.unacked.eq(0),
                              respond.eq(1), resp_psn.eq(dyn.epsn), resp_syn.eq(Aeth.NAK_PSN_SEQ)]
+        with m.Elif(read_req & dyn.in_msg):
+            m.d.comb += [verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1), fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
+        with m.Elif(read_req & (status != MrCheck.OK)):
+            m.d.comb += [verdict.eq(RxVerdict.ACCESS_ERROR), fatal.eq(1), fatal_syn.eq(Aeth.NAK_REMOTE_ACCESS)]
+        with m.Elif(read_req):
+            # its responses (one PSN each) answer every earlier packet
+            m.d.comb += [
+                verdict.eq(RxVerdict.ACCEPTED), read.eq(1), respond.eq(1), resp_psn.eq(p.psn),
+                resp_syn.eq(Aeth.ACK), new.dyn.nak_sent.eq(0), new.dyn.epsn.eq(dyn.epsn + npkts),
+                new.dyn.msn.eq(dyn.msn + 1), new.dyn.unacked.eq(0),
+            ]
         with m.Elif(p.has_atomic & (dyn.in_msg | ~size_ok)):
             m.d.comb += [verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1), fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
         with m.Elif(p.has_atomic & (status != MrCheck.OK)):
@@ -293,7 +329,7 @@ class Responder(wiring.Component):
         m.d.comb += addr.eq(va + off)
         return {"new": new, "verdict": verdict, "write": write, "respond": respond,
                 "psn": resp_psn, "syndrome": resp_syn, "addr": addr,
-                "atomic": atomic, "atomic_dup": atomic_dup}
+                "atomic": atomic, "atomic_dup": atomic_dup, "read": read | read_dup}
 
     def elaborate(self, platform):
         m = Module()
@@ -370,9 +406,30 @@ class Responder(wiring.Component):
                 mrt.requests.p.addr.eq(bp.reth.va),
                 mrt.requests.p.length.eq(Mux(present & bp.has_reth, bp.reth.dma_len,
                                              Mux(present & bp.has_atomic, C(1, 4) << bp.atomic.log_size[:2], 0))),
-                mrt.requests.p.access.eq(Mux(bp.has_atomic, F.Access.REMOTE_ATOMIC, F.Access.REMOTE_WRITE)),
+                mrt.requests.p.access.eq(Mux(bp.has_atomic, F.Access.REMOTE_ATOMIC,
+                                             Mux(bp.opcode == F.Op.READ_REQUEST, F.Access.REMOTE_READ,
+                                                 F.Access.REMOTE_WRITE))),
                 mrt.requests.p.pd.eq(rd[k].data.cfg.pd),
             ]
+        # A READ REQUEST's response packets, ceil(length / MTU) and at least one (the MTU
+        # does not change but by a create, so the context read here holds it)
+        c_npkts = Signal(data.ArrayLayout(unsigned(PSN_BITS), 2))
+        b_npkts = []
+        for k in range(2):
+            n_ = Signal(PSN_BITS, name=f"b_npkts{k}")
+            less = Signal(32, name=f"b_len1_{k}")
+            m.d.comb += less.eq(b_pair.p[k].reth.dma_len - 1)
+            with m.Switch(rd[k].data.cfg.mtu):
+                for code in range(1, 6):
+                    with m.Case(code):
+                        m.d.comb += n_.eq((less >> (7 + code)) + 1)
+                with m.Default():
+                    m.d.comb += n_.eq((less >> 12) + 1)
+            with m.If(b_pair.p[k].reth.dma_len == 0):
+                m.d.comb += n_.eq(1)
+            b_npkts.append(n_)
+        with m.If(b_go):
+            m.d.sync += [c_npkts[0].eq(b_npkts[0]), c_npkts[1].eq(b_npkts[1])]
         with m.If(b_go):
             m.d.sync += [c_pair.eq(b_pair), c_kill.eq(b_kill | created(b_pair)),
                          c_ctx[0].eq(rd[0].data), c_ctx[1].eq(rd[1].data),
@@ -393,40 +450,48 @@ class Responder(wiring.Component):
                                  Mux(last_valid[0] & (last_qpn[0] == qp[k]), last_ctx[0], c_ctx[k])))
             bypassed.append(b)
         m.d.comb += ctx[0].eq(bypassed[0])
-        d0 = self._decide(m, 0, p[0], ctx[0], mrts[0].results.p.status, c_ctl[0])
+        d0 = self._decide(m, 0, p[0], ctx[0], mrts[0].results.p.status, c_ctl[0], c_npkts[0])
         m.d.comb += ctx[1].eq(Mux(same, d0["new"], bypassed[1]))       # chained on lane 0
-        d1 = self._decide(m, 1, p[1], ctx[1], mrts[1].results.p.status, c_ctl[1])
+        d1 = self._decide(m, 1, p[1], ctx[1], mrts[1].results.p.status, c_ctl[1], c_npkts[1])
         dec = [d0, d1]
 
         # Outputs: registered, so no valid depends on a ready; the pair decides when every
         # output has room. Payload commands and responses are packed to the front.
-        cmd, resp, ato = self.commands, self.responses, self.atomics
+        cmd, resp, ato, rds = self.commands, self.responses, self.atomics, self.reads
         out_ready = Signal()
         m.d.comb += [
-            out_ready.eq((~cmd.valid | cmd.ready) & (~resp.valid | resp.ready) & (~ato.valid | ato.ready)),
+            out_ready.eq((~cmd.valid | cmd.ready) & (~resp.valid | resp.ready) & (~ato.valid | ato.ready)
+                         & (~rds.valid | rds.ready)),
             mrts[0].results.ready.eq(out_ready), mrts[1].results.ready.eq(out_ready),
             c_go.eq(mrts[0].results.valid & out_ready),
         ]
         for k in range(2):
             m.d.comb += [self.verdict_valid[k].eq(c_go & present[k]), self.verdict[k].eq(dec[k]["verdict"])]
-        for s_ in (cmd, resp, ato):
+        for s_ in (cmd, resp, ato, rds):
             with m.If(s_.valid & s_.ready):
                 m.d.sync += s_.valid.eq(0)
         # An atomic (new or retried) goes to the AtomicUnit, and a fence to the write path:
         # the AtomicUnit reads its word only once every write before it has landed.
+        # A READ (new or again) likewise, to the READ response source: its payload is read
+        # once every write before it has landed.
         to_unit = [present[k] & (dec[k]["atomic"] | dec[k]["atomic_dup"]) for k in range(2)]
-        has_cmd = [present[k] & ((p[k].payload_len != 0) | to_unit[k]) for k in range(2)]
+        to_read = [present[k] & dec[k]["read"] for k in range(2)]
+        fenced = [to_unit[k] | to_read[k] for k in range(2)]
+        has_cmd = [present[k] & ((p[k].payload_len != 0) | fenced[k]) for k in range(2)]
         has_resp = [present[k] & dec[k]["respond"] for k in range(2)]
-        cmds, resps, atos = [], [], []
+        cmds, resps, atos, jobs = [], [], [], []
         for k in range(2):
             c_ = Signal(RxWriteCommand, name=f"cmd{k}")
             m.d.comb += [c_.write.eq(dec[k]["write"]), c_.addr.eq(dec[k]["addr"]),
                          c_.offset.eq(p[k].payload_offset), c_.length.eq(p[k].payload_len),
-                         c_.inline.eq(p[k].inline | to_unit[k]), c_.fence.eq(to_unit[k]),
+                         c_.inline.eq(p[k].inline | fenced[k]), c_.fence.eq(fenced[k]), c_.fence_read.eq(to_read[k]),
                          c_.data.eq(p[k].inline_data), c_.qp.eq(p[k].dqpn)]
             r_ = Signal(ResponderAck, name=f"resp{k}")
             m.d.comb += [r_.qpn.eq(p[k].dqpn), r_.psn.eq(dec[k]["psn"]), r_.syndrome.eq(dec[k]["syndrome"]),
-                         r_.msn.eq(dec[k]["new"].dyn.msn), r_.atomic.eq(to_unit[k])]
+                         r_.msn.eq(dec[k]["new"].dyn.msn), r_.atomic.eq(to_unit[k]), r_.read.eq(to_read[k])]
+            j_ = Signal(ReadJob(self.num_qps), name=f"read{k}")
+            m.d.comb += [j_.qpn.eq(p[k].dqpn[:qb]), j_.psn.eq(p[k].psn), j_.va.eq(p[k].reth.va),
+                         j_.length.eq(p[k].reth.dma_len), j_.msn.eq(dec[k]["new"].dyn.msn), j_.mtu.eq(ctx[k].cfg.mtu)]
             a_ = Signal(AtomicRequest(self.num_qps), name=f"atomic{k}")
             m.d.comb += [a_.qpn.eq(p[k].dqpn[:qb]), a_.psn.eq(p[k].psn), a_.duplicate.eq(dec[k]["atomic_dup"]),
                          a_.wide.eq(p[k].atomic.log_size == 3), a_.va.eq(p[k].reth.va),
@@ -440,10 +505,12 @@ class Responder(wiring.Component):
             cmds.append(c_)
             resps.append(r_)
             atos.append(a_)
+            jobs.append(j_)
         with m.If(c_go):
             m.d.sync += [cmd.valid.eq(has_cmd[0] | has_cmd[1]), *pack_pair(cmd.p, has_cmd, cmds),
                          resp.valid.eq(has_resp[0] | has_resp[1]), *pack_pair(resp.p, has_resp, resps),
-                         ato.valid.eq(to_unit[0] | to_unit[1]), *pack_pair(ato.p, to_unit, atos)]
+                         ato.valid.eq(to_unit[0] | to_unit[1]), *pack_pair(ato.p, to_unit, atos),
+                         rds.valid.eq(to_read[0] | to_read[1]), *pack_pair(rds.p, to_read, jobs)]
 
         # Context writes: the decisions (lane 0's only when lane 1 is of another QP; none of
         # a lane read before a create of its QP), and a QP create from the control path.

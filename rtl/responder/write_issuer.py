@@ -91,6 +91,8 @@ class RxWriteIssuer(wiring.Component):
         The ports; AWID 2, 128-byte INCR beats, ``bready`` high.
     fence_done : Out(1)
         The writes before the oldest waiting fence have all landed (one strobe per fence).
+    fence_read : Out(1)
+        With ``fence_done``: that fence is a READ's (else an atomic's).
     """
     def __init__(self, *, depth=8, fences=64):
         for name, v in (("depth", depth), ("fences", fences)):
@@ -102,7 +104,7 @@ class RxWriteIssuer(wiring.Component):
             "orders": In(stream.Signature(Pair(RxWriteOrder))),
             "writer": In(sig),
             "p0": Out(sig), "p1": Out(sig),
-            "fence_done": Out(1),
+            "fence_done": Out(1), "fence_read": Out(1),
         })
 
     def elaborate(self, platform):
@@ -177,14 +179,14 @@ class RxWriteIssuer(wiring.Component):
         # fences: each port's count of bursts issued (pushed) and answered (B)
         issued = [Signal(16, name=f"issued{p}") for p in range(2)]
         answered = [Signal(16, name=f"answered{p}") for p in range(2)]
-        m.submodules.fence_q = fence_q = SyncFIFOBuffered(width=32, depth=self.fences)
+        m.submodules.fence_q = fence_q = SyncFIFOBuffered(width=33, depth=self.fences)
         fence_take = Signal()
         m.d.comb += [fence_take.eq(a_there & a.fence & fence_q.w_rdy),
-                     fence_q.w_en.eq(fence_take), fence_q.w_data.eq(Cat(issued[0], issued[1]))]
+                     fence_q.w_en.eq(fence_take), fence_q.w_data.eq(Cat(issued[0], issued[1], a.fence_read))]
         landed = Signal()
         m.d.comb += landed.eq(fence_q.r_rdy & ~(answered[0] - fence_q.r_data[:16])[15]
-                              & ~(answered[1] - fence_q.r_data[16:])[15])
-        m.d.comb += [fence_q.r_en.eq(landed), self.fence_done.eq(landed)]
+                              & ~(answered[1] - fence_q.r_data[16:32])[15])
+        m.d.comb += [fence_q.r_en.eq(landed), self.fence_done.eq(landed), self.fence_read.eq(fence_q.r_data[32])]
         a_issue, a_port, a_done = Signal(), Signal(), Signal()
         m.d.comb += [
             a_issue.eq((a_there & (can[0] | can[1])) | fence_take),

@@ -20,7 +20,8 @@ RxWriteOrder = data.StructLayout({
     "length": unsigned(3),      # inline: 1..INLINE_MAX bytes
     "data":   unsigned(8 * INLINE_MAX),    # inline: the bytes, first in bits 7..0
     "qp":     unsigned(QP_TAG_BITS),       # the QP's tag: a QP's writes land in order
-    "fence":  unsigned(1),      # no write: an atomic, which reads memory once the writes before it landed
+    "fence":  unsigned(1),      # no write: an atomic or READ, which reads memory once the writes before it landed
+    "fence_read": unsigned(1),  # with fence: a READ's (else an atomic's)
 })
 RxWriteOrder.__doc__ = """One write to GPU memory, in the order the responder accepted them
 (see :class:`rtl.responder.write_issuer.RxWriteIssuer`)."""
@@ -70,7 +71,7 @@ class RxWriteSorter(wiring.Component):
             in_page = Signal(14, name=f"in_page{k}")
             m.d.comb += [
                 in_page.eq(c[k].addr[:AXI_PAGE_SHIFT] + c[k].length),
-                o.inline.eq(c[k].inline & ~c[k].fence), o.fence.eq(c[k].fence),
+                o.inline.eq(c[k].inline & ~c[k].fence), o.fence.eq(c[k].fence), o.fence_read.eq(c[k].fence_read),
                 o.bursts.eq(Mux(c[k].fence, 0, Mux(in_page > AXI_PAGE, 2, 1))),
                 o.line.eq(c[k].addr[LINE_SHIFT:]), o.lane.eq(c[k].addr[:LINE_SHIFT]),
                 o.length.eq(c[k].length[:3]), o.data.eq(c[k].data), o.qp.eq(c[k].qp),

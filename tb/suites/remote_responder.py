@@ -1,9 +1,9 @@
-"""System regressions of atomics with the NIC as responder (cocotb).
+"""System regressions of READ and atomics with the NIC as responder (cocotb).
 
 The peers are golden requesters' frames (``model.read_atomic`` builds them) sent into the
-NIC's MAC RX; the golden responder (``RcResponder(atomics=True)``) takes the same frames
-on an image of GPU memory, and the NIC's ATOMIC ACKs, ACKs and NAKs, its GPU memory and
-its counters must equal the model's. Plain numbers back the model up (a sum of
+NIC's MAC RX; the golden responder (``RcResponder(remote_ops=True)``) takes the same frames
+on an image of GPU memory, and the NIC's READ responses, ATOMIC ACKs, ACKs and NAKs, its
+GPU memory and its counters must equal the model's. Plain numbers back the model up (a sum of
 fetch-adds, the originals of a chain), so it cannot agree with itself.
 """
 import random
@@ -14,7 +14,7 @@ from cocotb.triggers import RisingEdge
 
 from model.frames import build_write_frames
 from model.memory import SparseMemory
-from model.read_atomic import build_atomic_request, build_masked_atomic_request
+from model.read_atomic import build_atomic_request, build_masked_atomic_request, build_read_request
 from spec.formats import AETH, OFF_BTH, OFF_EXT, Aeth, Op, unpack, BTH
 from tb.rc_env import DST, KEY, KEY_ATOMIC, KEY_PD, KEY_RO, REGION_LEN, peer_port, responder_env, run_and_check
 
@@ -32,6 +32,12 @@ class Peer:
 
     def write(self, va, data, key=KEY):
         return self._next(build_write_frames(self.ctx, peer_port(self.q), va, key, data, self.psn))
+
+    def read(self, va, length, key=KEY_RO):
+        n = max(1, -(-length // self.ctx.mtu))          # one PSN per response packet
+        f = build_read_request(self.ctx, peer_port(self.q), va, key, length, self.psn)
+        self.psn = (self.psn + n) & 0xFFFFFF
+        return [f]
 
     def fetch_add(self, va, add, key=KEY_ATOMIC):
         return self._next([build_atomic_request(self.ctx, peer_port(self.q), Op.FETCH_ADD, va, key, add, 0,
@@ -190,3 +196,82 @@ async def signal_after_data(dut):
     assert not early, f"{len(early)} times a count was visible before its data, first {early[0]}"
     for q in peers:
         assert int.from_bytes(env.mem.read(count[q], 4), "little") == n
+
+
+@cocotb.test()
+async def responder_reads(dut):
+    """READ REQUESTs on 3 QPs (MTU 256, 1024, 4096) between WRITEs and atomics: 0 bytes to
+    9000 (up to 36 response packets), unaligned, a READ of what a WRITE before it on the
+    QP wrote (it sees the WRITE); duplicates, whole and resumed from a middle PSN (executed
+    again from there, the current MSN); a gap; then each QP's violations (no read right,
+    out of bounds: NAK remote access, QP to error). Every READ RESPONSE byte for byte, in
+    order with the ACKs and ATOMIC ACKs, memory and counters as the golden responder's."""
+    rnd = random.Random(zlib.crc32(b"responder_reads"))
+    image = SparseMemory()
+    env, model, peers = await responder_env(dut, rnd, {1: 256, 2: 1024, 3: 4096}, {1: 1, 2: 4, 3: 8},
+                                            image=image, b_latency=(1, 40), visible_at_b=True)
+    src = DST + 0xC_0000
+    data = bytes(rnd.randrange(256) for _ in range(0x2_0000))
+    env.mem.write(src, data)
+    image.write(src, data)
+    ps = {q: Peer(ctx, q) for q, (ctx, _) in peers.items()}
+    streams = {q: [] for q in peers}
+    reads = []                                        # (q, frames) of each READ, for retries
+    wdata, wpsn = {}, {}                              # per QP: a WRITE's data, the PSN of the READ of it
+    for q, p in ps.items():
+        s = streams[q]
+        mtu = p.ctx.mtu
+        for k, n in enumerate([8, 0, 1, mtu - 1, mtu, mtu + 1, 3 * mtu + 5, 9000, 64]):
+            va = src + 0x6000 * (q - 1) + rnd.randrange(0x3000)
+            f = p.read(va, n)
+            reads.append((q, f))
+            s.append(f)
+            if k % 3 == 1:
+                s.append(p.write(DST + 0x1000 * q + 0x100 * k, bytes(rnd.randrange(256) for _ in range(300))))
+            if k == 4:
+                s.append(p.fetch_add(WORDS + 0x100 * q, 5))
+        # a READ of what the WRITE just before it wrote (the READ waits for it to land)
+        wva = DST + 0x8000 * q + 0x33
+        wdata[q] = bytes(rnd.randrange(256) for _ in range(2 * mtu + 7))
+        s.append(p.write(wva, wdata[q]))
+        wpsn[q] = p.psn
+        s.append(p.read(wva, 2 * mtu + 7))
+    frames = []
+    while any(streams.values()):
+        q = rnd.choice([q for q, s in streams.items() if s])
+        frames += streams[q].pop(0)
+    # duplicates: whole READs again, and one resumed from its third response packet (the
+    # requester's go-back-N after a lost response)
+    for q, f in rnd.sample(reads, 5):
+        frames += f
+    big = next(f for q_, f in reads if q_ == 2 and len(f) == 1
+               and int.from_bytes(f[0][OFF_EXT + 12:OFF_EXT + 16], "big") == 3 * 1024 + 5)[0]
+    va = int.from_bytes(big[OFF_EXT:OFF_EXT + 8], "big")
+    psn = unpack(BTH, big, OFF_BTH)["psn"]
+    frames.append(build_read_request(peers[2][0], peer_port(2), va + 2 * 1024, KEY_RO, 1024 + 5,
+                                     (psn + 2) & 0xFFFFFF))
+    # a gap on QP 1: a READ ahead of a WRITE it follows (NAK PSN sequence error), then both
+    p1 = ps[1]
+    first = p1.write(DST + 0x1F00, b"g" * 40)
+    ahead = p1.read(src, 16)
+    frames += ahead + first + ahead
+    # violations: each QP to the error state, nothing read
+    frames += ps[1].read(src, 8, key=KEY)                            # no remote-read right
+    frames += ps[2].read(DST + REGION_LEN - 8, 16)                   # out of bounds
+    frames += ps[3].read(src, 8, key=KEY_PD)                         # another PD, no right
+    frames += ps[3].read(src, 8)                                     # QP 3 is in error now
+    expect, c = await run_and_check(env, model, frames, image=image, settle=2000)
+    got = [f.data for f in env.wire.frames]
+    n_resp = sum(1 for f in got if Op.READ_RESP_FIRST <= f[OFF_BTH] <= Op.READ_RESP_ONLY)
+    assert n_resp == sum(len(e.read_responses) for e in expect) > 100, n_resp
+    reasons = [e.reason for e in expect]
+    assert reasons.count("access_error") == 3, reasons
+    # plain bytes: the READ after its WRITE returned the WRITE's data
+    for q in peers:
+        seen = {}
+        for f in got:
+            b = unpack(BTH, f, OFF_BTH)
+            if b["dqpn"] == 0x100 + q and Op.READ_RESP_FIRST <= b["opcode"] <= Op.READ_RESP_ONLY:
+                off = OFF_EXT + (0 if b["opcode"] == Op.READ_RESP_MIDDLE else 4)
+                seen.setdefault(b["psn"], f[off:-4])
+        assert b"".join(seen[(wpsn[q] + i) & 0xFFFFFF] for i in range(3)) == wdata[q]

@@ -1,0 +1,54 @@
+"""Response merge: each READ's response frames put where its place holder is among the
+responder's ACK frames."""
+from amaranth.hdl import *
+from amaranth.lib import wiring, stream
+from amaranth.lib.wiring import In, Out
+
+from rtl.common.tx_beat import TxBeat
+
+__all__ = ["ResponseMerge"]
+
+
+class ResponseMerge(wiring.Component):
+    """The responder's frames in the order of its answers (IBTA: responses in PSN order).
+
+    The ACK builder's stream holds a marker beat (``frame`` = 0) where a READ's responses
+    belong; the READ responses come, READ after READ, from the responder's packet builder,
+    whose payload was read ahead. At a marker the merge takes the marker and passes READ
+    response beats until that READ's last one (``cpl_valid``: the builder marks each
+    READ's last beat so, and never starts the next READ in it), then ACK frames again. So a
+    later ACK of the QP never overtakes a READ's responses, which the requester would take
+    as an implied NAK. Combinational (the path of whichever input is on).
+
+    Members
+    -------
+    acks : In(stream.Signature(TxBeat))
+        ACK/NAK and ATOMIC ACK frames, and READ markers (``AckBuilder``).
+    reads : In(stream.Signature(TxBeat))
+        READ response frames (``PacketBuilder(merge_messages=False)``).
+    o : Out(stream.Signature(TxBeat))
+        The frames in answer order, no markers, ``cpl_valid`` clear.
+    """
+    def __init__(self, *, num_qps, num_cqs):
+        layout = TxBeat(num_qps, num_cqs)
+        super().__init__({
+            "acks": In(stream.Signature(layout)),
+            "reads": In(stream.Signature(layout)),
+            "o": Out(stream.Signature(layout)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        acks, reads, o = self.acks, self.reads, self.o
+        in_read = Signal()           # between a marker and its READ's last response beat
+        with m.If(in_read):
+            m.d.comb += [o.valid.eq(reads.valid), o.p.eq(reads.p), o.p.cpl_valid.eq(0), o.p.cpl.eq(0),
+                         reads.ready.eq(o.ready)]
+            with m.If(reads.valid & o.ready & reads.p.last & reads.p.cpl_valid):
+                m.d.sync += in_read.eq(0)
+        with m.Else():
+            marker = ~acks.p.frame
+            m.d.comb += [o.valid.eq(acks.valid & ~marker), o.p.eq(acks.p), acks.ready.eq(o.ready | marker)]
+            with m.If(acks.valid & marker):
+                m.d.sync += in_read.eq(1)
+        return m
