@@ -28,8 +28,9 @@ from tests.blocks.helpers import run
 MASK = (1 << 24) - 1
 
 
-# (qpn, psn, syndrome, msn, atomic): ``atomic`` marks an ATOMIC ACK's place holder, which
-# must never be dropped (each one takes one atomic's result downstream)
+# (qpn, psn, syndrome, msn, atomic, read): ``atomic`` marks an ATOMIC ACK's place holder,
+# ``read`` a READ's, which must never be dropped (each one takes one atomic's result or one
+# READ's responses downstream)
 FIELDS = [f for name, f in ResponderAck if name != "orig"]
 
 
@@ -48,33 +49,35 @@ class Stream:
     """Records (qpn, psn, syndrome, msn): mostly one ACK again and again."""
     def __init__(self, rnd):
         self.rnd = rnd
-        self.base = (3, MASK - 5, Aeth.ACK, 100, 0)
+        self.base = (3, MASK - 5, Aeth.ACK, 100, 0, 0)
         self.prev = self.base
 
     def record(self):
         rnd = self.rnd
-        q, psn, syn, msn, _ = self.base
+        q, psn, syn, msn, _, _ = self.base
         x = rnd.random()
         if x < 0.6:
             r = self.base                                          # the re-ACK
         elif x < 0.66:
-            self.base = (q, (psn + rnd.randrange(1, 3)) & MASK, Aeth.ACK, (msn + rnd.randrange(2)) & MASK, 0)
+            self.base = (q, (psn + rnd.randrange(1, 3)) & MASK, Aeth.ACK, (msn + rnd.randrange(2)) & MASK, 0, 0)
             r = self.base                                          # a new ACK
         elif x < 0.74:
             r = self.prev                                          # whatever came last again (a NAK too)
         elif x < 0.78:
-            r = (q, psn, Aeth.ACK, msn, 1)                         # an ATOMIC ACK's place holder (repeated too)
+            r = (q, psn, Aeth.ACK, msn, 1, 0)                      # an ATOMIC ACK's place holder (repeated too)
+        elif x < 0.80:
+            r = (q, psn, Aeth.ACK, msn, 0, 1)                      # a READ's place holder (repeated too)
         elif x < 0.82:
-            r = (q, psn, rnd.choice([Aeth.NAK_PSN_SEQ, Aeth.NAK_INVALID_REQ, Aeth.RNR_NAK | 3]), msn, 0)
+            r = (q, psn, rnd.choice([Aeth.NAK_PSN_SEQ, Aeth.NAK_INVALID_REQ, Aeth.RNR_NAK | 3]), msn, 0, 0)
         elif x < 0.86:
-            r = (q, psn, rnd.choice([0x00, 0x1E, 0x01]), msn, 0)   # an ACK, not Aeth.ACK
+            r = (q, psn, rnd.choice([0x00, 0x1E, 0x01]), msn, 0, 0)   # an ACK, not Aeth.ACK
         elif x < 0.96:
             k = rnd.randrange(4)                                   # one field (one bit) off
             r = list(self.base)
             r[k] ^= 1 << rnd.randrange(8 if k == 2 else 24)
             r = tuple(r)
         else:
-            r = (rnd.randrange(1 << 24), rnd.randrange(1 << 24), Aeth.ACK, rnd.randrange(1 << 24), 0)
+            r = (rnd.randrange(1 << 24), rnd.randrange(1 << 24), Aeth.ACK, rnd.randrange(1 << 24), 0, 0)
         self.prev = r
         return r
 
@@ -118,7 +121,7 @@ def _run(ready_mode, seed, n):
             backlog = ready_mode != "high" and rnd.random() < 0.2      # the queue holds a backlog
             ctx.set(dut.backlog, backlog)
 
-            same = (bool(pair) and tail is not None and tail[2] == Aeth.ACK and not tail[4]
+            same = (bool(pair) and tail is not None and tail[2] == Aeth.ACK and not tail[4] and not tail[5]
                     and all(r == tail for r in pair))
             drop = same and (not ready or backlog)
             ov = ctx.get(dut.o.valid)
