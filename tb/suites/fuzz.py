@@ -40,7 +40,7 @@ from model.cqe import CqContext
 from model.frames import Port, QpContext, build_nop_wqe, build_write_frames, ip_bytes, mac_bytes
 from model.icrc import icrc, ipv4_checksum
 from model.memory import SparseMemory
-from model.read_atomic import build_atomic_ack, build_atomic_request, build_masked_atomic_request
+from model.read_atomic import build_atomic_ack, build_atomic_request, build_masked_atomic_request, build_read_request
 from model.parse import _patch_bth, build_rc_packet, build_response, parse_frame
 from model.requester import RcRequester
 from model.responder import RcResponder
@@ -118,7 +118,7 @@ def _set_field(f, name, rnd):
 
 # ---- class 1: receive frames --------------------------------------------------------------
 RX_KINDS = ("random_bytes", "runt", "bit_flip", "field", "psn_behind", "psn_ahead", "over_mtu", "qp_not_ready",
-            "wrong_peer", "other_opcode", "bad_key", "tver", "response", "atomic")
+            "wrong_peer", "other_opcode", "bad_key", "tver", "response", "atomic", "read")
 
 
 @cocotb.test()
@@ -143,9 +143,9 @@ async def fuzz_receive(dut):
         await env.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
 
     def make_model(image=None):
-        # the engine executes atomics: the model does too, on its image of GPU memory
+        # the engine executes READs and atomics: the model does too, on its image of GPU memory
         image = SparseMemory() if image is None else image
-        m = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), atomics=True, read_memory=image.read)
+        m = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), remote_ops=True, read_memory=image.read)
         for ctx, every in setup:
             m.add_qp(ctx, PD, ack_every=every)
         for r in REGIONS:
@@ -230,6 +230,16 @@ async def fuzz_receive(dut):
             n_ops = 2 if op == Op.MASKED_FETCH_ADD else 4
             return build_masked_atomic_request(ctx, port, op, addr, key, [w() for _ in range(n_ops)], nbytes, p,
                                                aligned=False)
+        if kind == "read":
+            # a READ REQUEST, mostly in sequence and allowed (its responses byte for byte),
+            # else behind (executed again), ahead, without the right or out of bounds
+            p = psn[q] if rnd.random() < 0.8 else (psn[q] + rnd.choice([-1, -3, 2, 9])) & 0xFFFFFF
+            key = KEY_RO if rnd.random() < 0.9 else rnd.choice([KEY, KEY_PD, KEY_RO + 1])
+            n = rnd.choice([0, 1, 8, 64, ctx.mtu, ctx.mtu + 1, 3 * ctx.mtu + 5])
+            addr = DST + rnd.randrange(0x100000 - 4 * ctx.mtu)
+            if rnd.random() < 0.03:
+                addr = DST + REGION_LEN - rnd.randrange(1, 16)
+            return build_read_request(ctx, port, addr, key, n, p)
         if kind == "bad_key":
             return None        # handled by the caller (it kills the QP: rare, and then re-creates)
         if kind == "tver":

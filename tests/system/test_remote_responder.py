@@ -1,4 +1,4 @@
-"""Atomics with the NIC as responder, the golden responder as its model
+"""READ and atomics with the NIC as responder, the golden responder as its model
 (tb/suites/remote_responder.py), one pytest test per cocotb test, on both simulators."""
 import pytest
 
