@@ -1,5 +1,6 @@
 """RC responder: per-QP PSN check, memory-key check and ACK/NAK decisions for received
-RDMA WRITE requests (``RxDispatch`` takes frame-level drops and received ACK/NAKs)."""
+RDMA WRITE, READ and atomic requests (``RxDispatch`` takes frame-level drops and received
+ACK/NAKs)."""
 import functools
 import operator
 
@@ -110,9 +111,10 @@ def ResponderEntry(pd_bits):
 
 
 class Responder(wiring.Component):
-    """The receive side of the RC transport for RDMA WRITE requests, two packets per cycle.
+    """The receive side of the RC transport for RDMA WRITE, READ and atomic requests, two
+    packets per cycle.
 
-    It sees only the WRITE requests that passed the frame-level checks: ``RxDispatch``
+    It sees only the requests that passed the frame-level checks: ``RxDispatch``
     counts the frames dropped at frame level and passes received ACK/NAKs to the
     requester side. Every request with payload gets exactly one payload command (write
     or discard), so the payload writer stays in step with the frames it sees (those
@@ -158,8 +160,8 @@ class Responder(wiring.Component):
     Members
     -------
     packets : In(stream.Signature(Pair(RxPacket())))
-        Descriptors of the received WRITE requests, one or two per transfer, in order:
-        only ``drop`` = NONE and opcode WRITE FIRST/MIDDLE/LAST/LAST_IMM/ONLY/ONLY_IMM
+        Descriptors of the received requests, one or two per transfer, in order:
+        only ``drop`` = NONE and an RDMA WRITE, READ REQUEST or atomic opcode
         (``RxDispatch.requests``); other frames are not checked for here and must not be
         sent.
     commit : In(stream.Signature(...))
@@ -174,9 +176,15 @@ class Responder(wiring.Component):
     commands : Out(stream.Signature(Pair(RxWriteCommand)))
         One per packet with payload (``payload_len`` > 0), in packet order: write its
         payload at an address, or discard it.
-    responses : Out(stream.Signature(Pair(AckRecord)))
-        ACKs and NAKs to send, one or two per transfer in packet order; ``qpn`` is the
-        local QP (``AckAddresser`` adds where it goes).
+    responses : Out(stream.Signature(Pair(ResponderAck)))
+        ACKs and NAKs to send, and the places of ATOMIC ACKs and READ responses, one or two
+        per transfer in packet order; ``qpn`` is the local QP (``AckAddresser`` adds where
+        it goes).
+    atomics : Out(stream.Signature(Pair(AtomicRequest)))
+        Atomics to execute (new) or answer from their record (duplicate), in order.
+    reads : Out(stream.Signature(Pair(ReadJob)))
+        READs to answer (new, or a duplicate again), in order; each is also a fence
+        command on ``commands`` (``fence_read``).
     verdict_valid : Out(2), verdict : Out(ArrayLayout(RxVerdict, 2))
         Per lane, one strobe per packet with what became of it (for the counters):
         ACCEPTED or a QP-level verdict (QP_NOT_READY, PSN_DUPLICATE, PSN_OUT_OF_ORDER,
