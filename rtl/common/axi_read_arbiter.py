@@ -37,8 +37,8 @@ class AxiReadArbiter(wiring.Component):
     bus : Out(AxiReadSignature)
     """
     def __init__(self, *, data_width=1024, id_width=4, ids=(1, 2)):
-        b_ids = (ids[1],) if len(ids) == 2 and isinstance(ids[1], int) else tuple(ids[1]) if len(ids) == 2 else ()
-        all_ids = (ids[0], *b_ids) if len(ids) == 2 else ()
+        b_ids = () if len(ids) != 2 else (ids[1],) if isinstance(ids[1], int) else tuple(ids[1])
+        all_ids = (ids[0], *b_ids) if b_ids else ()
         if (not b_ids or len(set(all_ids)) != len(all_ids)
                 or not all(isinstance(i, int) and 0 <= i < 1 << id_width for i in all_ids)):
             raise ValueError(f"ids must be two different ARIDs (the second may be a tuple) of {id_width} bits, "

@@ -437,9 +437,8 @@ class Responder(wiring.Component):
                 m.d.comb += n_.eq(1)
             b_npkts.append(n_)
         with m.If(b_go):
-            m.d.sync += [c_npkts[0].eq(b_npkts[0]), c_npkts[1].eq(b_npkts[1])]
-        with m.If(b_go):
-            m.d.sync += [c_pair.eq(b_pair), c_kill.eq(b_kill | created(b_pair)),
+            m.d.sync += [c_npkts[0].eq(b_npkts[0]), c_npkts[1].eq(b_npkts[1]),
+                         c_pair.eq(b_pair), c_kill.eq(b_kill | created(b_pair)),
                          c_ctx[0].eq(rd[0].data), c_ctx[1].eq(rd[1].data),
                          c_ctl[0].eq(ctl_rd[0].data), c_ctl[1].eq(ctl_rd[1].data)]
 

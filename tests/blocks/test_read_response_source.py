@@ -9,7 +9,7 @@ from amaranth.sim import Simulator
 
 from rtl.requester.message import MessageKind
 from rtl.responder.read_response_source import ReadResponseSource
-from tests.blocks.helpers import put
+from tests.blocks.helpers import put, random_sink
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -48,23 +48,16 @@ def test_read_response_source(seed):
                 strobes[0] = n
         ctx.set(dut.landed, 0)
 
-    async def sink(ctx):
-        for _ in range(40 * len(jobs)):
-            ready = rnd.random() < 0.7
-            ctx.set(dut.messages.ready, ready)
-            await ctx.delay(1e-12)
-            if ready and ctx.get(dut.messages.valid):
-                o = ctx.get(dut.messages.p)
-                got.append(o)
-                if len(got) > strobes[0]:
-                    ahead.append(len(got))
-            await ctx.tick()
+    def take(o):
+        got.append(o)
+        if len(got) > strobes[0]:
+            ahead.append(len(got))
 
     sim = Simulator(dut)
     sim.add_clock(2e-9)
     sim.add_testbench(setup_and_jobs, background=True)
     sim.add_testbench(fences, background=True)
-    sim.add_testbench(sink)
+    sim.add_testbench(random_sink(dut.messages, rnd, 40 * len(jobs), take, p_ready=0.7))
     sim.run()
     assert not ahead, f"messages ahead of their fences: {ahead[:5]}"
     assert len(got) == len(jobs)

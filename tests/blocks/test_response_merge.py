@@ -11,6 +11,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from rtl.responder.response_merge import ResponseMerge
+from tests.blocks.helpers import random_sink
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -58,21 +59,15 @@ def test_response_merge(seed):
         ctx.set(p.frame, 1)
         ctx.set(p.cpl_valid, cpl)
 
-    async def sink(ctx):
-        for _ in range(30 * len(want)):
-            ready = rnd.random() < 0.6
-            ctx.set(dut.o.ready, ready)
-            await ctx.delay(1e-12)
-            if ready and ctx.get(dut.o.valid):
-                got.append(ctx.get(dut.o.p.data))
-                cpl_seen.append(ctx.get(dut.o.p.cpl_valid) or not ctx.get(dut.o.p.frame))
-            await ctx.tick()
+    def take(o):
+        got.append(o.data)
+        cpl_seen.append(o.cpl_valid or not o.frame)
 
     sim = Simulator(dut)
     sim.add_clock(2e-9)
     sim.add_testbench(source(dut.acks, acks, fill_ack), background=True)
     sim.add_testbench(source(dut.reads, reads, fill_read), background=True)
-    sim.add_testbench(sink)
+    sim.add_testbench(random_sink(dut.o, rnd, 30 * len(want), take))
     sim.run()
     assert got == want
     assert not any(cpl_seen), "a marker or a completion went out"
