@@ -205,9 +205,12 @@ class AtomicUnit(wiring.Component):
         m.d.comb += free_1h.eq(1 << free_idx)
         with m.If(take & ~req.duplicate):
             m.d.comb += inc.eq(Mux(is_hit, hit, free_1h))
-            with m.If(miss):
-                m.d.sync += [valid.bit_select(free_idx, 1).eq(1), tags[free_idx].eq(tag),
-                             filled.bit_select(free_idx, 1).eq(0)]
+        # Entry writes by a one-hot enable per entry, never ``array[index].eq()``: that is a
+        # switch over every index in every entry's logic (quadratic: 256 entries made 115 MB
+        # of Verilator C++).
+        for i in range(N):
+            with m.If(take & miss & free_1h[i]):
+                m.d.sync += tags[i].eq(tag)       # (taken with ``valid``, below)
         # Off the lookup's path, so conservative: the next choice avoids the entry a request
         # hits and the one offered while a request waits (taken or not: with a single free
         # entry a waiting miss gets it every other cycle)
@@ -217,12 +220,9 @@ class AtomicUnit(wiring.Component):
 
         # Fills: read data in order of the reads.
         m.d.comb += [self.rd_resp.ready.eq(fills.r_rdy), fills.r_en.eq(self.rd_resp.valid)]
-        with m.If(self.rd_resp.valid & fills.r_rdy):
-            m.d.sync += [words[fills.r_data].eq(self.rd_resp.p), filled.bit_select(fills.r_data, 1).eq(1)]
         # Write responses, in order of the writes.
         m.d.comb += wbacks.r_en.eq(self.wr_done)
-        with m.If(self.wr_done):
-            m.d.comb += wdec.bit_select(wbacks.r_data, 1).eq(1)
+        m.d.comb += wdec.eq(Mux(self.wr_done, 1 << wbacks.r_data, 0))
 
         # ---- replay records: per QP, its last REPLAY_DEPTH atomics by count ---------------
         # A row of REPLAY_DEPTH records per QP and a count of its atomics (mod the depth):
@@ -329,7 +329,7 @@ class AtomicUnit(wiring.Component):
             m.d.sync += [res.valid.eq(1), res.p.qpn.eq(r.qpn), res.p.psn.eq(r.psn), res.p.orig.eq(rec_orig),
                          res.p.msn.eq(rec_msn), res.p.replayed.eq(1), res.p.found.eq(found)]
         with m.If(h_valid & ~r.duplicate & ready_word & out_free & self.wr_req.ready & wbacks.w_rdy):
-            m.d.comb += [advance.eq(1), executing.eq(1), dec.bit_select(h.idx, 1).eq(1), winc.bit_select(h.idx, 1).eq(1),
+            m.d.comb += [advance.eq(1), executing.eq(1),
                          self.wr_req.valid.eq(1), self.wr_req.p.addr.eq(Cat(C(0, 3), r.va[3:])),
                          self.wr_req.p.data.eq(merged), self.wr_req.p.strb.eq(Mux(r.wide, 0xFF, Mux(r.va[2], 0xF0, 0x0F))),
                          wbacks.w_en.eq(1), wbacks.w_data.eq(h.idx),
@@ -338,7 +338,20 @@ class AtomicUnit(wiring.Component):
             for i in range(D):       # every record of the row offered; the enable picks one
                 m.d.comb += [rp_wr.data[i].valid.eq(1), rp_wr.data[i].gen.eq(gen_rd.data),
                              rp_wr.data[i].psn.eq(r.psn), rp_wr.data[i].orig.eq(orig), rp_wr.data[i].msn.eq(r.msn)]
-            m.d.sync += [words[h.idx].eq(merged),
-                         res.valid.eq(1), res.p.qpn.eq(r.qpn), res.p.psn.eq(r.psn), res.p.orig.eq(orig),
+            m.d.sync += [res.valid.eq(1), res.p.qpn.eq(r.qpn), res.p.psn.eq(r.psn), res.p.orig.eq(orig),
                          res.p.msn.eq(r.msn), res.p.replayed.eq(0), res.p.found.eq(1)]
+        # a word is written by its fill or by the atomic executing on it (never both in one
+        # cycle: an entry executes only once filled)
+        # (one-hot vectors, not ``bit_select().eq()``, for the same reason)
+        fill_1h, exec_1h, take_1h = Signal(N), Signal(N), Signal(N)
+        m.d.comb += [fill_1h.eq(Mux(self.rd_resp.valid & fills.r_rdy, 1 << fills.r_data, 0)),
+                     exec_1h.eq(Mux(executing, 1 << h.idx, 0)), take_1h.eq(Mux(take & miss, free_1h, 0)),
+                     dec.eq(exec_1h), winc.eq(exec_1h)]
+        # a taken entry is not being filled (a fill's entry has its atomic queued)
+        m.d.sync += [valid.eq(valid | take_1h), filled.eq(filled & ~take_1h | fill_1h)]
+        for i in range(N):
+            with m.If(exec_1h[i]):
+                m.d.sync += words[i].eq(merged)
+            with m.Elif(fill_1h[i]):
+                m.d.sync += words[i].eq(self.rd_resp.p)
         return m
