@@ -143,6 +143,22 @@ class _ReqWqe:
     sent: bool = True          # False while held back behind the READ/atomic limit
 
 
+_ENDS = (Op.READ_RESP_LAST, Op.READ_RESP_ONLY)
+_BEGINS = (Op.READ_RESP_FIRST, Op.READ_RESP_ONLY)
+
+
+def _response_fits(got, want):
+    """A READ RESPONSE of opcode ``got`` where the READ's split puts ``want``: it ends the
+    READ exactly where the split does (LAST/ONLY at its last PSN, FIRST/MIDDLE before), and
+    at the READ's first PSN it begins one (FIRST/ONLY); past the first PSN a FIRST or ONLY
+    fits too, as a READ asked again from inside (go-back-N) is answered from its PSN as a
+    new one (IBTA 9.4.6: its responses begin with FIRST or ONLY). A late MIDDLE or LAST of
+    the first request at that PSN fits as well: both carry the same bytes."""
+    if (got in _ENDS) != (want in _ENDS):
+        return False
+    return got in _BEGINS if want in _BEGINS else True
+
+
 @dataclass
 class _ReqPkt:
     """An unacknowledged packet, as metadata: the frame is rebuilt to retransmit it."""
@@ -667,7 +683,7 @@ class RcRequester:
         atomic_ack = p.opcode == Op.ATOMIC_ACK
         if fits is None:
             fits = (head.wqe.kind == "atomic") if atomic_ack else (
-                head.wqe.kind == "read" and p.opcode == head.opcode and len(p.payload) == head.length)
+                head.wqe.kind == "read" and _response_fits(p.opcode, head.opcode) and len(p.payload) == head.length)
         if not fits:
             self.counters.bad_responses += 1
             res.kind = "bad_response"

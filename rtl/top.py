@@ -209,6 +209,9 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, prx.keep, rsp.keep)
         wiring.connect(m, prx.requests, rsp.requests)
         wiring.connect(m, prx.acks, req.acks)
+        # a READ RESPONSE's payload lands through the responder's write path
+        wiring.connect(m, req.read_verdicts, rsp.read_verdicts)
+        m.d.comb += req.read_landed.eq(rsp.read_landed)
 
         # Counters.
         # A doorbell is counted once: dropped by the decoder (not a doorbell), dropped by the

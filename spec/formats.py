@@ -80,13 +80,16 @@ FIRST_OPS = (Op.WRITE_FIRST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM)                  
 LAST_OPS = (Op.WRITE_LAST, Op.WRITE_LAST_IMM, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM)      # end a message
 RETH_OPS = FIRST_OPS                                       # carry a RETH (the message's first packet)
 IMM_OPS = (Op.WRITE_LAST_IMM, Op.WRITE_ONLY_IMM)           # carry an ImmDt
-AETH_OPS = (Op.ACK, Op.ATOMIC_ACK)                         # carry an AETH: the responses
+READ_RESPONSE_OPS = (Op.READ_RESP_FIRST, Op.READ_RESP_MIDDLE, Op.READ_RESP_LAST, Op.READ_RESP_ONLY)
+# carry an AETH: the responses (a READ RESPONSE MIDDLE has none); only a READ RESPONSE carries payload
+AETH_OPS = (Op.READ_RESP_FIRST, Op.READ_RESP_LAST, Op.READ_RESP_ONLY, Op.ACK, Op.ATOMIC_ACK)
 ATOMIC_ACK_ETH_OPS = (Op.ATOMIC_ACK,)                      # carry an AtomicAckETH behind the AETH
 ATOMIC_ETH_OPS = (Op.COMPARE_SWAP, Op.FETCH_ADD)           # IBTA atomic requests: AtomicETH
 MASKED_ATOMIC_ETH_OPS = (Op.MASKED_COMPARE_SWAP, Op.MASKED_FETCH_ADD)   # this engine's: MaskedAtomicETH
 ATOMIC_OPS = ATOMIC_ETH_OPS + MASKED_ATOMIC_ETH_OPS        # every atomic request the responder executes
 READ_REQUEST_OPS = (Op.READ_REQUEST,)                      # a RETH and nothing after it
-KNOWN_OPS = WRITE_OPS + (Op.READ_REQUEST,) + AETH_OPS + ATOMIC_OPS   # every opcode the receive port parses
+KNOWN_OPS = WRITE_OPS + (Op.READ_REQUEST,) + READ_RESPONSE_OPS + (Op.ACK, Op.ATOMIC_ACK) + ATOMIC_OPS
+# (every opcode the receive port parses)
 # opcode -> (RETH, ImmDt, AETH, AtomicAckETH, AtomicETH, MaskedAtomicETH) present, for the
 # opcodes of KNOWN_OPS
 EXT_HEADERS = {op: (op in RETH_OPS or op in READ_REQUEST_OPS, op in IMM_OPS, op in AETH_OPS, op in ATOMIC_ACK_ETH_OPS,

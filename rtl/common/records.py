@@ -9,7 +9,7 @@ from amaranth.lib import data
 from spec import formats as F
 from rtl.common.contexts import qp_bits, cq_bits
 
-__all__ = ["AckRecord", "Response", "Completion", "PacketNote", "DoorbellEvent", "RxKeepPair"]
+__all__ = ["AckRecord", "Response", "ReadVerdict", "Completion", "PacketNote", "DoorbellEvent", "RxKeepPair"]
 
 
 # An ACK/NAK as one QP sees it (``qpn`` is the local QP): a received one, as ``RxDispatch``
@@ -22,11 +22,21 @@ AckRecord = data.StructLayout({
 # A received ACK/NAK as the receive dispatch hands it to the requester side: the
 # ``AckRecord`` fields (``qpn`` all 24 bits of BTH.DestQP) and where it came from, which
 # ``ResponseChecker`` holds against the QP's peer.
-# ``atomic``: an ATOMIC ACKNOWLEDGE, ``orig`` its original value.
+# ``atomic``: an ATOMIC ACKNOWLEDGE, ``orig`` its original value. ``read``: a READ RESPONSE,
+# ``rop`` which (opcode - READ_RESP_FIRST: FIRST, MIDDLE, LAST, ONLY; a MIDDLE has no AETH,
+# its syndrome reads as ACK), ``length`` its payload bytes (the frame also went to the
+# responder, whose payload command for it waits for the checker's verdict).
 Response = data.StructLayout({
     "qpn": unsigned(24), "psn": unsigned(F.PSN_BITS), "syndrome": unsigned(8), "msn": unsigned(24),
     "smac": unsigned(48), "sip": unsigned(32), "atomic": unsigned(1), "orig": unsigned(64),
+    "read": unsigned(1), "rop": unsigned(2), "length": unsigned(13),
 })
+
+# What becomes of a received READ RESPONSE's payload, as the requester's ``ResponseChecker``
+# tells the responder's ``ReadResponseJoin`` (one per READ RESPONSE, in frame order): written
+# at ``addr`` or discarded; ``notify``: it is its READ's last response (a fence behind it
+# tells the requester when the READ's bytes have landed).
+ReadVerdict = data.StructLayout({"write": unsigned(1), "addr": unsigned(64), "notify": unsigned(1)})
 
 
 def Completion(num_qps, num_cqs):

@@ -22,6 +22,9 @@ class RxDispatch(wiring.Component):
       further;
     - an ACK/NAK or ATOMIC ACKNOWLEDGE (the opcodes with an AETH) goes to ``acks`` for the requester side, the one or two of a pair
       together (the ACK mailbox takes two per cycle);
+    - a READ RESPONSE goes to both: to ``acks`` for the requester's checks, and to
+      ``requests``, where the responder gives it a payload command whose verdict the
+      checker supplies (``ReadResponseJoin``);
     - a WRITE request goes to ``requests`` for the responder, the one or two of a pair
       together (the responder decides two per cycle: WRITEs of 0 and 1 payload bytes
       arrive 1.02 and 1.01 per cycle at line rate);
@@ -90,9 +93,13 @@ class RxDispatch(wiring.Component):
         acks = [Signal(Response, name=f"ack{i}") for i in range(2)]
         for i in range(2):
             ok = valid[i] & (d[i].drop == RxDrop.NONE)
+            rresp = (d[i].opcode >= Op.READ_RESP_FIRST) & (d[i].opcode <= Op.READ_RESP_ONLY)
             m.d.comb += [
-                is_ack[i].eq(ok & ((d[i].opcode == Op.ACK) | (d[i].opcode == Op.ATOMIC_ACK))),
+                # a READ RESPONSE goes both ways: to the checker, and (for its payload) to the responder
+                is_ack[i].eq(ok & ((d[i].opcode == Op.ACK) | (d[i].opcode == Op.ATOMIC_ACK) | rresp)),
                 is_req[i].eq(ok & (d[i].opcode != Op.ACK) & (d[i].opcode != Op.ATOMIC_ACK)),
+                acks[i].read.eq(rresp), acks[i].rop.eq(d[i].opcode - Op.READ_RESP_FIRST),
+                acks[i].length.eq(d[i].payload_len),
                 acks[i].atomic.eq(d[i].opcode == Op.ATOMIC_ACK), acks[i].orig.eq(d[i].orig),
                 acks[i].qpn.eq(d[i].dqpn), acks[i].psn.eq(d[i].psn),
                 acks[i].syndrome.eq(d[i].aeth.syndrome), acks[i].msn.eq(d[i].aeth.msn),
@@ -121,7 +128,7 @@ class RxDispatch(wiring.Component):
 
         # Counters.
         with m.If(take):
-            m.d.comb += self.acks_received.eq(is_ack[0] + is_ack[1])
+            m.d.comb += self.acks_received.eq(is_ack[0] + is_ack[1])      # (READ RESPONSEs too)
             for v in RxDrop:
                 if v != RxDrop.NONE:
                     m.d.comb += self.dropped[v.value - 1].eq(

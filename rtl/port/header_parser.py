@@ -119,9 +119,12 @@ class _FrameCheck(wiring.Component):
         need = Signal(range(MIN_FRAME + EXT_BYTES + 4))   # headers + ICRC + pad bytes
         m.d.comb += need.eq(MIN_FRAME + ext_len + padcnt)
         ext_bad = Signal()      # an ACK, READ REQUEST or atomic carries nothing after its headers (no payload)
-        read_req = Signal()
-        m.d.comb += read_req.eq(known & (opcode == F.Op.READ_REQUEST))
-        m.d.comb += ext_bad.eq((n_eff < need) | ((has_aeth | has_atomic | has_masked | read_req) & (n_eff != need)))
+        read_req, read_resp = Signal(), Signal()
+        m.d.comb += [read_req.eq(known & (opcode == F.Op.READ_REQUEST)),
+                     read_resp.eq(known & (opcode >= F.Op.READ_RESP_FIRST) & (opcode <= F.Op.READ_RESP_ONLY))]
+        assert F.READ_RESPONSE_OPS == tuple(range(F.Op.READ_RESP_FIRST, F.Op.READ_RESP_ONLY + 1))
+        m.d.comb += ext_bad.eq((n_eff < need) | (((has_aeth & ~read_resp) | has_atomic | has_masked | read_req)
+                                                 & (n_eff != need)))
 
         with m.If(short):
             m.d.comb += desc.drop.eq(RxDrop.BAD_LENGTH)

@@ -16,6 +16,8 @@ class MessageKind(enum.Enum, shape=3):
                    # value is written to ``addr`` when its ATOMIC ACK arrives, before the CQE
     READ_RESPONSE = 5  # the responder's answer to a READ REQUEST: ``length`` bytes read at ``addr``, sent
                    # as READ RESPONSE packets from ``psn`` with ``rkey`` as the AETH's MSN (no CQE)
+    READ = 6       # an RDMA READ: one READ REQUEST (RETH) from ``psn``; its responses (one PSN each,
+                   # ceil(length / MTU)) land at ``addr`` and complete it, with its CQE, at the last one
 
 
 def Message(num_qps, num_cqs):

@@ -26,6 +26,10 @@ class PacketBuilder(wiring.Component):
     leaves as full 128-byte beats and a partial last beat; 4 zero bytes are
     reserved at the end for the ICRC, which the next block fills in.
 
+    A READ message is one header-only READ REQUEST (RETH: ``raddr``, ``rkey``, ``length``),
+    AckReq set; its completion and its ``sent`` note carry the PSN of its last response
+    (``psn`` + ceil(``length`` / MTU) - 1), which the ACK timer and the response checker wait for.
+
     An ATOMIC message is one header-only packet: BTH opcode ``wire_op`` with the IBTA
     AtomicETH (FETCH_ADD / COMPARE_SWAP) or this engine's MaskedAtomicETH (the masked and
     4-byte forms, docs/interfaces.md), its operands taken from the WQE's first beat on
@@ -93,10 +97,15 @@ class PacketBuilder(wiring.Component):
         m.d.comb += masked.eq((msg.wire_op == F.Op.MASKED_FETCH_ADD) | (msg.wire_op == F.Op.MASKED_COMPARE_SWAP))
         rresp = Signal()             # a READ RESPONSE packet (the responder's instance)
         m.d.comb += rresp.eq(msg.kind == MessageKind.READ_RESPONSE)
+        read = Signal()              # a READ REQUEST
+        m.d.comb += read.eq(msg.kind == MessageKind.READ)
+        read_last = Signal(24)       # a READ's last response PSN (its completion's, and the sent note's)
         middle = Signal()
         m.d.comb += middle.eq(~pkt_first & ~is_last_pkt)
         with m.If(atomic):
             m.d.comb += opcode.eq(msg.wire_op)
+        with m.Elif(read):
+            m.d.comb += opcode.eq(F.Op.READ_REQUEST)
         with m.Elif(rresp):
             m.d.comb += opcode.eq(Mux(pkt_first, Mux(is_last_pkt, F.Op.READ_RESP_ONLY, F.Op.READ_RESP_FIRST),
                                       Mux(is_last_pkt, F.Op.READ_RESP_LAST, F.Op.READ_RESP_MIDDLE)))
@@ -111,7 +120,7 @@ class PacketBuilder(wiring.Component):
         hlen = Signal(8)
         m.d.comb += hlen.eq(Mux(atomic, F.OFF_EXT + Mux(masked, F.MASKED_ATOMIC_ETH_LEN, F.ATOMIC_ETH_LEN),
                                 Mux(rresp, F.OFF_EXT + Mux(middle, 0, F.AETH_LEN),
-                                    Mux(pkt_first, F.HDR_LEN_RETH, F.HDR_LEN_NO_RETH))))
+                                    Mux(pkt_first | read, F.HDR_LEN_RETH, F.HDR_LEN_NO_RETH))))
         flen = Signal(16)
         m.d.comb += flen.eq(hlen + pkt_len + F.ICRC_LEN)
 
@@ -144,7 +153,7 @@ class PacketBuilder(wiring.Component):
             m.d.comb += hdr_bytes.eq(Cat(hdr.as_value()[:8 * F.OFF_EXT], ext))
         with m.Elif(rresp & ~middle):
             m.d.comb += hdr_bytes.eq(Cat(hdr.as_value()[:8 * F.OFF_EXT], aeth))
-        with m.Elif(pkt_first & ~rresp):
+        with m.Elif((pkt_first | read) & ~rresp):       # (a resumed READ asks again with a RETH)
             m.d.comb += hdr_bytes.eq(hdr.as_value())
         with m.Else():
             m.d.comb += hdr_bytes.eq(hdr.as_value()[:8 * F.HDR_LEN_NO_RETH])
@@ -212,9 +221,10 @@ class PacketBuilder(wiring.Component):
         cur_cpl = Signal(Completion(self.num_qps, self.num_cqs))
         m.d.comb += [
             cur_cpl.qpn.eq(msg.qpn), cur_cpl.cqn.eq(msg.cfg.cqn), cur_cpl.index.eq(msg.index),
-            cur_cpl.byte_cnt.eq(Mux((msg.kind == MessageKind.WRITE) | atomic, msg.length, 0)),
+            cur_cpl.byte_cnt.eq(Mux((msg.kind == MessageKind.WRITE) | atomic | read, msg.length, 0)),
             cur_cpl.error.eq(msg.kind == MessageKind.ERROR),
-            cur_cpl.psn.eq(Mux((msg.kind == MessageKind.WRITE) | atomic, psn, psn - 1)), cur_cpl.uc.eq(msg.cfg.uc),
+            cur_cpl.psn.eq(Mux(read, read_last, Mux((msg.kind == MessageKind.WRITE) | atomic, psn, psn - 1))),
+            cur_cpl.uc.eq(msg.cfg.uc),
             cur_cpl.next_index.eq(msg.next_index), cur_cpl.syndrome.eq(msg.syndrome), cur_cpl.opcode.eq(msg.opcode),
             out.p.cpl.eq(cur_cpl), out.p.flen.eq(flen),
         ]
@@ -253,6 +263,20 @@ class PacketBuilder(wiring.Component):
                     # one packet without payload (length is the operand size, for the CQE)
                     m.d.sync += [msg_left.eq(0), pkt_len.eq(0), pkt_left.eq(0), rest.eq(0), is_last_pkt.eq(1)]
                     m.next = "ATOMIC"
+                with m.Elif(p.kind == MessageKind.READ):
+                    # one READ REQUEST without payload (length is the READ's, in its RETH and
+                    # CQE); its responses take a PSN each, ceil(length / MTU), at least one
+                    m.d.sync += [msg_left.eq(0), pkt_len.eq(0), pkt_left.eq(0), rest.eq(0), is_last_pkt.eq(1),
+                                 read_last.eq(p.psn)]
+                    with m.Switch(p.cfg.mtu):
+                        for code in range(1, 6):
+                            with m.Case(code):
+                                m.d.sync += read_last.eq(p.psn + ((p.length - 1) >> (code + 7))[:24])
+                        with m.Default():
+                            m.d.sync += read_last.eq(p.psn + ((p.length - 1) >> 12)[:24])
+                    with m.If(p.length == 0):
+                        m.d.sync += read_last.eq(p.psn)
+                    m.next = "PACKET"
                 with m.Elif((p.kind == MessageKind.DUMP) & (p.length != 0)):
                     m.next = "DUMP"
                 with m.Elif(p.signaled | (p.kind == MessageKind.ERROR)):
@@ -260,7 +284,8 @@ class PacketBuilder(wiring.Component):
 
         def next_packet():
             # after the last chunk of a packet has been packed
-            m.d.comb += [self.sent.valid.eq(~msg.cfg.uc), self.sent.qpn.eq(msg.qpn), self.sent.psn.eq(psn)]
+            m.d.comb += [self.sent.valid.eq(~msg.cfg.uc), self.sent.qpn.eq(msg.qpn),
+                         self.sent.psn.eq(Mux(read, read_last, psn))]
             with m.If(is_last_pkt):
                 take_message()
             with m.Else():

@@ -4,7 +4,8 @@
       -> PacketBuilder -> frames (to the port)
     completions of sent messages (from the port) -> CompletionTracker -> CqeWriter
     received ACK/NAKs (from the port) -> ResponseChecker -> ResultWriter (an atomic's value to GPU
-      memory) -> AckMailbox -> CompletionTracker -> go-back-N
+      memory; a READ's bytes landed) -> AckMailbox -> CompletionTracker -> go-back-N
+    ResponseChecker -> READ RESPONSE verdicts (to the responder's write path, which lands the bytes)
 """
 from amaranth.hdl import *
 from amaranth.lib import wiring
@@ -66,7 +67,11 @@ class RequesterPath(WiringLevel):
     completions : In(stream.Signature(Completion))
         Messages whose last beat has left MAC TX.
     acks : In(stream.Signature(Pair(Response)))
-        Received ACK/NAKs, one or two a cycle.
+        Received ACK/NAKs, ATOMIC ACKs and READ RESPONSEs, one or two a cycle.
+    read_verdicts : Out(stream.Signature(Pair(ReadVerdict)))
+        What becomes of each READ RESPONSE's payload (to the responder's ``ReadResponseJoin``).
+    read_landed : In(1)
+        A completed READ's payload has landed (the responder's write issuer).
     db_accepted, db_drop, wqes_done, packets_sent, cqes_written, error_cqes, naks, retransmits,
     timeouts, retry_exceeded, acks_merged, resp_dropped : Out
         Counter strobes (``resp_dropped``: per ``ResponseDrop`` reason).
@@ -107,9 +112,10 @@ class RequesterPath(WiringLevel):
             (b["wqe_fetch"], {"wqe_dma": "dma"}),
             (b["payload_fetch"], {"payload_dma": "dma"}),
             (b["cpl_fifo"], {"completions": "i"}),
-            (b["response_checker"], {"acks": "i", "checker_commit": "commit", "resp_dropped": "dropped"}),
+            (b["response_checker"], {"acks": "i", "checker_commit": "commit", "resp_dropped": "dropped",
+                                      "read_verdicts": "read_verdicts"}),
             (b["ack_mailbox"], {"acks_merged": "merged"}),
-            (b["result_writer"], {"result_dma": "dma"}),
+            (b["result_writer"], {"result_dma": "dma", "read_landed": "read_landed"}),
         ]
         super().__init__(self._blocks, self._ports, {"wqes_done": Out(1), "packets_sent": Out(1)})
 

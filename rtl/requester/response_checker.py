@@ -1,13 +1,14 @@
 """Response checker: a received ACK/NAK reaches the requester only when it belongs."""
 from amaranth.hdl import *
 from amaranth.lib import wiring, data, stream
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from spec import params as P
 from spec.formats import Aeth, PSN_BITS, QpState, RESPONSE_DROP_NAMES
 from rtl.common.contexts import qp_bits
-from rtl.common.records import AckRecord, PacketNote, Response
+from rtl.common.records import AckRecord, PacketNote, ReadVerdict, Response
 from rtl.common.stream import Pair, pack_pair
 from rtl.requester.wqe_parser import RemoteOpNote
 
@@ -22,8 +23,16 @@ def CheckedResponse(num_qps):
     """A response that belongs, as the checker hands it on: the ``AckRecord`` the requester
     acts on (an implied NAK already turned into one) and, for ``data`` (an ATOMIC
     ACKNOWLEDGE that completes the QP's oldest atomic), the original value and the
-    atomic's slot (the QP's count of retired ops before it, mod 32)."""
-    return data.StructLayout({"ack": AckRecord, "data": unsigned(1), "orig": unsigned(64), "slot": unsigned(5)})
+    atomic's slot (the QP's count of retired ops before it, mod 32); with ``read``, the
+    last response of the QP's oldest READ: the READ completes once its payload has
+    landed (``ResultWriter``)."""
+    return data.StructLayout({"ack": AckRecord, "data": unsigned(1), "read": unsigned(1), "orig": unsigned(64),
+                              "slot": unsigned(5)})
+
+
+# READ verdicts queued at most (the checker cannot wait: it takes no pair while fewer than
+# its pipeline's pairs and one more fit)
+VERDICT_QUEUE = 16
 
 
 class ResponseDrop:
@@ -75,6 +84,13 @@ class ResponseChecker(wiring.Component):
     An ATOMIC ACKNOWLEDGE at the gap is ``data``: it acknowledges its PSN and retires the
     atomic; one beyond the gap is an implied NAK; one with no atomic at or before its PSN
     fits nothing and fails the QP (``NAK_BAD_RESPONSE``). As ``model.requester``.
+    A READ takes one PSN per response: the gap is then its next response's PSN (the one
+    after the last taken). A READ RESPONSE at the gap that fits (the oldest op is a READ,
+    the opcode ends it exactly at its last PSN and begins one at its first, the length is
+    the MTU or, at the last PSN, the rest) acknowledges its PSN, and its payload is
+    written at the READ's local address plus a MTU per PSN before it (``read_verdicts``,
+    one per READ RESPONSE, dropped ones included); its last retires the READ (``read``).
+    One beyond the gap is an implied NAK, one that does not fit fails the QP.
 
     Two responses a cycle, in the dispatch's pairs (two 62-byte ACKs end in one beat at
     line rate); a pair is taken in cycle t, decided in t+1 and handed on, registered, in
@@ -108,6 +124,8 @@ class ResponseChecker(wiring.Component):
         The tracker failed a QP (retries exceeded).
     dropped : Out(ArrayLayout(2, 8))
         Per reason of ``ResponseDrop``, responses dropped this cycle (0..2).
+    read_verdicts : Out(stream.Signature(Pair(ReadVerdict)))
+        Per pair with READ RESPONSEs, their payloads' fate, in order.
     """
     def __init__(self, *, num_qps):
         if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
@@ -125,6 +143,7 @@ class ResponseChecker(wiring.Component):
             "packets": In(PacketNote(num_qps)),
             "failed": In(data.StructLayout({"valid": unsigned(1), "qpn": unsigned(qb)})),
             "dropped": Out(data.ArrayLayout(unsigned(2), len(RESPONSE_DROP_NAMES))),
+            "read_verdicts": Out(stream.Signature(Pair(ReadVerdict))),
         })
 
     def elaborate(self, platform):
@@ -185,14 +204,38 @@ class ResponseChecker(wiring.Component):
         rn = self.remote
         # (a RAM per slot, not one row with a write enable per slot: a part-word write of a
         # memory row is one construct every simulator and synthesis tool takes alike)
+        # Per slot: the op's first PSN, and its last PSN and kind (a READ's last response
+        # length: the rest after whole MTUs).
+        info_layout = data.StructLayout({"last": unsigned(PSN_BITS), "read": unsigned(1), "mtu": unsigned(3),
+                                         "tail": unsigned(13)})
+        note_info = Signal(info_layout)
+        m.d.comb += [note_info.last.eq(rn.last), note_info.read.eq(rn.read), note_info.mtu.eq(rn.mtu)]
+        with m.Switch(rn.mtu):
+            for code in range(1, 6):
+                with m.Case(code):
+                    sh = code + 7
+                    m.d.comb += note_info.tail.eq(Mux(rn.length[:sh] != 0, rn.length[:sh], Mux(rn.length != 0, 1 << sh, 0)))
+            with m.Default():
+                m.d.comb += note_info.tail.eq(Mux(rn.length[:12] != 0, rn.length[:12], Mux(rn.length != 0, 1 << 12, 0)))
         ring_rd = [[], []]
+        info_rd = [[], []]
         for j in range(nr):
             ram = Memory(shape=unsigned(PSN_BITS), depth=self.num_qps, init=[])
             m.submodules[f"ring{j}"] = ram
             wp = ram.write_port()
             m.d.comb += [wp.en.eq(rn.valid & (rn.slot[:4] == j)), wp.addr.eq(rn.qpn), wp.data.eq(rn.psn)]
+            iram = Memory(shape=info_layout, depth=self.num_qps, init=[])
+            m.submodules[f"info{j}"] = iram
+            iwp = iram.write_port()
+            m.d.comb += [iwp.en.eq(rn.valid & (rn.slot[:4] == j)), iwp.addr.eq(rn.qpn), iwp.data.eq(note_info)]
             for k in range(2):
                 ring_rd[k].append(ram.read_port(transparent_for=(wp,)))
+                info_rd[k].append(iram.read_port(transparent_for=(iwp,)))
+        # Each READ's local address, by (QP, slot): read after the decision (stage 3)
+        m.submodules.raddr = addr_ram = Memory(shape=unsigned(64), depth=self.num_qps * nr, init=[])
+        addr_wr = addr_ram.write_port()
+        addr_rd = [addr_ram.read_port(transparent_for=(addr_wr,)) for _ in range(2)]
+        m.d.comb += [addr_wr.en.eq(rn.valid), addr_wr.addr.eq(Cat(rn.slot[:4], rn.qpn)), addr_wr.data.eq(rn.addr)]
         m.submodules.rtail = tail_ram = Memory(shape=unsigned(5), depth=self.num_qps, init=[])
         tail_wr, tail_new = tail_ram.write_port(), tail_ram.write_port()
         tail_rd = [tail_ram.read_port(transparent_for=(tail_wr, tail_new)) for _ in range(2)]
@@ -204,19 +247,23 @@ class ResponseChecker(wiring.Component):
         o = self.o
         s1_valid = Signal(2)
         s1 = Signal(Pair(Response))
-        m.d.comb += self.i.ready.eq(~self.hold)
+        m.submodules.verdict_q = vq = SyncFIFOBuffered(width=Pair(ReadVerdict).size, depth=VERDICT_QUEUE)
+        m.d.comb += [self.i.ready.eq(~self.hold & (vq.level < VERDICT_QUEUE - 4)),
+                     self.read_verdicts.valid.eq(vq.r_rdy), self.read_verdicts.p.eq(vq.r_data),
+                     vq.r_en.eq(self.read_verdicts.ready)]
         take = Signal()
         m.d.comb += take.eq(self.i.valid & self.i.ready)
         m.d.sync += [s1_valid.eq(Mux(take, Cat(1, self.i.p.second), 0)), s1.eq(self.i.p)]
         for k in range(2):
             a = self.i.p.p[k].qpn[:qb]
             m.d.comb += [cfg_rd[k].addr.eq(a), dyn_rd[k].addr.eq(a), fail_rd[k].addr.eq(a), hw_rd[k].addr.eq(a),
-                         tail_rd[k].addr.eq(a), *(r.addr.eq(a) for r in ring_rd[k])]
+                         tail_rd[k].addr.eq(a), *(r.addr.eq(a) for r in ring_rd[k]),
+                         *(r.addr.eq(a) for r in info_rd[k])]
 
         # Stage 2: decide, lane 1 on lane 0's result when both are of one QP.
         same = Signal()
         m.d.comb += same.eq(s1_valid[1] & (s1.p[0].qpn == s1.p[1].qpn))
-        reasons, passes, new_dyn, outs = [], [], [], []
+        reasons, passes, new_dyn, outs, verdicts = [], [], [], [], []
         dyn_in = [Signal(dyn_layout, name=f"dyn_in{k}") for k in range(2)]
         m.d.comb += dyn_in[0].eq(dyn_rd[0].data)
         for k in range(2):
@@ -230,18 +277,36 @@ class ResponseChecker(wiring.Component):
             in_seq = r.syndrome == Aeth.NAK_PSN_SEQ
             # The gap: the oldest outstanding READ/atomic (its PSN), if any.
             gap_valid, gap = Signal(name=f"gap_valid{k}"), Signal(PSN_BITS, name=f"gap{k}")
+            gap_first, ginfo = Signal(PSN_BITS, name=f"gap_first{k}"), Signal(info_layout, name=f"gap_info{k}")
+            nxt = Signal(PSN_BITS, name=f"next_resp{k}")
             m.d.comb += [gap_valid.eq(d.rhead != tail_rd[k].data),
-                         gap.eq(Array(r.data for r in ring_rd[k])[d.rhead[:4]])]
+                         gap_first.eq(Array(r.data for r in ring_rd[k])[d.rhead[:4]]),
+                         ginfo.eq(Array(r.data for r in info_rd[k])[d.rhead[:4]]),
+                         nxt.eq(d.acked + 1),
+                         # a READ partly answered: its next response's PSN
+                         gap.eq(Mux(_behind(nxt, gap_first), gap_first, nxt))]
+            at_first, at_last = Signal(name=f"at_first{k}"), Signal(name=f"at_last{k}")
+            m.d.comb += [at_first.eq(r.psn == gap_first), at_last.eq(r.psn == ginfo.last)]
+            # (rop: 0 FIRST, 1 MIDDLE, 2 LAST, 3 ONLY)
+            ends, begins = r.rop[1], r.rop[0] == r.rop[1]
+            fits = Signal(name=f"fits{k}")
+            m.d.comb += fits.eq(ginfo.read & (ends == at_last) & (~at_first | begins)
+                                & (r.length == Mux(at_last, ginfo.tail, Const(128, 13) << ginfo.mtu)))
             # What the response says once the gap is taken into account (r.psn and r.syndrome
             # unless an answer is missing before it): psn2 / syn2.
             psn2, syn2 = Signal(PSN_BITS, name=f"psn2_{k}"), Signal(8, name=f"syn2_{k}")
             is_data = Signal(name=f"data{k}")
+            is_rdata = Signal(name=f"read_data{k}")     # a READ RESPONSE that is taken
             m.d.comb += [psn2.eq(r.psn), syn2.eq(r.syndrome)]
-            with m.If(r.atomic):
+            with m.If(r.atomic | r.read):
                 with m.If(~gap_valid | ~_behind(gap, r.psn)):
                     m.d.comb += [psn2.eq(d.acked + 1), syn2.eq(NAK_BAD_RESPONSE)]
                 with m.Elif(r.psn != gap):
                     m.d.comb += [psn2.eq(gap), syn2.eq(Aeth.NAK_PSN_SEQ)]
+                with m.Elif(Mux(r.read, ~fits, ginfo.read)):
+                    m.d.comb += [psn2.eq(gap), syn2.eq(NAK_BAD_RESPONSE)]
+                with m.Elif(r.read):
+                    m.d.comb += [is_rdata.eq(1), syn2.eq(Aeth.ACK)]
                 with m.Else():
                     m.d.comb += is_data.eq(1)
             with m.Elif(in_ack & gap_valid & _behind(gap, r.psn)):
@@ -259,7 +324,7 @@ class ResponseChecker(wiring.Component):
                 cfg.uc,
                 (cfg.state != QpState.RTS) | d.failed | fail_rd[k].data | (take_c & (c.p.qpn == r.qpn[:qb])),
                 (r.sip != cfg.dip) | (r.smac != cfg.dmac),
-                (kind == Aeth.KIND_RESERVED) | r.syndrome[7] | (r.atomic & ~in_ack),   # bit 7 is reserved too
+                (kind == Aeth.KIND_RESERVED) | r.syndrome[7] | ((r.atomic | r.read) & ~in_ack),   # bit 7 is reserved too
                 ~_behind(r.psn, hw),
                 _behind(r.psn, d.acked),
                 is_seq & no_progress & d.nak_valid & (d.nak_psn == psn2),
@@ -282,11 +347,21 @@ class ResponseChecker(wiring.Component):
                     m.d.comb += [nd.nak_valid.eq(1), nd.nak_psn.eq(psn2)]
                 with m.Else():
                     m.d.comb += nd.failed.eq(1)
-            with m.If(ok & is_data):
+            read_done = Signal(name=f"read_done{k}")
+            m.d.comb += read_done.eq(is_rdata & at_last)
+            with m.If(ok & (is_data | read_done)):
                 m.d.comb += nd.rhead.eq(d.rhead + 1)
             rec = Signal(CheckedResponse(self.num_qps), name=f"rec{k}")
             m.d.comb += [rec.ack.qpn.eq(r.qpn), rec.ack.psn.eq(psn2), rec.ack.syndrome.eq(syn2),
-                         rec.ack.msn.eq(r.msn), rec.data.eq(is_data), rec.orig.eq(r.orig), rec.slot.eq(d.rhead)]
+                         rec.ack.msn.eq(r.msn), rec.data.eq(is_data | read_done), rec.read.eq(read_done),
+                         rec.orig.eq(r.orig), rec.slot.eq(d.rhead)]
+            # the payload's verdict, completed in stage 3 (the address read by slot)
+            v = Signal(data.StructLayout({"valid": unsigned(1), "write": unsigned(1), "notify": unsigned(1),
+                                          "delta": unsigned(PSN_BITS), "mtu": unsigned(3)}), name=f"s3_{k}")
+            m.d.sync += [v.valid.eq(s1_valid[k] & r.read), v.write.eq(ok & is_rdata & (r.length != 0)),
+                         v.notify.eq(ok & read_done), v.delta.eq(r.psn - gap_first), v.mtu.eq(ginfo.mtu)]
+            m.d.comb += addr_rd[k].addr.eq(Cat(d.rhead[:4], r.qpn[:qb]))
+            verdicts.append(v)
             outs.append(rec)
             reasons.append(reason)
             passes.append(ok)
@@ -307,4 +382,17 @@ class ResponseChecker(wiring.Component):
 
         # The output register.
         m.d.sync += [o.valid.eq(present[0] | present[1]), *pack_pair(o.p, present, outs)]
+
+        # Stage 3: the READ RESPONSEs' verdicts, their addresses read (queued in order).
+        vouts = []
+        for k in range(2):
+            v = verdicts[k]
+            vo = Signal(ReadVerdict, name=f"verdict{k}")
+            off = Signal(36, name=f"verdict_off{k}")
+            m.d.comb += off.eq(v.delta << (v.mtu + 7))
+            m.d.comb += [vo.write.eq(v.write), vo.notify.eq(v.notify), vo.addr.eq(addr_rd[k].data + off)]
+            vouts.append(vo)
+        vpair = Signal(Pair(ReadVerdict))
+        m.d.comb += [*pack_pair(vpair, [verdicts[0].valid, verdicts[1].valid], vouts),
+                     vq.w_data.eq(vpair), vq.w_en.eq(verdicts[0].valid | verdicts[1].valid)]
         return m

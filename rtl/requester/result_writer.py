@@ -28,6 +28,11 @@ class ResultWriter(wiring.Component):
     registered atomic are kept per QP slot (the parser's ``remote`` notes); once a slot
     has been read its QP's ring head moves on (``pops``), so the parser may reuse it.
 
+    A response that completes a READ (``read``) waits instead for ``read_landed``: one
+    strobe per completed READ, in order, once every payload write of its responses (and
+    all before them) has landed (the responder's write issuer, on either DMA port), so
+    the CQE that ACK releases never overtakes the READ's bytes.
+
     Responses without data pass in order behind those with data (a queue of pairs, in
     front of which they pass straight through when it is empty). The checker may not
     wait, so ``hold`` asks it to take no pair while the queue has room for fewer than the
@@ -50,6 +55,8 @@ class ResultWriter(wiring.Component):
     pops : Out(RemoteOpPop)
     dma : Out(AxiWriteSignature)
         Writes of the values (AWID ``AXI_ID_RESULT_WRITE``, one beat each).
+    read_landed : In(1)
+        A completed READ's payload has landed (a strobe per READ, in order).
     """
     def __init__(self, *, num_qps, depth=16):
         if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
@@ -65,6 +72,7 @@ class ResultWriter(wiring.Component):
             "pops": Out(RemoteOpPop(num_qps)),
             "dma": Out(AxiWriteSignature(addr_width=P.DMA_ADDR_WIDTH, data_width=8 * P.DATA_BYTES,
                                          id_width=P.AXI_ID_WIDTH)),
+            "read_landed": In(1),
         })
 
     def elaborate(self, platform):
@@ -115,6 +123,9 @@ class ResultWriter(wiring.Component):
         with m.Else():                                                       # big-endian, in both halves
             m.d.comb += value.eq(Cat(*(cur.orig.word_select(3 - j, 8) for j in range(4))).replicate(2))
         aw_done, w_done = Signal(), Signal()
+        landed = Signal(8)           # READs landed, not yet taken (at most the issuer's fences)
+        take_landed = Signal()
+        m.d.sync += landed.eq(landed + self.read_landed - take_landed)
         m.d.comb += [
             dma.awid.eq(P.AXI_ID_RESULT_WRITE), dma.awaddr.eq(addr), dma.awlen.eq(0),
             dma.awsize.eq(Mux(sr.data.size8, 3, 2)), dma.awburst.eq(Burst.INCR),
@@ -137,7 +148,17 @@ class ResultWriter(wiring.Component):
                                      sr.addr.eq(Cat(Mux(k, head.p[1].slot, head.p[0].slot)[:sb],
                                                     Mux(k, head.p[1].ack.qpn, head.p[0].ack.qpn)[:qb]))]
                         m.d.sync += [lane.eq(k), aw_done.eq(0), w_done.eq(0)]
-                        m.next = "WRITE"
+                        with m.If(Mux(k, head.p[1].read, head.p[0].read)):
+                            m.next = "READ"
+                        with m.Else():
+                            m.next = "WRITE"
+            with m.State("READ"):
+                # a READ's last response: its bytes landed, its slot is free
+                with m.If(landed != 0):
+                    m.d.comb += [take_landed.eq(1), self.pops.valid.eq(1), self.pops.qpn.eq(cur.ack.qpn[:qb]),
+                                 self.pops.head.eq(cur.slot + 1)]
+                    m.d.sync += done.eq(done | Mux(lane, 2, 1))
+                    m.next = "IDLE"
             with m.State("WRITE"):
                 # the slot is read: the parser may reuse it
                 m.d.comb += [self.pops.valid.eq(~aw_done & ~w_done), self.pops.qpn.eq(cur.ack.qpn[:qb]),

@@ -17,10 +17,12 @@ __all__ = ["WqeParser", "RemoteOpNote", "RemoteOpPop"]
 def RemoteOpNote(num_qps):
     """A READ or atomic registered as the parser hands it on (first transmission only):
     its QP, its slot (the QP's count of registered ops, mod 32; the ring index is the low
-    4 bits), its first and last PSN, and where its result lands in local memory."""
+    4 bits), its first and last PSN (a READ's responses take one each), and where its
+    result lands in local memory; ``read``: a READ of ``length`` bytes at the QP's MTU
+    (ibv_mtu code ``mtu``), else an atomic of 8 bytes or, ``size8`` clear, 4."""
     return data.StructLayout({"valid": unsigned(1), "qpn": unsigned(qp_bits(num_qps)), "slot": unsigned(5),
                               "psn": unsigned(24), "last": unsigned(24), "addr": unsigned(64),
-                              "size8": unsigned(1)})
+                              "size8": unsigned(1), "read": unsigned(1), "length": unsigned(32), "mtu": unsigned(3)})
 
 
 def RemoteOpPop(num_qps):
@@ -247,6 +249,8 @@ class WqeParser(wiring.Component):
             m.d.comb += kind.eq(MessageKind.DUMP)
         with m.Elif(atomic_ok & ~res_count[31] & ~job.cfg.uc):
             m.d.comb += kind.eq(MessageKind.ATOMIC)
+        with m.Elif((opcode == F.WqeOp.RDMA_READ) & (ds == 3) & ~is_inline & ~job.cfg.uc):
+            m.d.comb += kind.eq(MessageKind.READ)
         with m.Elif((opcode == F.WqeOp.RDMA_WRITE)
                     & ((ds == 2)
                        | ((ds >= 3) & is_inline & ((inline_len + 4 + 15) >> 4 == ds - 2))
@@ -282,7 +286,8 @@ class WqeParser(wiring.Component):
         # local error's flushes is then the last one sent, which an ACK covers); WQEs a
         # go-back walk passes on its way to skip_to count theirs.
         npk = Signal(24)
-        m.d.comb += npk.eq(Mux(~cur_fail | ahead, Mux(kind == MessageKind.WRITE, npkts, kind == MessageKind.ATOMIC), 0))
+        m.d.comb += npk.eq(Mux(~cur_fail | ahead, Mux((kind == MessageKind.WRITE) | (kind == MessageKind.READ), npkts,
+                                                      kind == MessageKind.ATOMIC), 0))
         skip_wqe = Signal()
         resume_wqe = Signal()
         m.d.comb += [skip_wqe.eq(ahead & (dist >= npk)), resume_wqe.eq(ahead & (dist < npk))]
@@ -310,6 +315,10 @@ class WqeParser(wiring.Component):
         ibeat, iend = Signal.like(nbeats), Signal.like(nbeats)   # INLINE: next beat, beats in all
         send_atomic = Signal()                       # the atomic's first beat (its operands) to the builder
         m.d.comb += send_atomic.eq((kind == MessageKind.ATOMIC) & ~cur_fail)
+        remote_op = Signal()                         # a READ or atomic (not failed)
+        m.d.comb += remote_op.eq(((kind == MessageKind.ATOMIC) | (kind == MessageKind.READ)) & ~cur_fail)
+        op_last = Signal(24)                         # its last PSN (a READ's last response's)
+        m.d.comb += op_last.eq(cur_psn + npk - 1)
 
         # READs and atomics: registered (first transmissions), limited, and waited for by fences.
         rtail, rlast, rhead, rhead_fresh = Signal(5), Signal(24), Signal(5), Signal()
@@ -319,7 +328,7 @@ class WqeParser(wiring.Component):
         in_flight = Signal(5)
         m.d.comb += in_flight.eq(cur_rtail - cur_rhead)
         new_op = Signal()                            # a first transmission of a READ or atomic
-        m.d.comb += new_op.eq(send_atomic & ~skip_wqe & ~(cur_psn - cur_rlast - 1)[23])
+        m.d.comb += new_op.eq(remote_op & ~skip_wqe & ~(cur_psn - cur_rlast - 1)[23])
         # the QP's limit (QP_MAX_RD_ATOMIC: 1..16, else the ring's 16)
         cfg_limit = job.cfg.max_rd_atomic
         limit = Signal(5)
@@ -340,7 +349,8 @@ class WqeParser(wiring.Component):
             self.messages.p.signaled.eq((fm_ce_se & F.FM_CE_SE_CQ_UPDATE) != 0),
             self.messages.p.index.eq(index), self.messages.p.raddr.eq(Mux(resume_wqe, raddr + advance, raddr)),
             self.messages.p.rkey.eq(rkey), self.messages.p.opcode.eq(opcode),
-            self.messages.p.length.eq(Mux(kind == MessageKind.WRITE, Mux(resume_wqe, length - advance, length),
+            self.messages.p.length.eq(Mux((kind == MessageKind.WRITE) | (kind == MessageKind.READ),
+                                          Mux(resume_wqe, length - advance, length),
                                           Mux(kind == MessageKind.DUMP, dump_count,
                                               Mux(kind == MessageKind.ATOMIC, Mux(size8, 8, 4), 0)))),
             self.messages.p.wire_op.eq(wire_op), self.messages.p.size8.eq(size8),
@@ -350,7 +360,9 @@ class WqeParser(wiring.Component):
                                         Mux(kind == MessageKind.ATOMIC, res_addr,
                                             Mux(is_inline, data_off, Mux(resume_wqe, seg_addr + advance, seg_addr))))),
             self.remote.qpn.eq(job.qpn), self.remote.slot.eq(cur_rtail), self.remote.psn.eq(cur_psn),
-            self.remote.last.eq(cur_psn), self.remote.addr.eq(res_addr), self.remote.size8.eq(size8),
+            self.remote.last.eq(op_last), self.remote.addr.eq(Mux(kind == MessageKind.READ, seg_addr, res_addr)),
+            self.remote.size8.eq(size8), self.remote.read.eq(kind == MessageKind.READ),
+            self.remote.length.eq(length), self.remote.mtu.eq(job.cfg.mtu),
             self.messages.p.psn.eq(Mux(resume_wqe, ctx.skip_to, cur_psn)),
             self.messages.p.resume.eq(resume_wqe), self.messages.p.next_index.eq(index + nbb),
             self.updates.p.qpn.eq(job.qpn), self.updates.p.ci.eq(index),
@@ -474,7 +486,7 @@ class WqeParser(wiring.Component):
                             m.d.sync += [index.eq(index + nbb), left.eq(left - 1), got.eq(0), fresh.eq(0),
                                          psn.eq(cur_psn + npk), wqe.eq(view), resuming.eq(skip_wqe),
                                          failing.eq(next_fail), fsyn.eq(next_syn),
-                                         rtail.eq(cur_rtail + new_op), rlast.eq(Mux(new_op, cur_psn, cur_rlast))]
+                                         rtail.eq(cur_rtail + new_op), rlast.eq(Mux(new_op, op_last, cur_rlast))]
                             with m.If(emit & send_inline & more_beats):
                                 m.d.sync += [ibeat.eq(skip_beats + 1), iend.eq(nbeats)]
                                 m.next = "INLINE"
@@ -483,7 +495,7 @@ class WqeParser(wiring.Component):
                                 # next burst in this same cycle (no END cycle).
                                 m.d.comb += end_now.eq(1)
                                 store_ctx(index + nbb, cur_psn + npk, skip_wqe, next_syn, next_fail,
-                                          cur_rtail + new_op, Mux(new_op, cur_psn, cur_rlast))
+                                          cur_rtail + new_op, Mux(new_op, op_last, cur_rlast))
                                 m.next = "IDLE"
                                 start_burst()
             with m.State("INLINE"):

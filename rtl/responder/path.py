@@ -1,6 +1,7 @@
 """``ResponderPath``: the responder, wired along its data flow.
 
-    requests (from the port) -> Responder -> payload commands -> RxWriteSorter
+    requests (from the port) -> Responder -> payload commands -> ReadResponseJoin (READ RESPONSEs
+      received: the requester's verdicts) -> RxWriteSorter
       -> RxWriteIssuer -> m_axi / m_axi_rx        (payload beats: RxResegmenter
       -> RxPayloadWriter -> issuer)
     Responder -> answers -> AckCoalescer -> AtomicAckJoin -> AckAddresser -> AckBuilder
@@ -30,6 +31,7 @@ from rtl.requester.message import Message
 from rtl.requester.packet_builder import PacketBuilder
 from rtl.requester.payload_fetch import PayloadFetch
 from rtl.responder.payload_writer import RxPayloadWriter, RxWriteCommand
+from rtl.responder.read_response_join import ReadResponseJoin
 from rtl.responder.read_response_source import ReadResponseSource
 from rtl.responder.response_merge import ResponseMerge
 from rtl.responder.resegmenter import RxResegmenter
@@ -95,6 +97,10 @@ class ResponderPath(WiringLevel):
         Payload writes on the second port ``m_axi_rx``.
     atomic_rd, atomic_wr : Out(AxiReadSignature), Out(AxiWriteSignature)
         The atomic unit's word reads (on ``m_axi``) and write-throughs (on ``m_axi_rx``).
+    read_verdicts : In(stream.Signature(Pair(ReadVerdict)))
+        The requester's verdicts on the READ RESPONSEs received (``ReadResponseJoin``).
+    read_landed : Out(1)
+        A READ of this NIC's requester completed: its bytes have landed (a strobe each).
     read_dma : Out(AxiReadSignature)
         READ payload reads (on ``m_axi``, ARID ``AXI_ID_READ_RESPONSE``).
     frames : Out(stream.Signature(TxBeat))
@@ -115,6 +121,8 @@ class ResponderPath(WiringLevel):
             # with payload in the segment stream to the writer (one per cycle) and every write
             # in order to the issuer, which puts up to two per cycle on m_axi and m_axi_rx
             "rx_cmd_fifo": StreamFifo(Pair(RxWriteCommand), COMMAND_QUEUE),
+            # a READ RESPONSE this NIC received: its payload's fate is the requester's
+            "read_join": ReadResponseJoin(),
             "rx_write_sorter": RxWriteSorter(),
             "rx_order_fifo": StreamFifo(Pair(RxWriteOrder), ORDER_QUEUE),
             "rx_write_issuer": RxWriteIssuer(),
@@ -158,10 +166,11 @@ class ResponderPath(WiringLevel):
             (b["response_merge"], {"frames": "o"}),
             (b["read_fetch"], {"read_dma": "dma"}),
             (b["rx_write_issuer"], {"dma": "p0", "dma_rx": "p1"}),
+            (b["read_join"], {"read_verdicts": "verdicts"}),
             (b["atomic_dma"], {"atomic_rd": "rd", "atomic_wr": "wr"}),
         ]
         super().__init__(self._blocks, self._ports, {"acks_sent": Out(2), "naks_sent": Out(2),
-                                                     "acks_coalesced": Out(2)})
+                                                     "acks_coalesced": Out(2), "read_landed": Out(1)})
 
     def elaborate(self, platform):
         m = self.wire()
@@ -170,7 +179,8 @@ class ResponderPath(WiringLevel):
         wiring.connect(m, b["rx_resegmenter"].o, b["rx_seg_fifo"].i)
         wiring.connect(m, b["rx_seg_fifo"].o, rpw.beats)
         wiring.connect(m, rsp.commands, b["rx_cmd_fifo"].i)
-        wiring.connect(m, b["rx_cmd_fifo"].o, b["rx_write_sorter"].i)
+        wiring.connect(m, b["rx_cmd_fifo"].o, b["read_join"].i)
+        wiring.connect(m, b["read_join"].o, b["rx_write_sorter"].i)
         wiring.connect(m, b["rx_write_sorter"].commands, rpw.commands)
         wiring.connect(m, b["rx_write_sorter"].orders, b["rx_order_fifo"].i)
         wiring.connect(m, b["rx_order_fifo"].o, b["rx_write_issuer"].orders)
@@ -191,7 +201,9 @@ class ResponderPath(WiringLevel):
         # (a create is always taken: the unit's commit is ready but in the cycle after one,
         # and creates come many cycles apart over the control path)
         wi = b["rx_write_issuer"]
-        m.d.comb += [au.wr_done.eq(b["atomic_dma"].wr_done), au.landed.eq(wi.fence_done & ~wi.fence_read),
+        m.d.comb += [au.wr_done.eq(b["atomic_dma"].wr_done),
+                     au.landed.eq(wi.fence_done & ~wi.fence_read & ~wi.fence_local),
+                     self.read_landed.eq(wi.fence_done & wi.fence_local),
                      au.commit.valid.eq(self.commit.valid), au.commit.p.qpn.eq(self.commit.p.qpn)]
         wiring.connect(m, b["ack_addresser"].o, b["ack_builder"].requests)
         # READs
@@ -199,7 +211,7 @@ class ResponderPath(WiringLevel):
         wiring.connect(m, rsp.reads, b["read_split"].i)
         wiring.connect(m, b["read_split"].o, b["read_fifo"].i)
         wiring.connect(m, b["read_fifo"].o, rs.jobs)
-        m.d.comb += [rs.landed.eq(wi.fence_done & wi.fence_read),
+        m.d.comb += [rs.landed.eq(wi.fence_done & wi.fence_read & ~wi.fence_local),
                      rs.commit.valid.eq(self.peer_commit.valid), rs.commit.p.eq(self.peer_commit.p)]
         wiring.connect(m, rs.messages, b["read_fetch"].messages_in)
         wiring.connect(m, b["read_fetch"].messages_out, b["read_msg_fifo"].i)

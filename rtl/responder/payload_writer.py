@@ -30,6 +30,9 @@ RxWriteCommand = data.StructLayout({
     "qp":     unsigned(QP_TAG_BITS),        # the QP's number (low bits): its writes land in order
     "fence":  unsigned(1),      # with inline: an atomic's or READ's place in the write order (no payload)
     "fence_read": unsigned(1),  # with fence: a READ's (else an atomic's)
+    "read_response": unsigned(1),   # a READ RESPONSE received (``write`` and ``addr`` come from
+                                    # the requester's checker: ``ReadResponseJoin``)
+    "fence_local": unsigned(1),     # with fence: a READ of this NIC's requester completes
 })
 RxWriteCommand.__doc__ = """What to do with one received frame (see :class:`RxPayloadWriter`)."""
 

@@ -77,6 +77,10 @@ RX_VERDICT_NAMES = {v: v.name.lower() for v in RxVerdict}
 assert [(v.value, n) for v, n in RX_VERDICT_NAMES.items()] == list(enumerate(F.RX_VERDICT_NAMES[:len(RxVerdict)]))
 
 
+def _is_read_response(p):
+    return (p.opcode >= F.Op.READ_RESP_FIRST) & (p.opcode <= F.Op.READ_RESP_ONLY)
+
+
 def _any(terms):
     """``t0 | t1 | ...`` (left to right)."""
     return functools.reduce(operator.or_, terms)
@@ -266,7 +270,9 @@ class Responder(wiring.Component):
         every = sig("every", 8)
         m.d.comb += every.eq(Mux(cfg.ack_every == 0, 1, cfg.ack_every))
 
-        with m.If(~ready_state | (p.dqpn >= self.num_qps)):
+        with m.If(_is_read_response(p)):
+            pass        # the requester's: its payload command's verdict is the ResponseChecker's
+        with m.Elif(~ready_state | (p.dqpn >= self.num_qps)):
             m.d.comb += verdict.eq(RxVerdict.QP_NOT_READY)
         with m.Elif((p.sip != cfg.peer_ip) | (p.smac != cfg.peer_mac)):
             m.d.comb += verdict.eq(RxVerdict.WRONG_PEER)
@@ -473,7 +479,8 @@ class Responder(wiring.Component):
             c_go.eq(mrts[0].results.valid & out_ready),
         ]
         for k in range(2):
-            m.d.comb += [self.verdict_valid[k].eq(c_go & present[k]), self.verdict[k].eq(dec[k]["verdict"])]
+            m.d.comb += [self.verdict_valid[k].eq(c_go & present[k] & ~_is_read_response(p[k])),
+                         self.verdict[k].eq(dec[k]["verdict"])]
         for s_ in (cmd, resp, ato, rds):
             with m.If(s_.valid & s_.ready):
                 m.d.sync += s_.valid.eq(0)
@@ -484,14 +491,17 @@ class Responder(wiring.Component):
         to_unit = [present[k] & (dec[k]["atomic"] | dec[k]["atomic_dup"]) for k in range(2)]
         to_read = [present[k] & dec[k]["read"] for k in range(2)]
         fenced = [to_unit[k] | to_read[k] for k in range(2)]
-        has_cmd = [present[k] & ((p[k].payload_len != 0) | fenced[k]) for k in range(2)]
+        # (every READ RESPONSE gets one: its verdict, and its READ's completion, join it later)
+        rresp = [present[k] & _is_read_response(p[k]) for k in range(2)]
+        has_cmd = [present[k] & ((p[k].payload_len != 0) | fenced[k] | rresp[k]) for k in range(2)]
         has_resp = [present[k] & dec[k]["respond"] for k in range(2)]
         cmds, resps, atos, jobs = [], [], [], []
         for k in range(2):
             c_ = Signal(RxWriteCommand, name=f"cmd{k}")
             m.d.comb += [c_.write.eq(dec[k]["write"]), c_.addr.eq(dec[k]["addr"]),
                          c_.offset.eq(p[k].payload_offset), c_.length.eq(p[k].payload_len),
-                         c_.inline.eq(p[k].inline | fenced[k]), c_.fence.eq(fenced[k]), c_.fence_read.eq(to_read[k]),
+                         c_.inline.eq(p[k].inline | fenced[k] | (rresp[k] & (p[k].payload_len == 0))),
+                         c_.fence.eq(fenced[k]), c_.fence_read.eq(to_read[k]), c_.read_response.eq(rresp[k]),
                          c_.data.eq(p[k].inline_data), c_.qp.eq(p[k].dqpn)]
             r_ = Signal(ResponderAck, name=f"resp{k}")
             m.d.comb += [r_.qpn.eq(p[k].dqpn), r_.psn.eq(dec[k]["psn"]), r_.syndrome.eq(dec[k]["syndrome"]),

@@ -93,6 +93,8 @@ class RxWriteIssuer(wiring.Component):
         The writes before the oldest waiting fence have all landed (one strobe per fence).
     fence_read : Out(1)
         With ``fence_done``: that fence is a READ's (else an atomic's).
+    fence_local : Out(1)
+        With ``fence_done``: that fence is a completing READ's of this NIC's requester.
     """
     def __init__(self, *, depth=8, fences=64):
         for name, v in (("depth", depth), ("fences", fences)):
@@ -104,7 +106,7 @@ class RxWriteIssuer(wiring.Component):
             "orders": In(stream.Signature(Pair(RxWriteOrder))),
             "writer": In(sig),
             "p0": Out(sig), "p1": Out(sig),
-            "fence_done": Out(1), "fence_read": Out(1),
+            "fence_done": Out(1), "fence_read": Out(1), "fence_local": Out(1),
         })
 
     def elaborate(self, platform):
@@ -179,14 +181,15 @@ class RxWriteIssuer(wiring.Component):
         # fences: each port's count of bursts issued (pushed) and answered (B)
         issued = [Signal(16, name=f"issued{p}") for p in range(2)]
         answered = [Signal(16, name=f"answered{p}") for p in range(2)]
-        m.submodules.fence_q = fence_q = SyncFIFOBuffered(width=33, depth=self.fences)
+        m.submodules.fence_q = fence_q = SyncFIFOBuffered(width=34, depth=self.fences)
         fence_take = Signal()
         m.d.comb += [fence_take.eq(a_there & a.fence & fence_q.w_rdy),
-                     fence_q.w_en.eq(fence_take), fence_q.w_data.eq(Cat(issued[0], issued[1], a.fence_read))]
+                     fence_q.w_en.eq(fence_take), fence_q.w_data.eq(Cat(issued[0], issued[1], a.fence_read, a.fence_local))]
         landed = Signal()
         m.d.comb += landed.eq(fence_q.r_rdy & ~(answered[0] - fence_q.r_data[:16])[15]
                               & ~(answered[1] - fence_q.r_data[16:32])[15])
-        m.d.comb += [fence_q.r_en.eq(landed), self.fence_done.eq(landed), self.fence_read.eq(fence_q.r_data[32])]
+        m.d.comb += [fence_q.r_en.eq(landed), self.fence_done.eq(landed), self.fence_read.eq(fence_q.r_data[32]),
+                     self.fence_local.eq(fence_q.r_data[33])]
         a_issue, a_port, a_done = Signal(), Signal(), Signal()
         m.d.comb += [
             a_issue.eq((a_there & (can[0] | can[1])) | fence_take),

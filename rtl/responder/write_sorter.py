@@ -22,6 +22,7 @@ RxWriteOrder = data.StructLayout({
     "qp":     unsigned(QP_TAG_BITS),       # the QP's tag: a QP's writes land in order
     "fence":  unsigned(1),      # no write: an atomic or READ, which reads memory once the writes before it landed
     "fence_read": unsigned(1),  # with fence: a READ's (else an atomic's)
+    "fence_local": unsigned(1), # with fence: a READ of this NIC's requester completes (its bytes landed)
 })
 RxWriteOrder.__doc__ = """One write to GPU memory, in the order the responder accepted them
 (see :class:`rtl.responder.write_issuer.RxWriteIssuer`)."""
@@ -72,6 +73,7 @@ class RxWriteSorter(wiring.Component):
             m.d.comb += [
                 in_page.eq(c[k].addr[:AXI_PAGE_SHIFT] + c[k].length),
                 o.inline.eq(c[k].inline & ~c[k].fence), o.fence.eq(c[k].fence), o.fence_read.eq(c[k].fence_read),
+                o.fence_local.eq(c[k].fence_local),
                 o.bursts.eq(Mux(c[k].fence, 0, Mux(in_page > AXI_PAGE, 2, 1))),
                 o.line.eq(c[k].addr[LINE_SHIFT:]), o.lane.eq(c[k].addr[:LINE_SHIFT]),
                 o.length.eq(c[k].length[:3]), o.data.eq(c[k].data), o.qp.eq(c[k].qp),

@@ -40,7 +40,8 @@ from model.cqe import CqContext
 from model.frames import Port, QpContext, build_nop_wqe, build_write_frames, ip_bytes, mac_bytes
 from model.icrc import icrc, ipv4_checksum
 from model.memory import SparseMemory
-from model.read_atomic import build_atomic_ack, build_atomic_request, build_masked_atomic_request, build_read_request
+from model.read_atomic import (build_atomic_ack, build_atomic_request, build_masked_atomic_request, build_read_request,
+                               build_read_responses)
 from model.parse import _patch_bth, build_rc_packet, build_response, parse_frame
 from model.requester import RcRequester
 from model.responder import RcResponder
@@ -209,7 +210,7 @@ async def fuzz_receive(dut):
                          sip=peer_ip(q)) if rnd.random() < 0.5 else Port(smac=peer_mac(q), sip=peer_ip(q) ^ 0x1000)
             return build_write_frames(ctx, wrong, va[q], KEY, b"w" * 8, psn[q])[0]
         if kind == "other_opcode":
-            op = rnd.choice([Op.SEND_ONLY, Op.SEND_FIRST, Op.READ_REQUEST, 0x0D, 0x10, 0x13, 0x14, 0x64, 0xC0, 0xFF])
+            op = rnd.choice([Op.SEND_ONLY, Op.SEND_FIRST, Op.READ_REQUEST, 0x03, 0x13, 0x14, 0x64, 0xC0, 0xFF])
             return _refresh(base[:42] + bytes([op]) + base[43:])
         if kind == "atomic":
             # an atomic request of any form, mostly in sequence and allowed (executed: GPU
@@ -271,7 +272,9 @@ async def fuzz_receive(dut):
             continue        # the access-error path is fatal to the QP: covered by rc_access_errors
         f = bad(kind)
         pp, _ = parse_frame(f, None, nic_port)
-        if kind == "response" or (pp is not None and pp.opcode == Op.ACK):
+        # (a mutation may make a READ RESPONSE, which goes to the requester side too)
+        rr, _ = parse_frame(f, frozenset(F.READ_RESPONSE_OPS), nic_port)
+        if kind == "response" or (pp is not None and pp.opcode == Op.ACK) or rr is not None:
             acks.append(len(frames))          # a good ACK/NAK (a mutation may make one): the requester's
         else:
             trial = copy.deepcopy(gen[0])
@@ -414,7 +417,14 @@ async def fuzz_responses(dut):
         elif kind == "stale":
             psn = (acked - rnd.randrange(0, 1 << 22)) & 0xFFFFFF
             syn = rnd.choice([Aeth.ACK, Aeth.NAK_PSN_SEQ, Aeth.NAK_REMOTE_ACCESS, Aeth.NAK_INVALID_REQ])
-        if kind != "bad_aeth" and rnd.random() < 0.3:
+        pick = rnd.random()
+        if kind not in ("bad_aeth", "bad_length") and pick < 0.2:
+            # as a READ RESPONSE (any of the four, up to an MTU of payload): the same checks
+            # (nothing is read here, so none may write)
+            fs = build_read_responses(ctx, port, bytes(rnd.randrange(256) for _ in range(rnd.randrange(3 * 1024))),
+                                      0, rnd.randrange(1 << 24), mtu=1024)
+            f = _patch_bth(rnd.choice(fs), psn=psn)
+        elif kind != "bad_aeth" and pick < 0.4:
             # as an ATOMIC ACKNOWLEDGE: it passes the same checks (nothing atomic is
             # outstanding, but each of these is dropped before that matters)
             f = build_atomic_ack(ctx, port, psn, rnd.randrange(1 << 24), rnd.randrange(1 << 64))

@@ -22,7 +22,7 @@ from model.mr import MemoryRegion
 from model.requester import RcRequester
 from model.responder import RcResponder
 from spec import params as P
-from spec.formats import BTH, OFF_BTH, Access, CQE64, CqeOp, QpState, Syndrome, WqeOp, read_field, unpack
+from spec.formats import BTH, OFF_BTH, Access, CQE64, CqeOp, Op, QpState, Syndrome, WqeOp, read_field, unpack
 from tb.suites import fault_matrix
 from model.network import FaultSpec
 from tb.pair_env import NIC_IPS, NIC_MACS, NicPairEnv
@@ -218,6 +218,117 @@ async def rc_atomics_back_to_back(dut):
         assert u(b, base + 32, 8) == init[base + 32] | 1 << 63
     cb = await b.ctl.read_counters()
     assert cb["rx_accepted"] == len(a.wire.frames) and cb["naks_sent"] == 0
+
+
+# NIC 1's region that READs read (REMOTE_READ only: a WRITE there is refused)
+READ_KEY = (0x09 << 8) | 0x55
+SOURCE = 0x7000_0000
+READ_REGION = MemoryRegion(key=READ_KEY, base=SOURCE, length=1 << 20, access=Access.REMOTE_READ, pd=PD)
+
+
+@cocotb.test()
+async def rc_reads_back_to_back(dut):
+    """NVSHMEM's get: RDMA READs of 0 B .. 3 MTU + 5 from NIC 0 out of NIC 1's memory on 2
+    QPs, between WRITEs, every other READ signaled on QP 2, each landing at an odd local
+    offset. NIC 0's frames are the golden requester's (READ REQUESTs with their RETH),
+    NIC 1's answers (READ RESPONSE FIRST/MIDDLE/LAST/ONLY with AETH and MSN, ACKs) the
+    golden responder's, NIC 0's CQEs (byte_cnt, opcode) the requester's for those answers,
+    and every READ's bytes in NIC 0's memory are the source's, each CQE written only after
+    its READ's last response arrived."""
+    rnd = random.Random(13)
+    mtu = 1024
+    env, a, b, pairs = await _pair(dut, [(1, 11), (2, 12)], mtu=mtu, ack_every=(1, 4))
+    await b.ctl.register_mr(READ_REGION.key, READ_REGION.base, READ_REGION.length, READ_REGION.access,
+                            READ_REGION.pd)
+    src = bytes(rnd.randrange(256) for _ in range(0x10000))
+    b.mem.write(SOURCE, src)
+    image = PeerImage()
+    image.write(SOURCE, src)
+    landed = {}
+    req = RcRequester(Port(smac=NIC_MACS[0], sip=NIC_IPS[0]), {0: CqContext(0, 7, base=a.cqs[0].base)}, a.mem.read,
+                      remote_ops=True, write_memory=lambda addr, data: landed.__setitem__(addr, bytes(data)))
+    reads, want_frames, ncqe, read_wqes = [], [], 0, []
+    for k, (qp_a, _) in enumerate(pairs):
+        req.add_qp(QpContext(qpn=qp_a.qpn, remote_qpn=qp_a.remote_qpn, dmac=NIC_MACS[1], dip=NIC_IPS[1],
+                             start_psn=qp_a.start_psn, mtu=mtu, cqn=0, user_index=qp_a.user_index), timeout_ns=1 << 40)
+        ws = []
+        for i in range(10):
+            n = rnd.choice([0, 1, 8, 100, mtu - 1, mtu, mtu + 1, 3 * mtu + 5])
+            off = rnd.randrange(0x8000)
+            dst = a.gpu.alloc(n + 64, 128) + rnd.randrange(1, 64)
+            signaled = k == 0 or i % 2 == 1 or i == 9
+            ws.append(qp_a.post_read(SOURCE + off, READ_KEY, dst, n, signaled=signaled))
+            read_wqes.append((qp_a.qpn, ws[-1].index, n))
+            ncqe += signaled
+            reads.append((dst, src[off:off + n]))
+            if i % 3 == 1:
+                data = bytes(rnd.randrange(256) for _ in range(rnd.choice([8, 300, 2 * mtu])))
+                buf = a.gpu.alloc(len(data), 128)
+                a.gpu.write(buf, data)
+                ws.append(qp_a.post_write(DST + 0x10000 * qp_a.qpn + 0x1000 * i, KEY, local_addr=buf,
+                                          length=len(data), signaled=False))
+        for w in ws:
+            want_frames += [t.frame for t in req.post(qp_a.qpn, w.wqe)]
+        await qp_a.ring_nvshmem()
+    await a.wait_for(lambda: len(a.cqe_writes()) >= ncqe, 200_000, lambda: f"{ncqe} CQEs (got {len(a.cqe_writes())})")
+    await ClockCycles(dut.clk, 1000)
+    # NIC 0's frames are the golden requester's (by QP: their order between QPs is the scheduler's)
+    by_qp = lambda fs: sorted(fs, key=lambda f: f[OFF_BTH + 5:OFF_BTH + 8])
+    assert by_qp([f.data for f in a.wire.frames]) == by_qp(want_frames), "NIC 0's requests differ from the model's"
+    # each READ's last response PSN, from its READ REQUEST (in posting order per QP)
+    read_psn, requests = {}, {}
+    for f in a.wire.frames:
+        if f.data[OFF_BTH] == Op.READ_REQUEST:
+            requests.setdefault(read_field(BTH, "dqpn", f.data, OFF_BTH), []).append(
+                read_field(BTH, "psn", f.data, OFF_BTH))
+    remote_qpn = {qp_a.qpn: qp_a.remote_qpn for qp_a, _ in pairs}
+    for qpn in remote_qpn:
+        mine = [(index, n) for q, index, n in read_wqes if q == qpn]
+        psns = requests.get(remote_qpn[qpn], [])
+        assert len(psns) == len(mine), f"QP {qpn}: {len(psns)} READ REQUESTs for {len(mine)} READs"
+        for (index, n), psn in zip(mine, psns):
+            read_psn[(qpn, index)] = (psn + max(1, -(-n // mtu)) - 1) & 0xFFFFFF
+    # NIC 1's answers are the golden responder's for NIC 0's frames
+    rsp = RcResponder(Port(smac=NIC_MACS[1], sip=NIC_IPS[1]), remote_ops=True, read_memory=image.read)
+    for qp_a, qp_b in pairs:
+        rsp.add_qp(QpContext(qpn=qp_b.qpn, remote_qpn=qp_a.qpn, dmac=NIC_MACS[0], dip=NIC_IPS[0],
+                             start_psn=qp_a.start_psn, mtu=mtu), PD, ack_every=1 if qp_a.qpn == 1 else 4)
+    rsp.register(REGION)
+    rsp.register(READ_REGION)
+    want_answers = []
+    for f in a.wire.frames:
+        r = rsp.receive(f.data)
+        assert r.accepted, r.reason
+        want_answers += r.read_responses or ([r.response] if r.response is not None else [])
+    got_answers = [f.data for f in b.wire.frames]
+    assert got_answers == want_answers, f"NIC 1's answers differ from the golden responder's " \
+                                        f"({len(got_answers)} frames, the model's {len(want_answers)})"
+    for f in b.wire.frames:                      # the answers in the order NIC 0 took them
+        req.on_response(f.data, 0)
+    got = sorted((c["qpn"], c["wqe_counter"], raw) for raw in (w[2] for w in a.cqe_writes()) for c in [parse_cqe(raw)])
+    want = sorted((c["qpn"], c["wqe_counter"], rec.cqe) for rec in req.completions for c in [parse_cqe(rec.cqe)])
+    diff = next(((parse_cqe(g[2]), parse_cqe(w[2])) for g, w in zip(got, want) if g != w), None)
+    assert got == want, f"NIC 0's CQEs differ from the golden requester's ({len(got)}, {len(want)}): first {diff}"
+    # every READ's bytes landed, as the model says and as the source holds
+    for addr, data in landed.items():
+        assert a.mem.read(addr, len(data)) == data, f"READ data at {addr:#x}"
+    for dst, data in reads:
+        assert a.mem.read(dst, len(data)) == data, f"READ of {len(data)} bytes into {dst:#x}"
+    # a READ's CQE is written only after its last response reached NIC 0 (at that
+    # response's PSN: its READ REQUEST's plus one per further MTU)
+    arrived = {(read_field(BTH, "dqpn", f, OFF_BTH), read_field(BTH, "psn", f, OFF_BTH)): last
+               for f, first, last in a.rx.sent if f[OFF_BTH] in (Op.READ_RESP_LAST, Op.READ_RESP_ONLY)}
+    for cqn, slot, raw, cycle in a.cqe_writes():
+        c = parse_cqe(raw)
+        psn = read_psn.get((c["qpn"], c["wqe_counter"]))
+        if psn is not None:
+            assert (c["qpn"], psn) in arrived and arrived[(c["qpn"], psn)] < cycle, \
+                f"CQE of READ {c['wqe_counter']} of QP {c['qpn']} at cycle {cycle} before its last response"
+    ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
+    assert cb["rx_accepted"] == len(a.wire.frames) and cb["naks_sent"] == 0
+    assert ca["rx_ack_received"] == len(b.wire.frames)
+    dut._log.info(f"{len(reads)} READs, {len(a.wire.frames)} requests, {len(b.wire.frames)} answers, "
+                  f"{len(a.cqe_writes())} CQEs")
 
 
 # Regions of NIC 1 that a WRITE of PD 3 must not write: read-only, and of another PD.
@@ -664,11 +775,12 @@ async def rc_modify_to_error(dut):
 
 
 async def _faulty(dut, kind, rate, seed):
-    """WRITEs from NIC 0 to NIC 1, and atomics from NIC 1 to NIC 0 (DeepEP's 4-byte
-    masked fetch-add on a count, an 8-byte FETCH_ADD now and then), with ``kind`` faults
-    at ``rate`` on both directions of the cable: every message arrives once and intact,
-    every atomic is applied exactly once (the words are the sums, the originals a chain),
-    every CQE comes, in order, and the counters agree with the faults the link injected."""
+    """WRITEs from NIC 0 to NIC 1, and atomics and READs from NIC 1 to NIC 0 (DeepEP's
+    4-byte masked fetch-add on a count, an 8-byte FETCH_ADD now and then, NVSHMEM's get of
+    8 B .. 2 MTU + 100), with ``kind`` faults at ``rate`` on both directions of the cable:
+    every message arrives once and intact, every atomic is applied exactly once (the words
+    are the sums, the originals a chain), every READ returns the source's bytes, every CQE
+    comes, in order, and the counters agree with the faults the link injected."""
     rnd = random.Random(seed)
     mtu = 1024
     spec = FaultSpec(**{kind: rate}, delay_cycles=300, reorder_depth=2)
@@ -676,6 +788,10 @@ async def _faulty(dut, kind, rate, seed):
                                    timeout=3000)
     await a.ctl.register_mr(ATOMIC_REGION.key, ATOMIC_REGION.base, ATOMIC_REGION.length, ATOMIC_REGION.access,
                             ATOMIC_REGION.pd)
+    await a.ctl.register_mr(READ_REGION.key, READ_REGION.base, READ_REGION.length, READ_REGION.access, READ_REGION.pd)
+    source = bytes(rnd.randrange(256) for _ in range(0x8000))
+    a.mem.write(SOURCE, source)
+    reads = []
     qp_at, _ = await env.connect(1, 3, 0, 3, cq_a=b.cqs[0], cq_b=a.cqs[0], mtu=mtu, pd=PD, timeout=3000)
     count, signal = WORDS, WORDS + 8
     adds, fetch_adds, atomic_cqes = [], 0, 0
@@ -690,6 +806,13 @@ async def _faulty(dut, kind, rate, seed):
             qp_at.post_atomic(WqeOp.ATOMIC_FA, signal, ATOMIC_KEY, 1, local_addr=ORIGINALS + 0x8000 + 8 * i,
                               signaled=False)
             fetch_adds += 1
+        if i % 4 == 1:
+            n = rnd.choice([8, 300, mtu, 2 * mtu + 100])
+            off = rnd.randrange(len(source) - n)
+            dst = b.gpu.alloc(n + 64, 128) + rnd.randrange(64)
+            qp_at.post_read(SOURCE + off, READ_KEY, dst, n, signaled=True)
+            reads.append((dst, source[off:off + n]))
+            atomic_cqes += 1
         if i % 4 == 3:
             await qp_at.ring_nvshmem()
         for k, (qp_a, _) in enumerate(pairs):
@@ -728,6 +851,8 @@ async def _faulty(dut, kind, rate, seed):
             src = [(hex(ra), d.find(got[off:off + 32])) for ra, d in sent if got[off:off + 32] in d]
             raise AssertionError(f"remote memory at {raddr:#x} ({len(data)} B): bytes {off}..{end} differ; "
                                  f"they are found in the payload of {src}")
+    for dst, data in reads:
+        assert b.mem.read(dst, len(data)) == data, f"READ of {len(data)} bytes into NIC 1's {dst:#x}"
     # the atomics: each applied once (the count is the sum, each original the sum of the
     # adds applied before it), every CQE a success
     u = lambda nic, addr, n, order="little": int.from_bytes(nic.mem.read(addr, n), order)
