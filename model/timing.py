@@ -8,6 +8,9 @@ Tolerance: zero cycles; the regression holds the RTL to exact equality.
 """
 from dataclasses import dataclass
 
+from spec import params as P
+from spec.formats import AETH_LEN, ETH_MIN_FRAME, HDR_LEN_NO_RETH, HDR_LEN_RETH, ICRC_LEN
+
 
 @dataclass(frozen=True)
 class Latencies:
@@ -53,3 +56,33 @@ def atomic_rate_estimate(*, words, entries, dma_latency, wire_limit_per_cycle):
     requests arrive (``wire_limit_per_cycle``)."""
     per_cycle = 1.0 if words == 1 else entries / (dma_latency + ATOMIC_ENTRY_OVERHEAD)
     return min(per_cycle, wire_limit_per_cycle)
+
+
+def read_frame_lengths(size, mtu):
+    """Captured lengths (no FCS) of one RDMA READ's request and of its responses (IBTA
+    9.4.6: AETH on FIRST, LAST and ONLY; payload padded to 4 bytes; ICRC last)."""
+    request = HDR_LEN_RETH + ICRC_LEN
+    npk = max(1, -(-size // mtu))
+    out = []
+    for k in range(npk):
+        n = min(mtu, size - k * mtu) if size else 0
+        aeth = AETH_LEN if k in (0, npk - 1) else 0
+        out.append(max(ETH_MIN_FRAME, HDR_LEN_NO_RETH + aeth + -(-n // 4) * 4 + ICRC_LEN))
+    return request, out
+
+
+def read_rate_estimate(*, size, qps, outstanding, mtu, round_trip_cycles):
+    """READs per second two engines sustain: the least of the request direction's wire
+    limit, the response direction's, and ``qps`` x ``outstanding`` READs per round trip
+    (a QP holds at most ``outstanding`` READs unanswered; ``round_trip_cycles``: the
+    cable both ways and the responder's GPU-memory read; a READ longer than one beat
+    adds its transfer time). Returns ``{"reads_per_s", "bound"}``, the bound naming the
+    limit that decides."""
+    request, responses = read_frame_lengths(size, mtu)
+    per_s = P.WIRE_GBPS * 1e9 / 8
+    limits = {"request wire": per_s / P.wire_bytes(request),
+              "response wire": per_s / sum(P.wire_bytes(n) for n in responses),
+              "outstanding": qps * outstanding / (round_trip_cycles * P.CLOCK_PERIOD_NS * 1e-9
+                                                  + sum(P.wire_bytes(n) for n in responses) / per_s)}
+    bound = min(limits, key=limits.get)
+    return {"reads_per_s": limits[bound], "bound": bound}

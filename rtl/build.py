@@ -9,29 +9,47 @@ from .top import IbgdaNic
 
 TOP_NAME = "ibgda_nic"
 PAIR_TOP_NAME = "ibgda_nic_pair"
-# Two engines for the system tests of NICs talking to each other; fewer QPs keep the
-# RAMs (and the simulators' memory) small, the logic is the same.
-PAIR_PARAMS = {"num_qps": 64}
+# Two engines for the system tests of NICs talking to each other; fewer QPs than the
+# default build keep the RAMs (and the simulators' memory) small, the logic is the same;
+# 128, so that make bench's READ point has its 64 QPs (QPN 1..64).
+PAIR_PARAMS = {"num_qps": 128}
 QUAD_TOP_NAME = "ibgda_nic_quad"
-# Four engines through a switch model (all-to-all): 16 QPs each, the same logic.
-QUAD_PARAMS = {"count": 4, "num_qps": 16}
+# Four engines through a switch model (all-to-all): the pair's engine, elaborated once for both.
+QUAD_PARAMS = {"count": 4, **PAIR_PARAMS}
 
 _PORT = re.compile(r"^\s*(input|output)\s+(\[\d+:0\]\s+)?(\w+);$", re.M)
 
 
-def array_verilog(name, count, **params):
+ENGINE_NAME = "ibgda_nic_engine"
+
+
+def engine_verilog(engine_cache=None, **params):
+    """The Verilog of one engine, module ``ENGINE_NAME``, for the array tops;
+    ``engine_cache``: a file holding it for these parameters and sources (written when
+    missing; the caller keys and locks it), so the pair and the quad elaborate it once."""
+    if engine_cache is not None and Path(engine_cache).exists():
+        return Path(engine_cache).read_text()
+    text = verilog.convert(IbgdaNic(**params), name=ENGINE_NAME, emit_src=False)
+    if engine_cache is not None:
+        tmp = Path(f"{engine_cache}.tmp")
+        tmp.write_text(text)
+        tmp.replace(engine_cache)
+    return text
+
+
+def array_verilog(name, count, *, engine_cache=None, **params):
     """Verilog of ``count`` independent engines on one clock, for system tests of NICs
     talking to each other (a cocotb simulation has one top level).
 
-    The engine is written once (module ``<name>_engine``) and a top level ``name``
+    The engine is written once (module ``ENGINE_NAME``) and a top level ``name``
     instantiates it ``count`` times, NIC i's ports named ``n<i>_<port>`` (``clk`` and
     ``rst`` shared). An Amaranth design holding several engines would be elaborated into
     a copy of every module per engine, which a simulator compiles ``count`` times.
     """
     if not isinstance(count, int) or count < 2:
         raise ValueError(f"count must be an integer >= 2, not {count!r}")
-    engine = f"{name}_engine"
-    text = verilog.convert(IbgdaNic(**params), name=engine, emit_src=False)
+    engine = ENGINE_NAME
+    text = engine_verilog(engine_cache, **params)
     start = text.index(f"module {engine}(")
     header = text[start:text.index("endmodule", start)]
     # Verilator (with --hierarchical, as tb/runner.py builds these tops) verilates and
@@ -57,18 +75,18 @@ def array_verilog(name, count, **params):
     return text + "\n".join(out)
 
 
-def generate(outdir="build/verilog", *, top=TOP_NAME, **params):
+def generate(outdir="build/verilog", *, top=TOP_NAME, engine_cache=None, **params):
     """Write the Verilog of ``top`` (``ibgda_nic``: one engine; ``ibgda_nic_pair``: two;
-    ``ibgda_nic_quad``: four)."""
+    ``ibgda_nic_quad``: four; ``engine_cache``: see :func:`engine_verilog`)."""
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     if top == TOP_NAME:
         text = verilog.convert(IbgdaNic(**params), name=top, emit_src=False)
     elif top == PAIR_TOP_NAME:
-        text = array_verilog(top, 2, **(PAIR_PARAMS | params))
+        text = array_verilog(top, 2, engine_cache=engine_cache, **(PAIR_PARAMS | params))
     elif top == QUAD_TOP_NAME:
         p = QUAD_PARAMS | params
-        text = array_verilog(top, p.pop("count"), **p)
+        text = array_verilog(top, p.pop("count"), engine_cache=engine_cache, **p)
     else:
         raise ValueError(f"unknown top level {top!r}; use {TOP_NAME!r}, {PAIR_TOP_NAME!r} or {QUAD_TOP_NAME!r}")
     path = out / f"{top}.v"

@@ -69,12 +69,23 @@ def pair_points(quick):
     """Two-node points (tb/suites/bench_pair.py): RC with the responder in the loop, lossless and lossy."""
     if quick:
         return [{"size": 4096, "qps": 4, "msgs": 32, "loss": l} for l in (0, 0.01)] \
-            + [{"size": 7168, "qps": 4, "msgs": 32, "loss": 0, "signal": "count", "batch": 8}]
+            + [{"size": 7168, "qps": 4, "msgs": 32, "loss": 0, "signal": "count", "batch": 8}] + read_points(quick)
     # DeepEP's low-latency pattern: per peer, batches of token WRITEs, each followed by a
     # 4-byte masked fetch-add on the peer's count
     deepep = [{"size": s, "qps": 8, "msgs": 96, "loss": 0, "signal": "count", "batch": 8} for s in (4096, 7168)]
     return [{"size": 4096, "qps": 4, "msgs": 128, "loss": l} for l in (0, 0.001, 0.01)] \
-        + [{"size": 1024, "qps": 4, "msgs": 256, "loss": 0}, {"size": 8, "qps": 4, "msgs": 1024, "loss": 0}] + deepep
+        + [{"size": 1024, "qps": 4, "msgs": 256, "loss": 0}, {"size": 8, "qps": 4, "msgs": 1024, "loss": 0}] + deepep \
+        + read_points(quick)
+
+
+def read_points(quick):
+    """RDMA READs end to end (kind "read" of tb/suites/bench_pair.py): 8-byte READs over 64
+    QPs (the message rate), and 1 KiB .. 64 KiB on 4 QPs (the response direction's goodput)."""
+    if quick:
+        return [{"kind": "read", "size": 8, "qps": 64, "msgs": 16}, {"kind": "read", "size": 4096, "qps": 4, "msgs": 16}]
+    return [{"kind": "read", "size": 8, "qps": 64, "msgs": 48}] + \
+        [{"kind": "read", "size": s, "qps": 4, "msgs": max(8, min(64, (2 << 20) // s // 4))}
+         for s in (1024, 2048, 4096, 8192, 16384, 65536)]
 
 
 def _plot(path, title, xlabel, ylabel, x, series, *, base=10, hline=None):
@@ -132,13 +143,15 @@ def main():
     run(sim, "tb.suites.bench_pair", None, extra_env={"IBGDA_BENCH_OUT": str(out), "BENCH_PAIR_POINTS": json.dumps(ppts)},
         test_dir=out / "run_pair", top=PAIR_TOP_NAME)
     pairs = [json.loads(f.read_text()) for f in sorted(out.glob("pair_*.json"))]
+    reads = [r for r in pairs if r["kind"] == "pair_read"]
+    pairs = [r for r in pairs if r["kind"] != "pair_read"]
     recs = [json.loads(f.read_text()) for f in sorted(out.glob("write_*.json"))]
     recs.sort(key=lambda r: (r["dma_latency_ns"], r["doorbell_batch"], r["qps"], r["payload_bytes"]))
     shares = [json.loads(f.read_text()) for f in sorted(out.glob("share_*.json"))]
     lats = [json.loads(f.read_text()) for f in sorted(out.glob("latency_*.json"))]
     rxs = [json.loads(f.read_text()) for f in sorted(out.glob("rx_*.json"))]
     atomics = [json.loads(f.read_text()) for f in sorted(out.glob("atomic_*.json"))]
-    (out / "results.json").write_text(json.dumps(recs + lats + shares + rxs + atomics + pairs, indent=2))
+    (out / "results.json").write_text(json.dumps(recs + lats + shares + rxs + atomics + pairs + reads, indent=2))
     print(f"\n{'payload':>8} {'QPs':>4} {'batch':>5} {'DMA ns':>6} {'msgs':>6} {'M msg/s':>8} {'Gb/s':>7} "
           f"{'limit':>7} {'ratio':>6} {'model Gb/s':>10}")
     for r in recs:
@@ -191,6 +204,17 @@ def main():
                   f"{r['messages_per_s'] / 1e6:>8.1f} {(r.get('steady_frames_per_s') or 0) / 1e6:>7.1f} "
                   f"{r['ratio_to_wire_limit']:>10.4f} {ratio:>11.3f} {r['frames_sent']:>7} "
                   f"{sum(r['dropped'].values()):>8} {r['naks']:>5} {r['retransmits']:>5} {r['timeouts']:>8}")
+    if reads:
+        print("\nRDMA READs, two nodes (cable 100 cycles each way, 1 us GPU memory at both ends; response ratio: "
+              "READ RESPONSE wire time over their span; estimate: model.timing.read_rate_estimate):")
+        print(f"{'payload':>8} {'QPs':>4} {'READs':>6} {'M READs/s':>9} {'steady':>7} {'Gb/s':>7} {'resp limit':>10} "
+              f"{'resp ratio':>10} {'estimate':>8} {'bound':>14} {'req limit':>9}")
+        for r in sorted(reads, key=lambda r: (r["payload_bytes"], r["qps"])):
+            print(f"{r['payload_bytes']:>8} {r['qps']:>4} {r['reads']:>6} {r['reads_per_s'] / 1e6:>9.1f} "
+                  f"{(r['steady_requests_per_s'] or 0) / 1e6:>7.1f} {r['goodput_gbps']:>7.1f} "
+                  f"{r['response_wire_limit_gbps']:>10.1f} {r['response_ratio_to_wire_limit']:>10.4f} "
+                  f"{r['estimate_reads_per_s'] / 1e6:>8.1f} {r['estimate_bound']:>14} "
+                  f"{r['request_wire_limit_per_s'] / 1e6:>9.1f}")
     plots(recs, out)
     print(f"\nresults: {out / 'results.json'}; plots and one pcap per point beside it")
 

@@ -336,13 +336,25 @@ def generated_verilog(top):
         digest = _source_hash()
         verilog = outdir / f"{top}.v"
         if not (verilog.exists() and stamp.exists() and stamp.read_text() == digest):
-            if digest == _IMPORT_HASH:
-                verilog = generate(outdir, top=top)
-            else:
-                # The sources changed since this process imported them (a long pytest run
-                # while someone edits): elaborate what is on disk, in a fresh process.
-                subprocess.run([sys.executable, "-c", f"from rtl.build import generate; "
-                                f"generate({str(outdir)!r}, top={top!r})"], cwd=ROOT, check=True)
+            # the pair and the quad share one engine (rtl/build.py): elaborated once, kept
+            # by source hash in build/rtl/_engine/, under a lock of its own (taken after the top's)
+            engines = ROOT / "build" / "rtl" / "_engine"
+            engines.mkdir(parents=True, exist_ok=True)
+            cache = engines / f"{digest[:20]}.v" if top != TOP_NAME else None
+            with open(engines / ".lock", "w") as elock:
+                if cache is not None:
+                    fcntl.flock(elock, fcntl.LOCK_EX)
+                if digest == _IMPORT_HASH:
+                    verilog = generate(outdir, top=top, engine_cache=cache)
+                else:
+                    # The sources changed since this process imported them (a long pytest run
+                    # while someone edits): elaborate what is on disk, in a fresh process.
+                    subprocess.run([sys.executable, "-c", f"from rtl.build import generate; "
+                                    f"generate({str(outdir)!r}, top={top!r}, engine_cache={str(cache) if cache else None!r})"],
+                                   cwd=ROOT, check=True)
+            for old in engines.glob("*.v"):
+                if old != cache and cache is not None:
+                    old.unlink(missing_ok=True)
             stamp.write_text(digest)
     return verilog
 
@@ -431,7 +443,7 @@ def designs_for(paths):
     needs = {"test_nic.py": both(TOP_NAME), "test_rc.py": both(TOP_NAME), "test_scenario.py": both(TOP_NAME),
              "test_bench_small.py": {("verilator", TOP_NAME)}, "test_pair.py": both(PAIR_TOP_NAME),
              "test_hardening.py": both(TOP_NAME), "test_fuzz.py": {("verilator", TOP_NAME)},
-             "test_switch.py": both(QUAD_TOP_NAME)}
+             "test_switch.py": {("verilator", QUAD_TOP_NAME)}}
     system = ROOT / "tests" / "system"
     wanted = set()
     for arg in paths or [str(ROOT)]:

@@ -37,8 +37,7 @@ def pytest_sessionfinish(session):
 # two tests and then hands out one test at a time from one queue in this order. The
 # Verilator tests come after all others, so that their models build meanwhile
 # (pytest_sessionstart).
-FIRST = ["test_default_scenario[icarus", "test_switch[icarus-all_to_all", "test_nic[icarus-back_to_back_stream",
-         "test_rc[icarus-rx_every", "test_switch[icarus", "test_nic[icarus-back_to_back_stream",
+FIRST = ["test_pair[icarus-rc_atomics", "test_pair[icarus-rc_reads", "test_default_scenario[icarus",
          "test_pair[icarus", "test_nic[icarus", "test_rc[icarus", "tests/blocks"]
 VERILATOR = ["test_bench_small", "test_switch[verilator-all_to_all_faults", "test_hardening[verilator-control",
              "test_nic[verilator-weighted_share", "test_fuzz[fuzz_wqes", "test_pair_faults[", "test_switch[verilator",

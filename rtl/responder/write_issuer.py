@@ -67,8 +67,10 @@ class RxWriteIssuer(wiring.Component):
       an inline write to the first one's line (inline too) is merged into its beat
       (later bytes win), so a flood of one line still takes two writes per cycle.
 
-    Fences. A fence order (an atomic) writes nothing: it notes how many bursts each port
-    has issued so far and is done at once, so the writes behind it are not held up. Once
+    Fences. A fence order (an atomic, a READ, a READ's landed responses) writes nothing:
+    it notes how many bursts each port has issued so far and is done at once, so the
+    writes behind it are not held up; one right behind a write in its transfer is taken
+    in that write's cycle and counts it (a READ's last response and its fence: one cycle). Once
     both ports have had the B responses of those bursts (every write before the atomic
     has landed), ``fence_done`` strobes, one per fence in order: the atomic may read its
     word. (Coarser than the QP: it waits for other QPs' earlier writes too.)
@@ -158,7 +160,7 @@ class RxWriteIssuer(wiring.Component):
         a, b = Signal(RxWriteOrder), Signal(RxWriteOrder)
         m.d.comb += [a.eq(Mux(done0, head.p[1], head.p[0])), b.eq(head.p[1])]
         a_there, b_there, b_exists = Signal(), Signal(), Signal()
-        # (a fence is only ever a, and nothing goes beside it: one fence a cycle at most)
+        # (a write never goes beside a fence; a fence as b goes beside a write a: b_fence)
         m.d.comb += [a_there.eq(self.orders.valid), b_exists.eq(self.orders.valid & ~done0 & head.second),
                      b_there.eq(b_exists & ~a.fence & ~b.fence)]
 
@@ -183,8 +185,7 @@ class RxWriteIssuer(wiring.Component):
         answered = [Signal(16, name=f"answered{p}") for p in range(2)]
         m.submodules.fence_q = fence_q = SyncFIFOBuffered(width=34, depth=self.fences)
         fence_take = Signal()
-        m.d.comb += [fence_take.eq(a_there & a.fence & fence_q.w_rdy),
-                     fence_q.w_en.eq(fence_take), fence_q.w_data.eq(Cat(issued[0], issued[1], a.fence_read, a.fence_local))]
+        m.d.comb += fence_take.eq(a_there & a.fence & fence_q.w_rdy)
         landed = Signal()
         m.d.comb += landed.eq(fence_q.r_rdy & ~(answered[0] - fence_q.r_data[:16])[15]
                               & ~(answered[1] - fence_q.r_data[16:32])[15])
@@ -212,8 +213,19 @@ class RxWriteIssuer(wiring.Component):
 
         b_half = Signal()            # b is a payload-writer order of two bursts: the first went
         m.d.comb += b_half.eq(b_issue & ~merge & ~b.inline & (b.bursts == 2))
+        # a fence right behind a write is taken in the write's cycle (a READ's last response
+        # and its completion fence: one cycle, not two); it counts the write's push
+        b_fence = Signal()
+        m.d.comb += b_fence.eq(a_done & ~a.fence & b_exists & b.fence & fence_q.w_rdy)
+        push_a = [Signal(name=f"push_a{p}") for p in range(2)]
+        m.d.comb += [push_a[p].eq(a_issue & ~a.fence & (a_port == p)) for p in range(2)]
+        m.d.comb += [
+            fence_q.w_en.eq(fence_take | b_fence),
+            fence_q.w_data.eq(Mux(b_fence, Cat((issued[0] + push_a[0])[:16], (issued[1] + push_a[1])[:16], b.fence_read, b.fence_local),
+                                  Cat(issued[0], issued[1], a.fence_read, a.fence_local))),
+        ]
         finish = Signal()
-        m.d.comb += [finish.eq(a_done & (~b_exists | (b_issue & ~b_half))), self.orders.ready.eq(finish)]
+        m.d.comb += [finish.eq(a_done & (~b_exists | (b_issue & ~b_half) | b_fence)), self.orders.ready.eq(finish)]
         with m.If(finish):
             m.d.sync += done0.eq(0)
         with m.Elif(a_done):
@@ -241,17 +253,17 @@ class RxWriteIssuer(wiring.Component):
 
         # ---- per port: AW register, ring, W, B -------------------------------------------
         for p, port in enumerate(ports):
-            push_a, push_b = Signal(name=f"push_a{p}"), Signal(name=f"push_b{p}")
-            m.d.comb += [push_a.eq(a_issue & ~a.fence & (a_port == p)), push_b.eq(b_issue & ~merge & (other == p))]
-            push = push_a | push_b
+            push_b = Signal(name=f"push_b{p}")
+            m.d.comb += push_b.eq(b_issue & ~merge & (other == p))
+            push = push_a[p] | push_b
             m.d.sync += [issued[p].eq(issued[p] + push), answered[p].eq(answered[p] + port.bvalid)]
             new_t = Signal(_Track, name=f"new{p}")
             new_line = Signal(64 - LINE_SHIFT, name=f"new_line{p}")
             new_len = Signal(8, name=f"new_len{p}")
             m.d.comb += [
-                new_t.eq(Mux(push_a, a_t, b_t)),
-                new_line.eq(Mux(push_a, a_line, b_line)),
-                new_len.eq(Mux(push_a, a_len, b_len)),
+                new_t.eq(Mux(push_a[p], a_t, b_t)),
+                new_line.eq(Mux(push_a[p], a_line, b_line)),
+                new_len.eq(Mux(push_a[p], a_len, b_len)),
             ]
             # A burst goes out in the cycle it is issued; the register holds it while the
             # port does not take it (a port with room has an empty register).

@@ -21,6 +21,7 @@ from model.cqe import parse_cqe
 from spec import params as P
 from spec.formats import Access
 from model.network import FaultSpec
+from model.timing import read_rate_estimate
 from tb.pair_env import NicPairEnv
 
 OUT = Path(os.environ.get("IBGDA_BENCH_OUT", "build/bench"))
@@ -36,7 +37,13 @@ COUNTS = 0x9000_0000
 SCRATCH_BYTES = 8
 
 
+READ_KEY = (0x0B << 8) | 0x55          # NIC 1's READ source: remote read
+SOURCE = 0xA000_0000
+
+
 def point_name(p):
+    if p.get("kind") == "read":
+        return f"pair_read_{p['size']}B_{p['qps']}qp"
     sig = f"_count{p['batch']}" if p.get("signal") == "count" else ""
     return f"pair_{p['size']}B_{p['qps']}qp{sig}_loss{p['loss']:g}" + (f"_seed{p['seed']}" if "seed" in p else "")
 
@@ -120,10 +127,74 @@ async def _point(dut, p):
             "simulated_ns": ns}
 
 
+async def _read_point(dut, p):
+    """RDMA READs (NVSHMEM's get) of ``size`` bytes from NIC 1's GPU memory into NIC 0's,
+    ``msgs`` per QP on ``qps`` QPs, GPU memory 1 us away at both ends, cable 100 cycles
+    each way. The rate is the READs over the time from the first READ REQUEST on the wire
+    to the last CQE; the goodput ratio is the READ RESPONSEs' payload over their wire span
+    against those frames back to back (the response direction's wire limit). Every READ's
+    bytes are checked in NIC 0's memory, every CQE a success with its byte count."""
+    size, nq, msgs = p["size"], p["qps"], p["msgs"]
+    env = await NicPairEnv(dut, latency_cycles=100).start()
+    a, b = env.nics
+    cq_a, cq_b = await a.cq(0, 0, collapsed=True), await b.cq(0, 0, collapsed=True)
+    span = nq * msgs * max(size, 64)
+    await b.ctl.register_mr(READ_KEY, SOURCE, max(1 << 20, span), Access.LOCAL_WRITE | Access.REMOTE_READ, PD)
+    pairs = [await env.connect(0, q + 1, 1, q + 1, cq_a=cq_a, cq_b=cq_b, mtu=4096, pd=PD, ack_every=8,
+                               timeout=TIMEOUT_CYCLES, log_depth=max(8, (msgs * 2).bit_length()))
+             for q in range(nq)]
+    rnd = random.Random(5)
+    src = rnd.randbytes(span)
+    b.mem.write(SOURCE, src)
+    reads, signaled = [], 0
+    for q, (qp, _) in enumerate(pairs):
+        for i in range(msgs):
+            off = (q * msgs + i) * max(size, 64)
+            dst = a.gpu.alloc(max(size, 1), 128)
+            last = i % 32 == 31 or i == msgs - 1
+            qp.post_read(SOURCE + off, READ_KEY, dst, size, signaled=last)
+            reads.append((dst, src[off:off + size]))
+            signaled += last
+            if last:
+                await qp.ring_nvshmem()
+    await a.wait_for(lambda: len(a.cqe_writes()) >= signaled, 5_000_000, f"{signaled} CQEs")
+    for dst, data in reads:
+        assert a.mem.read(dst, len(data)) == data, f"READ into {dst:#x}"
+    cqes = [parse_cqe(raw) for _, _, raw, _ in a.cqe_writes()]
+    bad = [c for c in cqes if c["syndrome"]]
+    assert not bad, f"error CQEs: {bad[:2]}"
+    ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
+    assert ca["retransmits"] == 0 and cb["naks_sent"] == 0, (ca, cb)
+    reqs, resps = a.wire.frames, b.wire.frames
+    first = reqs[0].start_bytes / P.WIRE_BYTES_PER_CYCLE
+    last_cqe = max(c for *_, c in a.cqe_writes())
+    ns = (last_cqe - first) * P.CLOCK_PERIOD_NS
+    n = len(reqs)
+    lo, hi = reqs[n // 4], reqs[3 * n // 4]
+    steady_ns = (hi.start_bytes - lo.start_bytes) / P.WIRE_BYTES_PER_CYCLE * P.CLOCK_PERIOD_NS
+    payload = size * msgs * nq
+    resp_wire_ns = sum(P.wire_bytes(len(f)) for f in resps) * 8 / P.WIRE_GBPS
+    resp_span_ns = (resps[-1].end_bytes - resps[0].start_bytes) * 8 / P.WIRE_GBPS
+    req_wire_ns = sum(P.wire_bytes(len(f)) for f in reqs) / len(reqs) * 8 / P.WIRE_GBPS
+    est = read_rate_estimate(size=size, qps=nq, outstanding=P.MAX_RD_ATOMIC, mtu=4096,
+                             round_trip_cycles=2 * 100 + P.DMA_READ_LATENCY_CYCLES)
+    OUT.mkdir(parents=True, exist_ok=True)
+    a.wire.write_pcap(OUT / f"{point_name(p)}_requests.pcap")
+    b.wire.write_pcap(OUT / f"{point_name(p)}_responses.pcap")
+    return {"point": point_name(p), "kind": "pair_read", "payload_bytes": size, "qps": nq, "reads": msgs * nq,
+            "reads_per_s": msgs * nq / ns * 1e9, "goodput_gbps": 8 * payload / ns,
+            "steady_requests_per_s": (3 * n // 4 - n // 4) / steady_ns * 1e9 if steady_ns else None,
+            "request_wire_limit_per_s": 1e9 / req_wire_ns,
+            "response_wire_limit_gbps": 8 * payload / resp_wire_ns,
+            "response_ratio_to_wire_limit": resp_wire_ns / resp_span_ns,
+            "estimate_reads_per_s": est["reads_per_s"], "estimate_bound": est["bound"],
+            "requests": n, "responses": len(resps), "cqes": len(cqes), "simulated_ns": ns}
+
+
 def _make(k, p):
     async def bench(dut):
         print(f"[bench] pair point {k + 1}/{len(POINTS)}: {point_name(p)}", flush=True)
-        rec = await _point(dut, p)
+        rec = await (_read_point if p.get("kind") == "read" else _point)(dut, p)
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / f"{rec['point']}.json").write_text(json.dumps(rec, indent=2))
     bench.__name__ = bench.__qualname__ = f"bench_pair_{k:03d}"

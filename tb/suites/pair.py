@@ -495,18 +495,32 @@ PD4_ATOMIC_REGION = MemoryRegion(key=(0x0B << 8) | 0x22, base=WORDS + 0x2_0000, 
                                  access=Access.REMOTE_ATOMIC, pd=PD + 1)
 
 
+PD4_READ_REGION = MemoryRegion(key=(0x0C << 8) | 0x22, base=SOURCE + 0x10_0000, length=0x1000,
+                               access=Access.REMOTE_READ, pd=PD + 1)
+
+
 @cocotb.test()
 async def rc_atomic_access_errors(dut):
-    """Atomic violations through two engines: QP 1..5 each post a good FETCH_ADD, then a
-    bad atomic (1: a region without REMOTE_ATOMIC, 2: a wrong key, 3: another PD, 4: out
-    of bounds, 5: a 4-byte masked fetch-add at a VA not 4-byte aligned), then a WRITE and
-    an atomic. NIC 1 NAKs (remote access; invalid request for the misaligned one); NIC 0
-    gives each bad one REQ_ERR with REMOTE_ACCESS_ERR / REMOTE_INVAL_REQ_ERR and every WQE
-    after it WR_FLUSH_ERR. On NIC 1 only the five good atomics wrote (one write-through
-    each, AWID 4): every bad one's target and the flushed ones' are untouched."""
-    env, a, b, pairs = await _pair(dut, [(q, 20 + q) for q in range(1, 6)], ack_every=(1,) * 5)
-    for r in (ATOMIC_REGION, PD4_ATOMIC_REGION):
+    """Atomic and READ violations through two engines: QP 1..5 each post a good FETCH_ADD,
+    then a bad atomic (1: a region without REMOTE_ATOMIC, 2: a wrong key, 3: another PD,
+    4: out of bounds, 5: a 4-byte masked fetch-add at a VA not 4-byte aligned), then a
+    WRITE and an atomic. NIC 1 NAKs (remote access; invalid request for the misaligned
+    one); NIC 0 gives each bad one REQ_ERR with REMOTE_ACCESS_ERR / REMOTE_INVAL_REQ_ERR
+    and every WQE after it WR_FLUSH_ERR. On NIC 1 only the five good atomics wrote (one
+    write-through each, AWID 4): every bad one's target and the flushed ones' are
+    untouched. QP 6..9 do the same with READs (6: a region without REMOTE_READ, 7: a
+    wrong key, 8: another PD, 9: past the region's end): NIC 1 reads only the good READs'
+    bytes (ARID 3), NIC 0's memory holds those and nothing where the bad and flushed
+    READs would have landed."""
+    env, a, b, pairs = await _pair(dut, [(q, 20 + q) for q in range(1, 10)], ack_every=(1,) * 9)
+    for r in (ATOMIC_REGION, PD4_ATOMIC_REGION, READ_REGION, PD4_READ_REGION):
         await b.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
+    rnd = random.Random(21)
+    rsrc = rnd.randbytes(0x2000)
+    b.mem.write(SOURCE, rsrc)
+    b.mem.write(PD4_READ_REGION.base, rsrc[:0x100])
+    b.mem.write(REGION.base + 0x80_0000, rsrc[:0x100])
+    read_pairs, pairs = pairs[5:], pairs[:5]
     fa = lambda qp, i, va, key: qp.post_atomic(WqeOp.ATOMIC_FA, va, key, 5, local_addr=ORIGINALS + 0x100 * qp.qpn
                                                + 8 * i, signaled=i != 2)
     bad = {1: (REGION.base + 0x40, KEY), 2: (WORDS + 0x800, ATOMIC_KEY ^ 0x100),
@@ -532,6 +546,26 @@ async def rc_atomic_access_errors(dut):
         expect[q] = [(0, CqeOp.REQ, 0, 8), (1, CqeOp.REQ_ERR, syndrome[q], 0),
                      (2, CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 0), (3, CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 0)]
         await qp.ring_nvshmem()
+    bad_reads = {6: (REGION.base + 0x80_0000, KEY, 64), 7: (SOURCE + 0x800, READ_KEY ^ 0x100, 64),
+                 8: (PD4_READ_REGION.base, PD4_READ_REGION.key, 64),
+                 9: (SOURCE + READ_REGION.length - 32, READ_KEY, 64)}
+    good_reads, empty = [], []
+    for qp, _ in read_pairs:
+        q = qp.qpn
+        dsts = [a.gpu.alloc(128, 128) for _ in range(4)]
+        qp.post_read(SOURCE + 0x100 * q, READ_KEY, dsts[0], 96)
+        good_reads.append((dsts[0], rsrc[0x100 * q:0x100 * q + 96]))
+        va, key, n = bad_reads[q]
+        qp.post_read(va, key, dsts[1], n)
+        buf = a.gpu.alloc(64, 128)
+        a.gpu.write(buf, bytes(range(64)))
+        qp.post_write(DST + 0x1000 * q, KEY, local_addr=buf, length=64, signaled=False)
+        qp.post_read(SOURCE + 0x100 * q + 0x80, READ_KEY, dsts[3], 32)
+        empty += [(dsts[1], n), (dsts[3], 32)]
+        untouched.append((DST + 0x1000 * q, 64))
+        expect[q] = [(0, CqeOp.REQ, 0, 96), (1, CqeOp.REQ_ERR, Syndrome.REMOTE_ACCESS_ERR, 0),
+                     (2, CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 0), (3, CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 0)]
+        await qp.ring_nvshmem()
     want = sum(len(e) for e in expect.values())
     await a.wait_for(lambda: len(a.cqe_writes()) >= want, 100_000, f"{want} CQEs (got {len(a.cqe_writes())})")
     await ClockCycles(dut.clk, 2000)
@@ -539,6 +573,14 @@ async def rc_atomic_access_errors(dut):
     for c in (parse_cqe(raw) for _, _, raw, _ in a.cqe_writes()):
         got.setdefault(c["qpn"], []).append((c["wqe_counter"], c["opcode"], c["syndrome"], c["byte_cnt"]))
     assert got == expect, f"CQEs per QP {got}, expected {expect}"
+    for dst, data in good_reads:
+        assert a.mem.read(dst, len(data)) == data, f"READ into {dst:#x}"
+    for dst, n in empty:
+        assert a.mem.read(dst, n) == bytes(n), f"NIC 0 memory at {dst:#x} was written by a failed READ"
+    payload_reads = [r for r in b.mem.reads if r.id == P.AXI_ID_READ_RESPONSE]
+    assert len(payload_reads) == len(good_reads) and all(
+        any(r.covers(SOURCE + 0x100 * qp.qpn, 96) for r in payload_reads) for qp, _ in read_pairs), \
+        f"NIC 1 read {[(hex(r.addr), r.length) for r in payload_reads]} for READs, only the 4 good ones may be read"
     for qp, _ in pairs:
         assert int.from_bytes(b.mem.read(WORDS + 0x100 * qp.qpn, 8), "little") == 5
         assert int.from_bytes(a.mem.read(ORIGINALS + 0x100 * qp.qpn, 8), "little") == 0   # its original
@@ -547,7 +589,7 @@ async def rc_atomic_access_errors(dut):
     atomic_writes = [w for w in b.mem.writes if w.id == P.AXI_ID_ATOMIC_WRITE]
     assert len(atomic_writes) == 5, f"{len(atomic_writes)} atomic write-throughs, 5 good atomics"
     cb = await b.ctl.read_counters()
-    assert cb["naks_sent"] == 5, cb["naks_sent"]
+    assert cb["naks_sent"] == 9, cb["naks_sent"]
 
 
 PATTERN_DATA = [(5, "drop"),                 # episode 1: a middle packet: NAK, go back to it

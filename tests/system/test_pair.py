@@ -15,12 +15,14 @@ from tb.runner import cocotb_tests, run, sim_cases
 
 COCOTB_TESTS = cocotb_tests("pair")
 # On Icarus these take 65, 17, 14 and 65 s of the regression's budget (on a machine where
-# make test takes 12 minutes); the single-engine suites cover the local-error flush
-# (nop_and_error_wqes), long inline WRITEs (long_inline_writes) and the responder's access
-# errors (tb/suites/rc.py) on Icarus, and rc_writes_back_to_back and rc_unsignaled_tail run
+# make test takes 12 minutes), and the WRITE streams (rc_writes_back_to_back,
+# rc_unsignaled_tail, rc_signal_every_wqe) 43, 32 and 43 s; the single-engine suites cover
+# the local-error flush (nop_and_error_wqes), long inline WRITEs (long_inline_writes) and
+# the responder's access errors (tb/suites/rc.py) on Icarus, and rc_reads_back_to_back,
+# rc_atomics_back_to_back (WRITEs among the READs and atomics) and rc_modify_to_error run
 # the two engines there.
 VERILATOR_ONLY = ("rc_fault_pattern", "rc_long_inline_resume", "rc_local_error_flush", "rc_access_errors",
-                  "rc_atomic_access_errors")
+                  "rc_atomic_access_errors", "rc_writes_back_to_back", "rc_unsignaled_tail", "rc_signal_every_wqe")
 
 
 @pytest.mark.parametrize("sim,testcase", sim_cases(COCOTB_TESTS, VERILATOR_ONLY))
