@@ -37,6 +37,11 @@ QpDynamic = data.StructLayout({
     "pi":     unsigned(16),
     "fi":     unsigned(16),
     "queued": unsigned(1),
+    # a woken QP's next burst at most this many WQEBBs, none read past them (0: no cap):
+    # the room its READs and atomics have, so a burst is not fetched only to be dropped
+    "cap":    unsigned(5),
+    # parked by the parser (a WQE waits on its READs/atomics): not scheduled until woken
+    "parked": unsigned(1),
 })
 
 

@@ -9,7 +9,7 @@ from spec.formats import QpState
 from rtl.common.contexts import QpConfig, QpEntry, qp_bits
 from rtl.common.records import DoorbellEvent
 
-__all__ = ["QpTable", "QpOp", "DoorbellDrop", "FetchJob", "QpUpdate", "QpCommit"]
+__all__ = ["QpTable", "QpOp", "DoorbellDrop", "FetchJob", "QpUpdate", "UpdateKind", "QpCommit"]
 
 
 class QpOp(enum.Enum, shape=2):
@@ -44,13 +44,24 @@ def FetchJob(num_qps, num_cqs, max_burst):
     })
 
 
+class UpdateKind(enum.Enum, shape=2):
+    """What a :func:`QpUpdate` asks of the table."""
+    CUT    = 0      # fetch again from ``ci`` once more than ``end`` is posted (or a go-back: ci = end)
+    PARK   = 1      # fetch again from ``ci``, but not before a WAKE (a WQE waits on its READs/atomics)
+    RESUME = 2      # fetch again from ``ci`` now (parked and released at once)
+    WAKE   = 3      # a parked QP may run: queue it if it has work (``ci``, ``end`` unused)
+
+
 def QpUpdate(num_qps):
     """From the WQE parser, only when a burst went wrong: a WQE ran past the WQEBBs
-    posted when the burst was scheduled (fetch again from ``ci`` once more is posted:
-    ``end`` is where the burst ended), or a go-back-N restart (``ci`` = ``end``). A
-    malformed WQE sends none: the parser flushes the QP's later WQEs, so it keeps
-    fetching them."""
-    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "ci": unsigned(16), "end": unsigned(16)})
+    posted when the burst was scheduled (CUT: fetch again from ``ci`` once more is
+    posted; ``end`` is where the burst ended), a go-back-N restart (CUT, ``ci`` =
+    ``end``), or a WQE that must wait for the QP's READs and atomics (PARK, then WAKE;
+    see :class:`UpdateKind`). A malformed WQE sends none: the parser flushes the QP's
+    later WQEs, so it keeps fetching them."""
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "ci": unsigned(16), "end": unsigned(16),
+                              "kind": UpdateKind,
+                              "room": unsigned(5)})      # RESUME, WAKE: READs/atomics the QP may add
 
 
 def QpCommit(num_qps, num_cqs):
@@ -74,7 +85,9 @@ class QpTable(wiring.Component):
     QP's work, reads up to three WQEBBs beyond it so that its last WQE is whole (see
     :func:`FetchJob`). Only a WQE that runs past the doorbell's limit is cut: the
     parser reports it on ``updates``, ``fi`` goes back to it, and it is fetched again
-    when more is posted (the parser discards the bursts in flight behind it).
+    when more is posted (the parser discards the bursts in flight behind it). A WQE that
+    must wait for its QP's READs and atomics (their limit, or a fence) parks the QP the
+    same way: off the round robin, so other QPs' WQEs pass it, until the parser wakes it.
 
     Every operation takes two cycles (RAM read, then write); priority is commit,
     update, doorbell, schedule.
@@ -199,13 +212,29 @@ class QpTable(wiring.Component):
                     with m.Case(QpOp.COMMIT):
                         m.d.comb += [new.cfg.eq(commit_p.cfg), wr.en.eq(1)]
                         with m.If(commit_p.reset):
-                            m.d.comb += [new.dyn.pi.eq(0), new.dyn.fi.eq(0), new.dyn.queued.eq(0)]
+                            m.d.comb += [new.dyn.pi.eq(0), new.dyn.fi.eq(0), new.dyn.queued.eq(0), new.dyn.cap.eq(0),
+                                         new.dyn.parked.eq(0)]
                     with m.Case(QpOp.UPDATE):
                         m.d.comb += [wr.en.eq(1), new.dyn.fi.eq(update_p.ci)]
-                        # Fetch the cut WQE again only once more has been posted.
-                        with m.If(rts & ~entry.dyn.queued & (entry.dyn.pi != update_p.ci)
-                                  & (entry.dyn.pi != update_p.end)):
-                            enqueue()
+                        with m.Switch(update_p.kind):
+                            with m.Case(UpdateKind.PARK):
+                                m.d.comb += new.dyn.parked.eq(1)
+                            with m.Case(UpdateKind.CUT):
+                                # Fetch the cut WQE again only once more has been posted (a
+                                # go-back-N's cut unparks: its walk completes or flushes the ops).
+                                m.d.comb += new.dyn.parked.eq(0)
+                                with m.If(rts & ~entry.dyn.queued & (entry.dyn.pi != update_p.ci)
+                                          & (entry.dyn.pi != update_p.end)):
+                                    enqueue()
+                            with m.Case(UpdateKind.RESUME):
+                                m.d.comb += [new.dyn.cap.eq(update_p.room), new.dyn.parked.eq(0)]
+                                with m.If(rts & ~entry.dyn.queued & (entry.dyn.pi != update_p.ci)):
+                                    enqueue()
+                            with m.Case(UpdateKind.WAKE):
+                                m.d.comb += [new.dyn.fi.eq(entry.dyn.fi), new.dyn.cap.eq(update_p.room),
+                                             new.dyn.parked.eq(0)]
+                                with m.If(rts & ~entry.dyn.queued & (entry.dyn.pi != entry.dyn.fi)):
+                                    enqueue()
                     with m.Case(QpOp.DOORBELL):
                         # A doorbell never moves the producer index back (``stale``: behind
                         # it, mod 2^16) nor beyond the send-queue depth past the fetch index
@@ -218,7 +247,7 @@ class QpTable(wiring.Component):
                             m.d.comb += self.db_drop.eq(DoorbellDrop.STALE)
                         with m.Elif(over):
                             m.d.comb += self.db_drop.eq(DoorbellDrop.OVER_DEPTH)
-                        with m.Elif(bf & ~entry.dyn.queued & (entry.dyn.pi == entry.dyn.fi)
+                        with m.Elif(bf & ~entry.dyn.queued & ~entry.dyn.parked & (entry.dyn.pi == entry.dyn.fi)
                                   & (limit == entry.dyn.fi + 1) & self.jobs.ready & self.bf_wqebbs.ready):
                             job(1, 1, bf=1)
                             m.d.comb += [new.dyn.pi.eq(limit), new.dyn.fi.eq(limit), wr.en.eq(1),
@@ -230,11 +259,16 @@ class QpTable(wiring.Component):
                         m.d.comb += self.db_accepted.eq(rts & ~stale & ~over)
                     with m.Case(QpOp.SCHEDULE):
                         m.d.comb += wr.en.eq(1)
-                        with m.If(rts & (pending != 0)):
-                            clamped = pending > quantum
-                            own = Mux(clamped, quantum, pending)
-                            extra = pending - quantum
-                            over = Mux(clamped, Mux(extra < F.MAX_WQEBBS - 1, extra, F.MAX_WQEBBS - 1), 0)
+                        with m.If(rts & (pending != 0) & ~entry.dyn.parked):
+                            # a woken QP's turn: at most its cap, and nothing read past it (a
+                            # WQE across the cap is cut and fetched again with the rest)
+                            capped = (entry.dyn.cap != 0) & (entry.dyn.cap < quantum)
+                            turn = Mux(capped, entry.dyn.cap, quantum)
+                            clamped = pending > turn
+                            own = Mux(clamped, turn, pending)
+                            extra = pending - turn
+                            over = Mux(clamped & ~capped, Mux(extra < F.MAX_WQEBBS - 1, extra, F.MAX_WQEBBS - 1), 0)
+                            m.d.comb += new.dyn.cap.eq(0)
                             job(own + over, own)
                             m.d.comb += new.dyn.fi.eq(entry.dyn.fi + own)
                             with m.If(clamped):

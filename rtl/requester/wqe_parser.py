@@ -2,13 +2,14 @@
 from amaranth.hdl import *
 from amaranth.lib import wiring, data, stream
 from amaranth.lib.memory import Memory
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
 from spec import params as P
 from rtl.common.contexts import qp_bits
 from rtl.common.headers import from_be
-from rtl.requester.qp_table import FetchJob, QpUpdate
+from rtl.requester.qp_table import FetchJob, QpUpdate, UpdateKind
 from rtl.requester.message import Message, MessageKind
 
 __all__ = ["WqeParser", "RemoteOpNote", "RemoteOpPop"]
@@ -75,12 +76,19 @@ class WqeParser(wiring.Component):
 
     READs and atomics (RC only; on a UC QP they are malformed): a new one (not a
     go-back walk's resend) is registered on ``remote`` (its slot in the QP's ring of
-    ``MAX_RD_ATOMIC``) as it leaves; one that finds the ring full waits, and so does a
-    fenced WQE (ctrl fence mode not 0) while any is registered and not popped (``pops``:
-    the result writer retires them), so a fence holds a WQE until earlier READs and
-    atomics have completed. While a WQE waits, a retransmission or a QP commit cuts the
-    burst there (fetched again later), so the wait never holds the go-back-N that would
-    end it. An atomic's operands go to the builder as its WQE's first beat on ``inline``.
+    ``MAX_RD_ATOMIC``) as it leaves. One that finds the ring full must wait, and so must
+    a fenced WQE (ctrl fence mode not 0) while any is registered and not popped
+    (``pops``: the result writer retires them), so a fence holds a WQE until earlier
+    READs and atomics have completed. Such a WQE does not wait here, where it would hold
+    every other QP's WQEs behind it: the burst is cut there and the QP parked (PARK on
+    ``updates``: the QP table takes it off the round robin, its fetch index on that
+    WQE). A RAM of parked QPs (ring tail and wake level) is read on every pop; the pop
+    that brings a parked QP's ops down to its level (below the limit; none left, for a
+    fence) queues a WAKE, and the QP is fetched again from that WQE. A pop between the
+    cut and the PARK makes it a RESUME (fetched again at once), so no wake is lost. A
+    retransmission or a QP commit waiting meanwhile makes the cut a plain CUT (the
+    go-back-N or the create fetches it again). An atomic's operands go to the builder as
+    its WQE's first beat on ``inline``.
 
     Moved to ERR (UC): ``flush`` marks the QP (a bit per QP in its own RAM, so it is taken
     in any cycle); from its next burst on every WQE leaves as an ERROR message with
@@ -165,6 +173,26 @@ class WqeParser(wiring.Component):
                      rh_pop.en.eq(self.pops.valid & ~(self.commit.valid & self.commit.ready
                                                       & (self.commit.p.qpn == self.pops.qpn))),
                      rh_pop.addr.eq(self.pops.qpn), rh_pop.data.eq(self.pops.head)]
+
+        # Parked QPs: their ring tail and the in-flight count that wakes them
+        park_layout = data.StructLayout({"parked": unsigned(1), "rtail": unsigned(5), "level": unsigned(5),
+                                         "limit": unsigned(5)})
+        m.submodules.parked = pk_ram = Memory(shape=park_layout, depth=self.num_qps, init=[])
+        pk_set, pk_clr = pk_ram.write_port(), pk_ram.write_port()
+        pk_rd = pk_ram.read_port(transparent_for=(pk_set, pk_clr))
+        m.d.comb += [pk_rd.addr.eq(self.pops.qpn), pk_rd.en.eq(1)]
+        pop_v, pop_q, pop_head = Signal(), Signal.like(self.pops.qpn), Signal(5)
+        m.d.sync += [pop_v.eq(self.pops.valid), pop_q.eq(self.pops.qpn), pop_head.eq(self.pops.head)]
+        # at most one wake a park, and a QP parks once before its wake is taken (it is off
+        # the round robin): twice the QPs never fill (a doorbell may fetch one meanwhile)
+        m.submodules.wakes = wake_q = SyncFIFOBuffered(width=len(self.pops.qpn) + 5, depth=2 * self.num_qps)
+        wake, pk_left = Signal(), Signal(5)
+        m.d.comb += [pk_left.eq(pk_rd.data.rtail - pop_head),
+                     wake.eq(pop_v & pk_rd.data.parked & (pk_left <= pk_rd.data.level) & wake_q.w_rdy),
+                     # the QP table caps its next burst to the ring (more could only be dropped)
+                     wake_q.w_en.eq(wake), wake_q.w_data.eq(Cat(pop_q, pk_rd.data.limit)),
+                     pk_clr.en.eq(wake & ~(pk_set.en & (pk_set.addr == pop_q))), pk_clr.addr.eq(pop_q),
+                     pk_clr.data.eq(0)]
 
         job = Signal.like(self.bursts.p)
         # WQEBB source of the current burst: the fetch, or the doorbell (BlueFlame).
@@ -336,6 +364,9 @@ class WqeParser(wiring.Component):
         wait_op = Signal()                           # this WQE waits (limit reached, or fenced behind ops)
         m.d.comb += wait_op.eq(~cur_fail & ~skip_wqe
                                & ((new_op & (in_flight >= limit)) | (fence & (in_flight != 0))))
+        park, park_tail, park_level, park_limit = Signal(), Signal(5), Signal(5), Signal(5)  # the cut parks its QP
+        full_after = Signal()                        # this WQE is a new op that fills the ring
+        m.d.comb += full_after.eq(new_op & ~wait_op & (in_flight + 1 >= limit))
         recreated = Signal()                         # the burst's QP was created again (registered)
         with m.If(rhead_fresh):
             m.d.sync += [rhead.eq(rh_rd.data), rhead_fresh.eq(0)]
@@ -386,6 +417,7 @@ class WqeParser(wiring.Component):
             m.d.comb += [fl_wr.en.eq(1), fl_wr.addr.eq(self.flush.p.qpn), fl_wr.data.eq(1)]
 
         end_now = Signal()                           # RUN ends the burst this cycle (RAM write)
+        fsm_update = Signal()                        # the FSM has an update out; else a wake may go
 
         def store_ctx(index_, psn_, resume_=None, syn_=None, fail_=None, rtail_=None, rlast_=None):
             # the burst's end: the QP's consumer index, next PSN, go-back-N, failure and READ/atomic state
@@ -405,7 +437,7 @@ class WqeParser(wiring.Component):
                 with m.If(self.bursts.valid):
                     m.d.sync += [job.eq(self.bursts.p), left.eq(self.bursts.p.count), index.eq(self.bursts.p.ci),
                                  fresh.eq(1), cut.eq(0), stale.eq(0), got.eq(0), rhead_fresh.eq(1),
-                                 recreated.eq(0)]
+                                 recreated.eq(0), park.eq(0)]
                     m.next = "RUN"
 
         # Where the QP's consumer index stands in this burst: WQEBBs the previous burst
@@ -429,7 +461,7 @@ class WqeParser(wiring.Component):
                 m.d.comb += commit_ok.eq(~rtx.valid)
                 with m.If(rtx.valid):
                     # Go back: the QP table fetches again from the restart point.
-                    m.d.comb += [self.updates.valid.eq(1), self.updates.p.qpn.eq(rtx.p.qpn),
+                    m.d.comb += [self.updates.valid.eq(1), fsm_update.eq(1), self.updates.p.qpn.eq(rtx.p.qpn),
                                  self.updates.p.ci.eq(rtx.p.index), self.updates.p.end.eq(rtx.p.index)]
                     with m.If(self.updates.ready):
                         m.d.comb += [rtx.ready.eq(1), wr.en.eq(1), wr.addr.eq(rtx.p.qpn),
@@ -463,10 +495,13 @@ class WqeParser(wiring.Component):
                         m.d.sync += [wqe.eq(view), got.eq(got + 1), left.eq(left - 1)]
                         with m.If(got == 0):
                             m.d.sync += need.eq(nbb_first)
-                    with m.Elif(wait_op & (self.retransmit.valid | recreated)):
-                        # A waiting WQE must not hold the go-back-N (or create) that would
-                        # release it: cut the burst here, it is fetched again.
-                        m.d.sync += cut.eq(1)
+                    with m.Elif(wait_op):
+                        # A WQE that must wait: cut the burst here and park the QP, so the
+                        # other QPs' WQEs go on (a go-back-N or create waiting: a plain cut,
+                        # they fetch it again); it is woken when its ops are down to the level
+                        m.d.sync += [cut.eq(1), park.eq(~self.retransmit.valid & ~recreated),
+                                     park_tail.eq(cur_rtail), park_limit.eq(limit),
+                                     park_level.eq(Mux(fence & (in_flight != 0), 0, limit - 1))]
                         drop_then(left)
                     with m.Else():
                         # The WQE is whole: hand it on with its inline beat (or skip it:
@@ -490,6 +525,12 @@ class WqeParser(wiring.Component):
                             with m.If(emit & send_inline & more_beats):
                                 m.d.sync += [ibeat.eq(skip_beats + 1), iend.eq(nbeats)]
                                 m.next = "INLINE"
+                            with m.Elif((left == 1) & full_after & ~self.retransmit.valid & ~recreated):
+                                # The burst's last WQE fills the QP's ring: park the QP at the
+                                # next WQE (END), so its next turn is not fetched only to wait
+                                m.d.sync += [cut.eq(1), park.eq(1), park_tail.eq(cur_rtail + 1),
+                                             park_limit.eq(limit), park_level.eq(limit - 1)]
+                                m.next = "END"
                             with m.Elif(left == 1):
                                 # The burst's last WQE: store the QP's state and take the
                                 # next burst in this same cycle (no END cycle).
@@ -527,12 +568,27 @@ class WqeParser(wiring.Component):
                         with m.Else():
                             m.next = "END"
             with m.State("END"):
-                # Store the QP's state; report a cut; take the next burst.
+                # Store the QP's state; report a cut (a park: released already by a pop
+                # since, or now, it is a resume); take the next burst.
                 report = ~stale & cut
-                m.d.comb += self.updates.valid.eq(report)
+                released = Signal()
+                m.d.comb += released.eq(((park_tail - cur_rhead)[:5] <= park_level)
+                                        | (self.pops.valid & (self.pops.qpn == job.qpn)))
+                m.d.comb += [self.updates.valid.eq(report), fsm_update.eq(report),
+                             self.updates.p.room.eq(park_limit),
+                             self.updates.p.kind.eq(Mux(park, Mux(released, UpdateKind.RESUME, UpdateKind.PARK),
+                                                        UpdateKind.CUT))]
+                m.d.comb += [pk_set.addr.eq(job.qpn), pk_set.data.parked.eq(1), pk_set.data.rtail.eq(park_tail),
+                             pk_set.data.level.eq(park_level), pk_set.data.limit.eq(park_limit),
+                             pk_set.en.eq(report & park & ~released & self.updates.ready)]
                 with m.If(~report | self.updates.ready):
                     with m.If(~stale):
                         store_ctx(index, cur_psn)
                     m.next = "IDLE"
                     start_burst()
+        # Wakes go to the QP table when the FSM has no update out (after the PARK they answer)
+        with m.If(~fsm_update):
+            m.d.comb += [self.updates.valid.eq(wake_q.r_rdy), self.updates.p.qpn.eq(wake_q.r_data[:len(self.pops.qpn)]),
+                         self.updates.p.room.eq(wake_q.r_data[len(self.pops.qpn):]),
+                         self.updates.p.kind.eq(UpdateKind.WAKE), wake_q.r_en.eq(self.updates.ready)]
         return m

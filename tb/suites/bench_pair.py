@@ -155,8 +155,12 @@ async def _read_point(dut, p):
             qp.post_read(SOURCE + off, READ_KEY, dst, size, signaled=last)
             reads.append((dst, src[off:off + size]))
             signaled += last
-            if last:
-                await qp.ring_nvshmem()
+    # the QPs' threads post at once: their doorbells a batch of 32 at a time, QP after QP
+    # (one QP's whole stream before the next QP's first doorbell would only measure the
+    # testbench's doorbell writes)
+    for batch in range(0, msgs, 32):
+        for qp, _ in pairs:
+            await qp.ring_nvshmem(upto=min(batch + 32, msgs))
     await a.wait_for(lambda: len(a.cqe_writes()) >= signaled, 5_000_000, f"{signaled} CQEs")
     for dst, data in reads:
         assert a.mem.read(dst, len(data)) == data, f"READ into {dst:#x}"
