@@ -108,6 +108,7 @@ class Wire400G:
 
         self.frames = []
         self.protocol_errors = 0
+        self.underrun_cycles = 0        # wire cycles frames lost to stalls inside them
         self.prev_end = 0               # wire end (bytes) of the last frame
         self._cur = None                # bytearray of the frame being received
         self._first_cycle = 0
@@ -181,8 +182,14 @@ class Wire400G:
             self._drive_ready(int(self.prev_end <= BYTES_PER_CYCLE * (now + 1)))
 
     def _end(self, c):
-        frame = WireFrame(bytes(self._cur), self._first_cycle, c, self._start,
-                          self._start + wire_bytes(len(self._cur)))
+        # A frame whose beats stalled (tvalid low inside it) leaves no earlier than its
+        # last beat: the stall is counted (``underrun_cycles``), its wire end moved behind
+        # it. Without a stall the end is start + wire bytes, which is always later.
+        end = self._start + wire_bytes(len(self._cur))
+        if end < BYTES_PER_CYCLE * c:
+            self.underrun_cycles += -(-(BYTES_PER_CYCLE * c - end) // BYTES_PER_CYCLE)
+            end = BYTES_PER_CYCLE * c
+        frame = WireFrame(bytes(self._cur), self._first_cycle, c, self._start, end)
         self.frames.append(frame)
         self.prev_end = frame.end_bytes
         self._cur = None

@@ -41,6 +41,7 @@ def FetchJob(num_qps, num_cqs, max_burst):
         "qpn": unsigned(qp_bits(num_qps)), "cfg": QpConfig(num_cqs),
         "ci": unsigned(16), "count": unsigned(width), "own": unsigned(width),
         "bf": unsigned(1),               # BlueFlame: the WQEBB comes with the doorbell, no read
+        "hold": unsigned(1),             # capped with more posted: the QP waits for this burst's end
     })
 
 
@@ -174,11 +175,11 @@ class QpTable(wiring.Component):
             m.d.comb += weight.eq(entry.cfg.weight)
         m.d.comb += quantum.eq(Mux(weight == 0, 1, weight) * self.quantum)
 
-        def job(count, own, bf=0):
+        def job(count, own, bf=0, hold=0):
             # a burst of this QP from its fetch index
             m.d.comb += [self.jobs.valid.eq(1), self.jobs.p.qpn.eq(qpn), self.jobs.p.cfg.eq(entry.cfg),
                          self.jobs.p.ci.eq(entry.dyn.fi), self.jobs.p.count.eq(count), self.jobs.p.own.eq(own),
-                         self.jobs.p.bf.eq(bf)]
+                         self.jobs.p.bf.eq(bf), self.jobs.p.hold.eq(hold)]
 
         def enqueue():
             m.d.comb += [active.w_en.eq(1), active.w_data.eq(qpn), new.dyn.queued.eq(1)]
@@ -254,8 +255,8 @@ class QpTable(wiring.Component):
                                          self.bf_wqebbs.valid.eq(1), self.bf_wqebbs.p.eq(bf_data)]
                         with m.Else():
                             m.d.comb += [new.dyn.pi.eq(limit), wr.en.eq(1)]
-                            with m.If(~entry.dyn.queued & (limit != entry.dyn.fi)):
-                                enqueue()
+                            with m.If(~entry.dyn.queued & ~entry.dyn.parked & (limit != entry.dyn.fi)):
+                                enqueue()               # (a parked QP: its wake queues it)
                         m.d.comb += self.db_accepted.eq(rts & ~stale & ~over)
                     with m.Case(QpOp.SCHEDULE):
                         m.d.comb += wr.en.eq(1)
@@ -269,10 +270,15 @@ class QpTable(wiring.Component):
                             extra = pending - turn
                             over = Mux(clamped & ~capped, Mux(extra < F.MAX_WQEBBS - 1, extra, F.MAX_WQEBBS - 1), 0)
                             m.d.comb += new.dyn.cap.eq(0)
-                            job(own + over, own)
+                            job(own + over, own, hold=capped & clamped)
                             m.d.comb += new.dyn.fi.eq(entry.dyn.fi + own)
-                            with m.If(clamped):
+                            with m.If(clamped & ~capped):
                                 enqueue()               # more to do: back of the queue
+                            with m.Elif(clamped):
+                                # capped: its WQEs likely fill the ring again, so its next
+                                # turn waits for the parser (PARK, or WAKE at the burst's end)
+                                # instead of being fetched only to wait
+                                m.d.comb += [new.dyn.parked.eq(1), new.dyn.queued.eq(0)]
                             with m.Else():
                                 m.d.comb += new.dyn.queued.eq(0)
                         with m.Else():

@@ -31,7 +31,8 @@ class ResultWriter(wiring.Component):
     A response that completes a READ (``read``) waits instead for ``read_landed``: one
     strobe per completed READ, in order, once every payload write of its responses (and
     all before them) has landed (the responder's write issuer, on either DMA port), so
-    the CQE that ACK releases never overtakes the READ's bytes.
+    the CQE that ACK releases never overtakes the READ's bytes. A READ takes one cycle
+    (a pair of them two), so 8-byte READs complete at the rate their responses arrive.
 
     Responses without data pass in order behind those with data (a queue of pairs, in
     front of which they pass straight through when it is empty). The checker may not
@@ -137,28 +138,31 @@ class ResultWriter(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += idle.eq(done == 0)
                 todo = [has_data[k] & ~done[k] for k in range(2)]
+                k = ~todo[0]                       # the lane to complete next
+                nxt = Signal(CheckedResponse(self.num_qps))
+                m.d.comb += nxt.eq(Mux(k, head.p[1], head.p[0]))
                 with m.If(q.r_rdy):
                     with m.If(~todo[0] & ~todo[1]):
                         forward(head)
                         m.d.comb += q.r_en.eq(1)
                         m.d.sync += done.eq(0)
+                    with m.Elif(nxt.read):
+                        # a READ's last response, in this cycle (8-byte READs come one a
+                        # cycle): once its bytes landed its slot is free, and with no other
+                        # lane to complete the pair moves on at once
+                        with m.If(landed != 0):
+                            m.d.comb += [take_landed.eq(1), self.pops.valid.eq(1),
+                                         self.pops.qpn.eq(nxt.ack.qpn[:qb]), self.pops.head.eq(nxt.slot + 1)]
+                            with m.If(~k & todo[1]):
+                                m.d.sync += done.eq(1)
+                            with m.Else():
+                                forward(head)
+                                m.d.comb += q.r_en.eq(1)
+                                m.d.sync += done.eq(0)
                     with m.Else():
-                        k = ~todo[0]
-                        m.d.comb += [sr.en.eq(1),
-                                     sr.addr.eq(Cat(Mux(k, head.p[1].slot, head.p[0].slot)[:sb],
-                                                    Mux(k, head.p[1].ack.qpn, head.p[0].ack.qpn)[:qb]))]
+                        m.d.comb += [sr.en.eq(1), sr.addr.eq(Cat(nxt.slot[:sb], nxt.ack.qpn[:qb]))]
                         m.d.sync += [lane.eq(k), aw_done.eq(0), w_done.eq(0)]
-                        with m.If(Mux(k, head.p[1].read, head.p[0].read)):
-                            m.next = "READ"
-                        with m.Else():
-                            m.next = "WRITE"
-            with m.State("READ"):
-                # a READ's last response: its bytes landed, its slot is free
-                with m.If(landed != 0):
-                    m.d.comb += [take_landed.eq(1), self.pops.valid.eq(1), self.pops.qpn.eq(cur.ack.qpn[:qb]),
-                                 self.pops.head.eq(cur.slot + 1)]
-                    m.d.sync += done.eq(done | Mux(lane, 2, 1))
-                    m.next = "IDLE"
+                        m.next = "WRITE"
             with m.State("WRITE"):
                 # the slot is read: the parser may reuse it
                 m.d.comb += [self.pops.valid.eq(~aw_done & ~w_done), self.pops.qpn.eq(cur.ack.qpn[:qb]),

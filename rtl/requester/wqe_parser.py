@@ -531,6 +531,8 @@ class WqeParser(wiring.Component):
                                 m.d.sync += [cut.eq(1), park.eq(1), park_tail.eq(cur_rtail + 1),
                                              park_limit.eq(limit), park_level.eq(limit - 1)]
                                 m.next = "END"
+                            with m.Elif((left == 1) & job.hold):
+                                m.next = "END"              # the QP table waits for its WAKE
                             with m.Elif(left == 1):
                                 # The burst's last WQE: store the QP's state and take the
                                 # next burst in this same cycle (no END cycle).
@@ -552,7 +554,7 @@ class WqeParser(wiring.Component):
             with m.State("DROP"):
                 # Discard WQEBBs: the burst's rest (after a cut WQE, past its own WQEs, or
                 # all of a stale burst), or the head its predecessor already took.
-                quiet = ~after_drop & ~cut                # nothing to report: end the burst here
+                quiet = ~after_drop & ~cut & ~job.hold    # nothing to report: end the burst here
                 m.d.comb += commit_ok.eq(~(quiet & (drop == 1) & src.valid))
                 with m.If(src.valid):
                     m.d.comb += src.ready.eq(1)
@@ -570,17 +572,21 @@ class WqeParser(wiring.Component):
             with m.State("END"):
                 # Store the QP's state; report a cut (a park: released already by a pop
                 # since, or now, it is a resume); take the next burst.
-                report = ~stale & cut
+                # A held burst (the QP table keeps its QP off the round robin) that ends
+                # without a cut wakes its QP, uncapped (``fi`` already stands past it).
+                cutting = ~stale & cut
+                report = cutting | job.hold
                 released = Signal()
                 m.d.comb += released.eq(((park_tail - cur_rhead)[:5] <= park_level)
                                         | (self.pops.valid & (self.pops.qpn == job.qpn)))
                 m.d.comb += [self.updates.valid.eq(report), fsm_update.eq(report),
-                             self.updates.p.room.eq(park_limit),
-                             self.updates.p.kind.eq(Mux(park, Mux(released, UpdateKind.RESUME, UpdateKind.PARK),
-                                                        UpdateKind.CUT))]
+                             self.updates.p.room.eq(Mux(cutting, park_limit, 0)),
+                             self.updates.p.kind.eq(Mux(~cutting, UpdateKind.WAKE,
+                                                        Mux(park, Mux(released, UpdateKind.RESUME, UpdateKind.PARK),
+                                                            UpdateKind.CUT)))]
                 m.d.comb += [pk_set.addr.eq(job.qpn), pk_set.data.parked.eq(1), pk_set.data.rtail.eq(park_tail),
                              pk_set.data.level.eq(park_level), pk_set.data.limit.eq(park_limit),
-                             pk_set.en.eq(report & park & ~released & self.updates.ready)]
+                             pk_set.en.eq(cutting & park & ~released & self.updates.ready)]
                 with m.If(~report | self.updates.ready):
                     with m.If(~stale):
                         store_ctx(index, cur_psn)

@@ -18,7 +18,8 @@ class ResponseMerge(wiring.Component):
     response beats until that READ's last one (``cpl_valid``: the builder marks each
     READ's last beat so, and never starts the next READ in it), then ACK frames again. So a
     later ACK of the QP never overtakes a READ's responses, which the requester would take
-    as an implied NAK. Combinational (the path of whichever input is on).
+    as an implied NAK. The marker is taken with its READ's first beat, so one-beat READs
+    pass one a cycle. Combinational (the path of whichever input is on).
 
     Members
     -------
@@ -46,9 +47,13 @@ class ResponseMerge(wiring.Component):
                          reads.ready.eq(o.ready)]
             with m.If(reads.valid & o.ready & reads.p.last & reads.p.cpl_valid):
                 m.d.sync += in_read.eq(0)
-        with m.Else():
-            marker = ~acks.p.frame
-            m.d.comb += [o.valid.eq(acks.valid & ~marker), o.p.eq(acks.p), acks.ready.eq(o.ready | marker)]
-            with m.If(acks.valid & marker):
+        with m.Elif(acks.valid & ~acks.p.frame):
+            # a marker: its READ's first beat goes in the marker's cycle (an 8-byte READ's
+            # one-beat response a cycle), and the marker is taken with it
+            m.d.comb += [o.valid.eq(reads.valid), o.p.eq(reads.p), o.p.cpl_valid.eq(0), o.p.cpl.eq(0),
+                         reads.ready.eq(o.ready), acks.ready.eq(reads.valid & o.ready)]
+            with m.If(reads.valid & o.ready & ~(reads.p.last & reads.p.cpl_valid)):
                 m.d.sync += in_read.eq(1)
+        with m.Else():
+            m.d.comb += [o.valid.eq(acks.valid), o.p.eq(acks.p), acks.ready.eq(o.ready)]
         return m

@@ -71,3 +71,34 @@ def test_response_merge(seed):
     sim.run()
     assert got == want
     assert not any(cpl_seen), "a marker or a completion went out"
+
+
+def test_response_merge_one_read_a_cycle():
+    """Markers back to back, each READ one beat (an 8-byte READ's response), no stalls:
+    a beat leaves every cycle (taking the marker in a cycle of its own halves the
+    responder's 8-byte READ rate)."""
+    n = 40
+    dut = ResponseMerge(num_qps=8, num_cqs=8)
+    cycles = []
+
+    async def bench(ctx):
+        ctx.set(dut.acks.p.frame, 0)
+        ctx.set(dut.acks.p.last, 1)
+        ctx.set(dut.reads.p.frame, 1)
+        ctx.set(dut.reads.p.last, 1)
+        ctx.set(dut.reads.p.cpl_valid, 1)
+        ctx.set(dut.o.ready, 1)
+        ctx.set(dut.acks.valid, 1)
+        ctx.set(dut.reads.valid, 1)
+        for cycle in range(n):
+            ctx.set(dut.reads.p.data, cycle + 1)
+            if ctx.get(dut.o.valid):
+                assert ctx.get(dut.acks.ready) and ctx.get(dut.reads.ready)
+                cycles.append((cycle, ctx.get(dut.o.p.data)))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(2e-9)
+    sim.add_testbench(bench)
+    sim.run()
+    assert cycles == [(c, c + 1) for c in range(n)]
