@@ -30,6 +30,9 @@ KEY = (0x09 << 8) | 0x33
 DST = 0x8000_0000
 PD = 1
 TIMEOUT_CYCLES = 4000        # 8 us: a few ACK round trips of this cable and GPU memory
+# READs: a QP's 16 READs of 64 KiB take 21 us of response wire behind the other QPs'
+# (a real QP's timeout is 4.096 us x 2^n, NVSHMEM's some seconds): 100 us
+READ_TIMEOUT_CYCLES = 50_000
 
 
 COUNT_KEY = (0x0A << 8) | 0x33           # NIC 1's counts: remote atomic
@@ -141,7 +144,7 @@ async def _read_point(dut, p):
     span = nq * msgs * max(size, 64)
     await b.ctl.register_mr(READ_KEY, SOURCE, max(1 << 20, span), Access.LOCAL_WRITE | Access.REMOTE_READ, PD)
     pairs = [await env.connect(0, q + 1, 1, q + 1, cq_a=cq_a, cq_b=cq_b, mtu=4096, pd=PD, ack_every=8,
-                               timeout=TIMEOUT_CYCLES, log_depth=max(8, (msgs * 2).bit_length()))
+                               timeout=READ_TIMEOUT_CYCLES, log_depth=max(8, (msgs * 2).bit_length()))
              for q in range(nq)]
     rnd = random.Random(5)
     src = rnd.randbytes(span)
