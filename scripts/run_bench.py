@@ -85,9 +85,11 @@ def read_points(quick):
     goodput), on as many QPs as keep 16 KiB each in flight (16 READs of 1 KiB, 4 of 4 KiB)."""
     if quick:
         return [{"kind": "read", "size": 8, "qps": 64, "msgs": 16}, {"kind": "read", "size": 4096, "qps": 4, "msgs": 16}]
+    def goodput(size):
+        qps = max(4, 16384 // size)
+        return {"kind": "read", "size": size, "qps": qps, "msgs": max(8, min(64, (2 << 20) // size // qps))}
     return [{"kind": "read", "size": 8, "qps": 64, "msgs": 256}] + \
-        [{"kind": "read", "size": s, "qps": max(4, 16384 // s), "msgs": max(8, min(64, (2 << 20) // s // max(4, 16384 // s)))}
-         for s in (1024, 2048, 4096, 8192, 16384, 65536)]
+        [goodput(s) for s in (1024, 2048, 4096, 8192, 16384, 65536)]
 
 
 def _plot(path, title, xlabel, ylabel, x, series, *, base=10, hline=None):

@@ -187,6 +187,9 @@ class Wire400G:
         # it. Without a stall the end is start + wire bytes, which is always later.
         end = self._start + wire_bytes(len(self._cur))
         if end < BYTES_PER_CYCLE * c:
+            if not self.underrun_cycles:
+                self.log.warning(f"a {len(self._cur)}-byte frame stalled inside (last beat in cycle {c}): "
+                                 f"a real MAC would underrun (counted in underrun_cycles)")
             self.underrun_cycles += -(-(BYTES_PER_CYCLE * c - end) // BYTES_PER_CYCLE)
             end = BYTES_PER_CYCLE * c
         frame = WireFrame(bytes(self._cur), self._first_cycle, c, self._start, end)

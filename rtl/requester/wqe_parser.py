@@ -365,6 +365,12 @@ class WqeParser(wiring.Component):
         m.d.comb += wait_op.eq(~cur_fail & ~skip_wqe
                                & ((new_op & (in_flight >= limit)) | (fence & (in_flight != 0))))
         park, park_tail, park_level, park_limit = Signal(), Signal(5), Signal(5), Signal(5)  # the cut parks its QP
+
+        def park_at(tail, level, parks):
+            # cut the burst here; ``parks``: park the QP, woken when its ring (tail ``tail``)
+            # is down to ``level`` ops (else a plain cut)
+            m.d.sync += [cut.eq(1), park.eq(parks), park_tail.eq(tail), park_limit.eq(limit), park_level.eq(level)]
+
         full_after = Signal()                        # this WQE is a new op that fills the ring
         m.d.comb += full_after.eq(new_op & ~wait_op & (in_flight + 1 >= limit))
         recreated = Signal()                         # the burst's QP was created again (registered)
@@ -499,9 +505,8 @@ class WqeParser(wiring.Component):
                         # A WQE that must wait: cut the burst here and park the QP, so the
                         # other QPs' WQEs go on (a go-back-N or create waiting: a plain cut,
                         # they fetch it again); it is woken when its ops are down to the level
-                        m.d.sync += [cut.eq(1), park.eq(~self.retransmit.valid & ~recreated),
-                                     park_tail.eq(cur_rtail), park_limit.eq(limit),
-                                     park_level.eq(Mux(fence & (in_flight != 0), 0, limit - 1))]
+                        park_at(cur_rtail, Mux(fence & (in_flight != 0), 0, limit - 1),
+                                ~self.retransmit.valid & ~recreated)
                         drop_then(left)
                     with m.Else():
                         # The WQE is whole: hand it on with its inline beat (or skip it:
@@ -528,8 +533,7 @@ class WqeParser(wiring.Component):
                             with m.Elif((left == 1) & full_after & ~self.retransmit.valid & ~recreated):
                                 # The burst's last WQE fills the QP's ring: park the QP at the
                                 # next WQE (END), so its next turn is not fetched only to wait
-                                m.d.sync += [cut.eq(1), park.eq(1), park_tail.eq(cur_rtail + 1),
-                                             park_limit.eq(limit), park_level.eq(limit - 1)]
+                                park_at(cur_rtail + 1, limit - 1, 1)
                                 m.next = "END"
                             with m.Elif((left == 1) & job.hold):
                                 m.next = "END"              # the QP table waits for its WAKE
