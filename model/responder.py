@@ -45,6 +45,13 @@ Decisions (the RTL must follow them; the tests hold the model to them):
       atomics of a QP are remembered: a duplicate atomic is answered with the saved ATOMIC
       ACK, never executed twice; one without a record is dropped without an answer (rxe's
       class D rule), the requester's timer then resends from the start.
+    - Responder resources (IBTA max_dest_rd_atomic, per QP): a new READ or atomic holds one
+      until its answer (its first READ RESPONSE, its ATOMIC ACK) leaves; a new one that
+      finds them all held is NAKed invalid request (the QP goes to ERR), after the key and
+      alignment checks. A duplicate holds none. The engine frees a resource when the answer
+      leaves it; the model, whose answers leave at once, holds them only when built with
+      ``answer_at_once=False``, until the caller says the answers have left
+      (``answers_sent``): a test of the rule sends its burst faster than any answer.
 """
 
 from collections import Counter
@@ -142,6 +149,8 @@ class _RespQp:
     msg_len: int = 0
     msg_off: int = 0
     resources: list = field(default_factory=list)     # _Resource, oldest first
+    max_dest_rd_atomic: int = 16   # responder resources: new READs and atomics unanswered at most
+    unanswered: int = 0            # new READs and atomics whose answer has not left
 
 
 class RcResponder:
@@ -166,7 +175,7 @@ class RcResponder:
     """
 
     def __init__(self, port, ack_every=1, *, remote_ops=False, atomics=False, read_memory=None,
-                 responder_resources=16):
+                 responder_resources=16, answer_at_once=True):
         if not isinstance(port, Port):
             raise ValueError("port must be a model.frames.Port")
         if not isinstance(ack_every, int) or ack_every < 1:
@@ -178,6 +187,7 @@ class RcResponder:
         self.port = port
         self.ack_every = ack_every
         self.remote_ops, self.read_memory, self.responder_resources = remote_ops, read_memory, responder_resources
+        self.answer_at_once = bool(answer_at_once)
         self.atomics = bool(remote_ops or atomics)
         self._opcodes = (WRITE_OPCODES | (ATOMIC_OPCODES if self.atomics else set())
                          | ({Op.READ_REQUEST} if remote_ops else set()))
@@ -186,7 +196,7 @@ class RcResponder:
         self.counters = ResponderCounters()
 
     # -- set-up
-    def add_qp(self, ctx, pd, ack_every=None):
+    def add_qp(self, ctx, pd, ack_every=None, max_dest_rd_atomic=None):
         """Create a responder QP.
 
         Parameters:
@@ -194,6 +204,8 @@ class RcResponder:
                 dmac/dip (the requester), start_psn (first expected PSN), mtu, state.
             pd: protection domain of the QP (int >= 0).
             ack_every: ACK coalescing count (>= 1); default the responder's.
+            max_dest_rd_atomic: its responder resources (1..responder_resources): the new
+                READs and atomics it holds unanswered at most (see ``answers_sent``).
         """
         if not isinstance(ctx, QpContext):
             raise ValueError("ctx must be a model.frames.QpContext")
@@ -204,7 +216,28 @@ class RcResponder:
         every = self.ack_every if ack_every is None else ack_every
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"ack_every must be an int >= 1, got {every!r}")
-        self.qps[ctx.qpn] = _RespQp(ctx=ctx, pd=pd, ack_every=every, epsn=ctx.start_psn, state=ctx.state)
+        max_dest_rd_atomic = self.responder_resources if max_dest_rd_atomic is None else max_dest_rd_atomic
+        if not isinstance(max_dest_rd_atomic, int) or not 1 <= max_dest_rd_atomic <= self.responder_resources:
+            raise ValueError(f"max_dest_rd_atomic must be 1..{self.responder_resources}, got {max_dest_rd_atomic!r}")
+        self.qps[ctx.qpn] = _RespQp(ctx=ctx, pd=pd, ack_every=every, epsn=ctx.start_psn, state=ctx.state,
+                                    max_dest_rd_atomic=max_dest_rd_atomic)
+
+    def answers_sent(self, qpn=None):
+        """The answers (READ responses, ATOMIC ACKs) of every READ and atomic received so
+        far on QP ``qpn`` (None: every QP) have left: their responder resources are free.
+        With ``answer_at_once`` (the default) each answer leaves as its request is received,
+        and no request meets the limit."""
+        for q in (self.qps.values() if qpn is None else [self._qp(qpn)]):
+            q.unanswered = 0
+
+    def _take_resource(self, q, p):
+        """A new READ or atomic takes one of ``q``'s responder resources; None, or the NAK
+        (invalid request, IBTA's for too many outstanding) when they are all held."""
+        if q.unanswered >= q.max_dest_rd_atomic:
+            return self._fatal(q, p, "invalid_request", Aeth.NAK_INVALID_REQ, "nak_invalid_request")
+        if not self.answer_at_once:
+            q.unanswered += 1
+        return None
 
     def modify(self, qpn, state):
         """Move QP ``qpn`` to ``state`` (``spec.formats.QpState``) through the control path
@@ -354,6 +387,9 @@ class RcResponder:
         status = self._read_check(q, p)
         if status != MrCheck.OK:
             return self._fatal(q, p, "access_error", Aeth.NAK_REMOTE_ACCESS, "nak_remote_access", mr_status=status)
+        nak = self._take_resource(q, p)
+        if nak is not None:
+            return nak
         q.msn = (q.msn + 1) & MSN_MASK
         frames = self._read_frames(q, p, q.msn)
         q.epsn = (q.epsn + len(frames)) & PSN_MASK
@@ -373,6 +409,9 @@ class RcResponder:
                           Access.REMOTE_ATOMIC, q.pd)
         if status != MrCheck.OK:
             return self._fatal(q, p, "access_error", Aeth.NAK_REMOTE_ACCESS, "nak_remote_access", mr_status=status)
+        nak = self._take_resource(q, p)
+        if nak is not None:
+            return nak
         orig = int.from_bytes(bytes(self.read_memory(a["va"], size)), "little")
         mask = (1 << 8 * size) - 1
         if p.opcode == Op.FETCH_ADD:

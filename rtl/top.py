@@ -173,6 +173,7 @@ class IbgdaNic(wiring.Component):
             rsp.commit.p.qpn.eq(host.qp_num), rsp.commit.p.epsn.eq(host.qp_rq_psn),
             rsp.commit.p.cfg.state.eq(host.qp_cfg.state), rsp.commit.p.cfg.pd.eq(host.qp_pd),
             rsp.commit.p.cfg.ack_every.eq(host.qp_ack_every), rsp.commit.p.cfg.mtu.eq(host.qp_cfg.mtu),
+            rsp.commit.p.cfg.max_dest_rd_atomic.eq(host.qp_max_dest_rd_atomic),
             rsp.commit.p.cfg.peer_mac.eq(host.qp_cfg.dmac), rsp.commit.p.cfg.peer_ip.eq(host.qp_cfg.dip),
             # a QP_MODIFY moves the receive side's state too (a QP in ERR takes no request)
             rsp.modify.valid.eq(go & ~rx_reset),

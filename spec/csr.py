@@ -66,6 +66,9 @@ REGISTERS = (
         "taken by a create)"),
     Reg("QP_MAX_RD_ATOMIC", 0x158, RW, 5, "READs and atomics in flight at most, 1..16 (ibv_qp_attr.max_rd_atomic, "
         "the peer's responder resources; 0 and over 16 count as 16): one more, and every WQE after it, waits"),
+    Reg("QP_MAX_DEST_RD_ATOMIC", 0x15C, RW, 5, "receive side: READs and atomics the QP answers at once, 1..16 "
+        "(ibv_qp_attr.max_dest_rd_atomic, its responder resources; 0 and over 16 count as 16): a new one "
+        "beyond them, before one of them is answered, is NAKed invalid request and the QP goes to ERR"),
     Reg("CQ_NUM", 0x200, RW, _CQ_BITS, "CQ the next CQ commit writes"),
     Reg("CQ_BASE_LO", 0x204, RW, 32, "CQ buffer base address [31:0] (64-byte aligned)"),
     Reg("CQ_BASE_HI", 0x208, RW, 32, "CQ buffer base address [63:32]"),

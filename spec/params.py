@@ -99,3 +99,7 @@ RC_COMPLETION_POOL = 4096
 # READs and atomics a QP has outstanding at most (the requester's ring of them per QP, and
 # the responder resources a peer is assumed to have: IBTA's max_rd_atomic, 16 as mlx5)
 MAX_RD_ATOMIC = 16
+# READs and atomics a QP's receive side answers at once at most (its responder resources,
+# IBTA's max_dest_rd_atomic): one beyond them is NAKed invalid request. The atomic unit
+# keeps as many replay records per QP, so every atomic a requester may retry has one.
+MAX_DEST_RD_ATOMIC = 16

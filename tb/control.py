@@ -91,7 +91,8 @@ class NicControl:
 
     async def create_qp(self, qpn, sq_base, log_depth, cqn, remote_qpn, start_psn, dmac, dip,
                         mtu_code, state=QpState.RTS, weight=1, rq_psn=0, pd=0, ack_every=1, uc=False,
-                        timeout=DEFAULT_TIMEOUT_CYCLES, retry_cnt=7, user_index=0, max_rd_atomic=16):
+                        timeout=DEFAULT_TIMEOUT_CYCLES, retry_cnt=7, user_index=0, max_rd_atomic=16,
+                        max_dest_rd_atomic=16):
         """Stage a QP context and commit it to ``qpn`` (indices reset to 0, PSN to start_psn).
 
         Parameters:
@@ -108,6 +109,8 @@ class NicControl:
             timeout: ACK timeout in core cycles; retry_cnt: retransmissions on timeout
                 before the QP gives up (0..7).
             user_index: 24-bit user index the QP's CQEs carry (srqn_uidx).
+            max_rd_atomic: READs and atomics in flight at most (the peer's responder
+                resources); max_dest_rd_atomic: this QP's responder resources (1..16).
         """
         _check("qpn", qpn, 0, self.num_qps - 1)
         _check_base("sq_base", sq_base)
@@ -126,13 +129,15 @@ class NicControl:
         _check("timeout", timeout, 1, 2**32 - 1)
         _check("retry_cnt", retry_cnt, 0, 7)
         _check("user_index", user_index, 0, 2**24 - 1)
+        _check("max_rd_atomic", max_rd_atomic, 1, 16)
+        _check("max_dest_rd_atomic", max_dest_rd_atomic, 1, 16)
         lo, hi = mac_split(dmac)
         regs = {"QP_NUM": qpn, "QP_SQ_BASE_LO": sq_base & 0xFFFF_FFFF, "QP_SQ_BASE_HI": sq_base >> 32,
                 "QP_SQ_LOG_DEPTH": log_depth, "QP_CQN": cqn, "QP_REMOTE_QPN": remote_qpn, "QP_START_PSN": start_psn,
                 "QP_DMAC_LO": lo, "QP_DMAC_HI": hi, "QP_DIP": dip, "QP_MTU": mtu_code, "QP_STATE": state,
                 "QP_WEIGHT": weight, "QP_RQ_PSN": rq_psn, "QP_PD": pd, "QP_ACK_EVERY": ack_every, "QP_SERVICE": int(uc),
                 "QP_TIMEOUT": timeout, "QP_RETRY": retry_cnt, "QP_USER_INDEX": user_index,
-                "QP_MAX_RD_ATOMIC": max_rd_atomic}
+                "QP_MAX_RD_ATOMIC": max_rd_atomic, "QP_MAX_DEST_RD_ATOMIC": max_dest_rd_atomic}
         for addr, value in regs.items():
             await self.write_reg(addr, value)
         await self.write_reg("QP_COMMIT", 1)

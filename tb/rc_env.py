@@ -8,6 +8,7 @@ from model.frames import Port, QpContext, build_write_frames
 from model.memory import SparseMemory
 from model.mr import MemoryRegion
 from model.responder import RcResponder
+from spec import params as P
 from spec.formats import DROP_REASONS, OFF_BTH, Access, Op
 from tb.env import NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
 
@@ -91,21 +92,26 @@ def traffic(rnd, peers, messages, *, faults=True, aligned=False):
     return out
 
 
-async def responder_env(dut, rnd, mtus, ack_every, *, image=None, **env_kw):
+async def responder_env(dut, rnd, mtus, ack_every, *, image=None, resources=None, answer_at_once=True, **env_kw):
     """The NIC with RC QPs (QP q: MTU ``mtus[q]``, ``ack_every[q]``) and the regions, and
     the golden responder of the same set-up. ``image``: a ``SparseMemory`` that holds what
     the model expects GPU memory to hold (``run_and_check`` keeps it): the model then
-    executes READs and atomics too, on that image, as the engine does."""
+    executes READs and atomics too, on that image, as the engine does. ``resources``: QP q's
+    responder resources (max_dest_rd_atomic; default 16); ``answer_at_once=False``: the
+    model holds them until ``run_and_check`` says the answers have left (``answered_at``)."""
+    resources = resources or {}
     env = await NicEnv(dut, **env_kw).start()
     cq = await env.cq(0, 6)
     model = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), remote_ops=image is not None,
-                        read_memory=image.read if image is not None else None)
+                        read_memory=image.read if image is not None else None, answer_at_once=answer_at_once)
     peers = {}
     for q, mtu in mtus.items():
         psn = 0xFFFFF0 if q == 1 else rnd.randrange(1 << 24)          # QP 1 wraps its PSN
-        await env.qp(q, cq, mtu=mtu, remote_qpn=0x100 + q, rq_psn=psn, pd=PD, ack_every=ack_every[q])
+        limit = resources.get(q, P.MAX_DEST_RD_ATOMIC)
+        await env.qp(q, cq, mtu=mtu, remote_qpn=0x100 + q, rq_psn=psn, pd=PD, ack_every=ack_every[q],
+                     max_dest_rd_atomic=limit)
         model.add_qp(QpContext(qpn=q, remote_qpn=0x100 + q, dmac=peer_mac(q), dip=peer_ip(q), start_psn=psn,
-                               mtu=mtu), PD, ack_every=ack_every[q])
+                               mtu=mtu), PD, ack_every=ack_every[q], max_dest_rd_atomic=limit)
         peers[q] = (QpContext(qpn=0x100 + q, remote_qpn=q, dmac=PORT_MAC, dip=PORT_IP, start_psn=psn, mtu=mtu), mtu)
     for r in REGIONS:
         await env.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
@@ -113,21 +119,30 @@ async def responder_env(dut, rnd, mtus, ack_every, *, image=None, **env_kw):
     return env, model, peers
 
 
-async def run_and_check(env, model, frames, *, acks=(), settle=300, image=None):
+async def run_and_check(env, model, frames, *, acks=(), settle=300, image=None, answered_at=()):
     """``acks``: indices of frames that are ACKs for the NIC's requester side (the
     responder model does not take them; the NIC counts them as ACKs received).
     ``settle``: cycles after the last ACK for the last writes to land. ``image``: the
-    model's memory (``responder_env``), GPU memory's initial words already in it."""
-    acks = set(acks)
+    model's memory (``responder_env``), GPU memory's initial words already in it.
+    ``answered_at``: indices of frames sent only once every response to the frames before
+    them is on the wire (the model is told so: ``answers_sent``); the rest go back to back."""
+    acks, answered_at = set(acks), set(answered_at)
     image = SparseMemory() if image is None else image
-    expect = []
+    expect, sent_before = [], {}
     for k, f in enumerate(frames):
+        if k in answered_at:
+            model.answers_sent()
+            sent_before[k] = sum(len(e.frames_out) for e in expect)
         if k not in acks:
             e = model.receive(f)
             for addr, data in e.writes:     # in order: an atomic reads what came before it
                 image.write(addr, data)
             expect.append(e)
-    for f in frames:
+    for k, f in enumerate(frames):
+        if k in answered_at:
+            while not env.rx.idle:
+                await ClockCycles(env.dut.clk, 16)
+            await env.wire.wait_frames(sent_before[k], timeout_cycles=20_000)
         env.rx.send(f)
     responses = [f for e in expect for f in e.frames_out]      # ACK/NAKs, ATOMIC ACKs, READ responses
     while not env.rx.idle:

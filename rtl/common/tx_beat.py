@@ -29,4 +29,6 @@ def TxBeat(num_qps, num_cqs, data_bytes=128):
         "end_hi":    unsigned(1),                # with sop_hi: that frame also ends here (flen_hi <= 64)
         "cpl_valid": unsigned(1),                # on the last beat: write this completion
         "cpl":       Completion(num_qps, num_cqs),
+        "answer":    unsigned(1),                # the responder's: a READ marker or ATOMIC ACK of a new
+                                                 # READ or atomic of QP ``cpl.qpn`` (ResponseMerge)
     })

@@ -50,9 +50,9 @@ class ControlRegisters(wiring.Component):
         a commit for a transition verbs does not allow (``modify_rejected``, a strobe).
     cq_commit : Out(1)
         Likewise for CQ ``cq_num`` with ``cq_cfg``.
-    qp_rq_psn, qp_pd, qp_ack_every : Out
+    qp_rq_psn, qp_pd, qp_ack_every, qp_max_dest_rd_atomic : Out
         The receive side of the QP a create (QP_COMMIT) writes: the first expected PSN,
-        the protection domain and the ACK coalescing count.
+        the protection domain, the ACK coalescing count and the responder resources.
     qp_timeout, qp_retry_cnt : Out
         The QP's ACK timeout (cycles) and retry count (go-back-N).
     mr : Out(MrStage), mr_commit : Out(1), mr_valid : Out(1)
@@ -74,6 +74,7 @@ class ControlRegisters(wiring.Component):
             "cq_num": Out(cq_bits(num_cqs)), "cq_cfg": Out(CqConfig),
             "cq_commit": Out(1), "cq_commit_ack": In(1),
             "qp_rq_psn": Out(24), "qp_pd": Out(pd_bits), "qp_ack_every": Out(8),
+            "qp_max_dest_rd_atomic": Out(5),
             "qp_timeout": Out(32), "qp_retry_cnt": Out(3), "qp_user_index": Out(24),
             "mr": Out(MrStage(pd_bits)), "mr_commit": Out(1), "mr_valid": Out(1), "mr_commit_ack": In(1),
             "counter_inc": In(data.ArrayLayout(unsigned(2), len(COUNTERS))),
@@ -98,6 +99,7 @@ class ControlRegisters(wiring.Component):
             "QP_RQ_PSN": self.qp_rq_psn, "QP_PD": self.qp_pd, "QP_ACK_EVERY": self.qp_ack_every,
             "QP_SERVICE": qp.uc, "QP_TIMEOUT": self.qp_timeout, "QP_RETRY": self.qp_retry_cnt,
             "QP_USER_INDEX": self.qp_user_index, "QP_MAX_RD_ATOMIC": qp.max_rd_atomic,
+            "QP_MAX_DEST_RD_ATOMIC": self.qp_max_dest_rd_atomic,
             "MR_INDEX": self.mr.index, "MR_KEY": self.mr.key, "MR_BASE_LO": self.mr.base[:32],
             "MR_BASE_HI": self.mr.base[32:], "MR_LEN_LO": self.mr.length[:32], "MR_LEN_HI": self.mr.length[32:],
             "MR_ACCESS": self.mr.access, "MR_PD": self.mr.pd,

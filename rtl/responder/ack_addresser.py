@@ -74,6 +74,6 @@ class AckAddresser(wiring.Component):
             m.d.comb += [
                 o.dmac.eq(a.dmac), o.dip.eq(a.dip), o.dest_qp.eq(a.remote_qpn),
                 o.src_qpn.eq(rec.qpn[:qb]), o.psn.eq(rec.psn), o.syndrome.eq(rec.syndrome), o.msn.eq(rec.msn),
-                o.atomic.eq(rec.atomic), o.orig.eq(rec.orig), o.read.eq(rec.read),
+                o.atomic.eq(rec.atomic), o.orig.eq(rec.orig), o.read.eq(rec.read), o.counted.eq(rec.counted),
             ]
         return m

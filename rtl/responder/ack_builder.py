@@ -24,7 +24,8 @@ def AckRequest(num_qps):
     on the transmit side (``QpContext.qpn`` in the model); ``psn``: BTH.PSN;
     ``syndrome``/``msn``: the AETH (``spec.formats.Aeth``); ``atomic``: an ATOMIC
     ACKNOWLEDGE, with ``orig`` in its AtomicAckETH; ``read``: no frame, the place of a READ's
-    responses (a marker beat).
+    responses (a marker beat); ``counted``: that ATOMIC ACK or READ answers a new request,
+    which holds a responder resource until then.
     """
     return data.StructLayout({
         "dmac":     unsigned(48),
@@ -37,6 +38,7 @@ def AckRequest(num_qps):
         "atomic":   unsigned(1),
         "orig":     unsigned(64),
         "read":     unsigned(1),
+        "counted":  unsigned(1),
     })
 
 
@@ -56,7 +58,9 @@ class AckBuilder(wiring.Component):
     the AtomicAckETH, 70 bytes, ``model.read_atomic.build_atomic_ack``'s) comes alone in its
     transfer (``AtomicAckJoin``) and takes lanes 0..69 of its beat. A READ's place holder
     (``read``, alone in its transfer too) becomes a marker beat (``frame`` = 0), where
-    ``ResponseMerge`` puts that READ's responses. One transfer per cycle; the output is a
+    ``ResponseMerge`` puts that READ's responses. Either, when ``counted``, carries
+    ``answer`` and its QP in ``cpl.qpn`` (``cpl_valid`` clear), for the merge to say when
+    the answer leaves. One transfer per cycle; the output is a
     register.
 
     Parameters
@@ -105,12 +109,15 @@ class AckBuilder(wiring.Component):
         atomic = Signal()
         marker = Signal()                          # a READ's place: a marker beat (frame = 0)
         orig = Signal(8 * F.ATOMIC_ACK_ETH_LEN)     # the AtomicAckETH, in wire order
+        answer = Signal()                          # it answers a new READ or atomic of QP answer_qpn
+        answer_qpn = Signal(qp_bits(self.num_qps))
         m.d.comb += self.requests.ready.eq(~out.valid | out.ready)
         with m.If(out.valid & out.ready):
             m.d.sync += out.valid.eq(0)
         with m.If(self.requests.valid & self.requests.ready):
             r0 = self.requests.p.p[0]
-            m.d.sync += [atomic.eq(r0.atomic), marker.eq(r0.read), orig.eq(Mux(r0.atomic, be(r0.orig, F.ATOMIC_ACK_ETH_LEN), 0))]
+            m.d.sync += [atomic.eq(r0.atomic), marker.eq(r0.read), orig.eq(Mux(r0.atomic, be(r0.orig, F.ATOMIC_ACK_ETH_LEN), 0)),
+                         answer.eq((r0.atomic | r0.read) & r0.counted), answer_qpn.eq(r0.src_qpn)]
             m.d.sync += [out.valid.eq(1), held[0].eq(hdrs[0]), two.eq(self.requests.p.second),
                          held[1].eq(Mux(self.requests.p.second, hdrs[1].as_value(), 0))]
         m.d.comb += [
@@ -118,6 +125,6 @@ class AckBuilder(wiring.Component):
             out.p.nbytes.eq(Mux(atomic, ATOMIC_ACK_FRAME_LEN, ACK_FRAME_LEN)), out.p.last.eq(1), out.p.frame.eq(~marker),
             out.p.flen.eq(Mux(atomic, ATOMIC_ACK_FRAME_LEN, ACK_FRAME_LEN)), out.p.sop_hi.eq(two), out.p.end_hi.eq(two),
             out.p.flen_hi.eq(Mux(two, ACK_FRAME_LEN, 0)),
-            out.p.cpl_valid.eq(0), out.p.cpl.eq(0),
+            out.p.cpl_valid.eq(0), out.p.cpl.eq(0), out.p.answer.eq(answer), out.p.cpl.qpn.eq(Mux(answer, answer_qpn, 0)),
         ]
         return m

@@ -6,6 +6,8 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from spec import params as P
+
 from spec.formats import PSN_BITS
 from rtl.common.contexts import qp_bits
 
@@ -123,7 +125,7 @@ class AtomicUnit(wiring.Component):
         (``RxWriteIssuer.fence_done``). A request is taken only after its strobe, so its
         read sees the writes before it (put-with-signal: the signal after its data).
     """
-    REPLAY_DEPTH = 16
+    REPLAY_DEPTH = P.MAX_DEST_RD_ATOMIC     # a record for every atomic a QP may have unanswered
 
     def __init__(self, *, num_qps, entries=64, depth=256):
         for name, v in (("num_qps", num_qps), ("entries", entries), ("depth", depth)):

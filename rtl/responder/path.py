@@ -220,6 +220,8 @@ class ResponderPath(WiringLevel):
         m.d.comb += [rb.port_mac.eq(self.port_mac), rb.port_ip.eq(self.port_ip), rb.inline.valid.eq(0)]
         wiring.connect(m, b["ack_builder"].frames, b["response_merge"].acks)
         wiring.connect(m, rb.frames, b["response_merge"].reads)
+        m.d.comb += [rsp.answered.eq(b["response_merge"].answered),
+                     rsp.answered_qpn.eq(b["response_merge"].answered_qpn)]
         # ACK/NAKs sent, up to two a cycle (queued: the coalesced ones are counted apart)
         resp_sent = Signal()
         queued = b["atomic_ack_join"].o      # (after the join: a retried atomic without a record gets no answer)

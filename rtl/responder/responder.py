@@ -10,6 +10,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
+from spec import params as P
 from spec.formats import Aeth, MrCheck, QpState, PSN_BITS
 from rtl.common.contexts import qp_bits
 from rtl.common.records import AckRecord
@@ -28,6 +29,7 @@ __all__ = ["Responder", "ResponderAck", "ReadJob", "ResponderConfig", "Responder
 ResponderAck = data.StructLayout({
     "qpn": unsigned(24), "psn": unsigned(PSN_BITS), "syndrome": unsigned(8), "msn": unsigned(24),
     "atomic": unsigned(1), "orig": unsigned(64), "read": unsigned(1),
+    "counted": unsigned(1),     # a new READ's or atomic's: it holds one of the QP's responder resources
 })
 
 
@@ -86,6 +88,12 @@ def _any(terms):
     return functools.reduce(operator.or_, terms)
 
 
+# Counts of READs and atomics taken and answered, per QP, mod 2^6: their difference, the
+# ones holding a responder resource, is at most 16; the upper half of the range means
+# more answers than takes (answers of the QP's previous life, counted after its create).
+RESOURCE_COUNT_BITS = 6
+
+
 def ResponderConfig(pd_bits):
     """What the CPU writes for a QP's receive side (with the QP's create)."""
     return data.StructLayout({
@@ -95,6 +103,7 @@ def ResponderConfig(pd_bits):
         "mtu":        unsigned(3),      # ibv_mtu code 1..5
         "peer_mac":   unsigned(48),     # the requester: requests from another source are dropped
         "peer_ip":    unsigned(32),
+        "max_dest_rd_atomic": unsigned(5),  # responder resources: READs and atomics answered at once (0, > 16: 16)
     })       # (where ACKs go is the ``AckAddresser``'s)
 
 
@@ -107,6 +116,8 @@ ResponderDynamic = data.StructLayout({
     "msg_va":   unsigned(64),           # the message's RETH address and length,
     "msg_len":  unsigned(32),           # and the bytes received so far
     "msg_off":  unsigned(32),
+    "taken":    unsigned(RESOURCE_COUNT_BITS),  # new READs and atomics accepted (mod 2^6): less the
+                                                # answers sent (``answered``), those holding a resource
 })
 
 
@@ -189,6 +200,10 @@ class Responder(wiring.Component):
     reads : Out(stream.Signature(Pair(ReadJob)))
         READs to answer (new, or a duplicate again), in order; each is also a fence
         command on ``commands`` (``fence_read``).
+    answered : In(1), answered_qpn : In(qp_bits(num_qps))
+        A strobe per answer of a new READ or atomic that has left (``ResponseMerge``:
+        the READ's first response beat, the ATOMIC ACK), and its QP: the resource it held
+        is free again.
     verdict_valid : Out(2), verdict : Out(ArrayLayout(RxVerdict, 2))
         Per lane, one strobe per packet with what became of it (for the counters):
         ACCEPTED or a QP-level verdict (QP_NOT_READY, PSN_DUPLICATE, PSN_OUT_OF_ORDER,
@@ -214,15 +229,16 @@ class Responder(wiring.Component):
             "responses": Out(stream.Signature(Pair(ResponderAck))),
             "atomics": Out(stream.Signature(Pair(AtomicRequest(num_qps)))),
             "reads": Out(stream.Signature(Pair(ReadJob(num_qps)))),
+            "answered": In(1), "answered_qpn": In(qp_bits(num_qps)),
             "verdict_valid": Out(2),
             "verdict": Out(data.ArrayLayout(RxVerdict, 2)),
         })
 
-    def _decide(self, m, k, p, ctx, status, ctl_state, npkts):
+    def _decide(self, m, k, p, ctx, status, ctl_state, npkts, answered):
         """Lane ``k``'s decision on packet ``p`` with QP context ``ctx``, key-check
-        ``status``, the state the control path last set (``ctl_state``) and, for a READ
-        REQUEST, its response packets (``npkts``): the new context and what to do (a dict
-        of Signals)."""
+        ``status``, the state the control path last set (``ctl_state``), for a READ
+        REQUEST its response packets (``npkts``), and the QP's count of READs and atomics
+        answered (``answered``): the new context and what to do (a dict of Signals)."""
         entry_layout = ResponderEntry(self.pd_bits)
         cfg, dyn = ctx.cfg, ctx.dyn
 
@@ -269,6 +285,16 @@ class Responder(wiring.Component):
         m.d.comb += unacked.eq(dyn.unacked + 1)
         every = sig("every", 8)
         m.d.comb += every.eq(Mux(cfg.ack_every == 0, 1, cfg.ack_every))
+        # responder resources: the new READs and atomics not yet answered, against the QP's
+        # count (an answer counted late only makes the count higher; a count in the upper
+        # half is answers of the QP's previous life: none held)
+        held, limit, full = sig("held", RESOURCE_COUNT_BITS), sig("limit", 5), sig("full")
+        m.d.comb += [
+            held.eq(dyn.taken - answered),
+            limit.eq(Mux((cfg.max_dest_rd_atomic == 0) | (cfg.max_dest_rd_atomic > P.MAX_DEST_RD_ATOMIC),
+                         P.MAX_DEST_RD_ATOMIC, cfg.max_dest_rd_atomic)),
+            full.eq(~held[-1] & (held >= limit)),
+        ]
 
         with m.If(_is_read_response(p)):
             pass        # the requester's: its payload command's verdict is the ResponseChecker's
@@ -300,9 +326,13 @@ class Responder(wiring.Component):
             m.d.comb += [verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1), fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
         with m.Elif(read_req & (status != MrCheck.OK)):
             m.d.comb += [verdict.eq(RxVerdict.ACCESS_ERROR), fatal.eq(1), fatal_syn.eq(Aeth.NAK_REMOTE_ACCESS)]
+        with m.Elif(read_req & full):
+            # beyond the responder resources (IBTA: an invalid request)
+            m.d.comb += [verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1), fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
         with m.Elif(read_req):
             # its responses (one PSN each) answer every earlier packet
             m.d.comb += [
+                new.dyn.taken.eq(dyn.taken + 1),
                 verdict.eq(RxVerdict.ACCEPTED), read.eq(1), respond.eq(1), resp_psn.eq(p.psn),
                 resp_syn.eq(Aeth.ACK), new.dyn.nak_sent.eq(0), new.dyn.epsn.eq(dyn.epsn + npkts),
                 new.dyn.msn.eq(dyn.msn + 1), new.dyn.unacked.eq(0),
@@ -311,9 +341,12 @@ class Responder(wiring.Component):
             m.d.comb += [verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1), fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
         with m.Elif(p.has_atomic & (status != MrCheck.OK)):
             m.d.comb += [verdict.eq(RxVerdict.ACCESS_ERROR), fatal.eq(1), fatal_syn.eq(Aeth.NAK_REMOTE_ACCESS)]
+        with m.Elif(p.has_atomic & full):
+            m.d.comb += [verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1), fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
         with m.Elif(p.has_atomic):
             # executed once, by the AtomicUnit; its ATOMIC ACK answers every earlier packet
             m.d.comb += [
+                new.dyn.taken.eq(dyn.taken + 1),
                 verdict.eq(RxVerdict.ACCEPTED), atomic.eq(1), respond.eq(1), resp_psn.eq(p.psn),
                 resp_syn.eq(Aeth.ACK), new.dyn.nak_sent.eq(0), new.dyn.epsn.eq(dyn.epsn + 1),
                 new.dyn.msn.eq(dyn.msn + 1), new.dyn.unacked.eq(0),
@@ -343,7 +376,7 @@ class Responder(wiring.Component):
         m.d.comb += addr.eq(va + off)
         return {"new": new, "verdict": verdict, "write": write, "respond": respond,
                 "psn": resp_psn, "syndrome": resp_syn, "addr": addr,
-                "atomic": atomic, "atomic_dup": atomic_dup, "read": read | read_dup}
+                "atomic": atomic, "atomic_dup": atomic_dup, "read": read | read_dup, "counted": read | atomic}
 
     def elaborate(self, platform):
         m = Module()
@@ -364,6 +397,18 @@ class Responder(wiring.Component):
         ctl_wr = ctl_ram.write_port()
         ctl_rd = [ctl_ram.read_port(transparent_for=(ctl_wr,)) for _ in range(2)]
         c_ctl = Signal(data.ArrayLayout(unsigned(3), 2))
+        # Each QP's count of READs and atomics answered (``answered``), beside the context:
+        # a read-modify-write a strobe (the read port is transparent, so strobes of one QP
+        # in consecutive cycles add up), cleared by a create.
+        m.submodules.answers = ans_ram = Memory(shape=unsigned(RESOURCE_COUNT_BITS), depth=self.num_qps, init=[])
+        ans_wr, ans_clear = ans_ram.write_port(), ans_ram.write_port()
+        ans_rmw = ans_ram.read_port(transparent_for=(ans_wr, ans_clear))
+        ans_rd = [ans_ram.read_port(transparent_for=(ans_wr, ans_clear)) for _ in range(2)]
+        ans_qpn, ans_go = Signal(qb), Signal()
+        m.d.comb += [ans_rmw.addr.eq(self.answered_qpn), ans_rmw.en.eq(1),
+                     ans_wr.addr.eq(ans_qpn), ans_wr.data.eq(ans_rmw.data + 1), ans_wr.en.eq(ans_go)]
+        m.d.sync += [ans_qpn.eq(self.answered_qpn), ans_go.eq(self.answered)]
+        c_ans = Signal(data.ArrayLayout(unsigned(RESOURCE_COUNT_BITS), 2))
         create = Signal()
         m.d.comb += [self.commit.ready.eq(1), create.eq(self.commit.valid), self.modify.ready.eq(1),
                      ctl_wr.en.eq(create | self.modify.valid),
@@ -400,6 +445,7 @@ class Responder(wiring.Component):
         ]
         for k in range(2):
             m.d.comb += [rd[k].addr.eq(self.packets.p.p[k].dqpn[:qb]), rd[k].en.eq(self.packets.ready),
+                         ans_rd[k].addr.eq(self.packets.p.p[k].dqpn[:qb]), ans_rd[k].en.eq(self.packets.ready),
                          ctl_rd[k].addr.eq(self.packets.p.p[k].dqpn[:qb]), ctl_rd[k].en.eq(self.packets.ready)]
         with m.If(take):
             m.d.sync += [b_pair.eq(self.packets.p), b_full.eq(1), b_kill.eq(0)]   # read now: sees a create
@@ -446,7 +492,8 @@ class Responder(wiring.Component):
             m.d.sync += [c_npkts[0].eq(b_npkts[0]), c_npkts[1].eq(b_npkts[1]),
                          c_pair.eq(b_pair), c_kill.eq(b_kill | created(b_pair)),
                          c_ctx[0].eq(rd[0].data), c_ctx[1].eq(rd[1].data),
-                         c_ctl[0].eq(ctl_rd[0].data), c_ctl[1].eq(ctl_rd[1].data)]
+                         c_ctl[0].eq(ctl_rd[0].data), c_ctl[1].eq(ctl_rd[1].data),
+                         c_ans[0].eq(ans_rd[0].data), c_ans[1].eq(ans_rd[1].data)]
 
         # ---- stage C: decide -------------------------------------------------------------
         p = [c_pair.p[0], c_pair.p[1]]
@@ -463,9 +510,9 @@ class Responder(wiring.Component):
                                  Mux(last_valid[0] & (last_qpn[0] == qp[k]), last_ctx[0], c_ctx[k])))
             bypassed.append(b)
         m.d.comb += ctx[0].eq(bypassed[0])
-        d0 = self._decide(m, 0, p[0], ctx[0], mrts[0].results.p.status, c_ctl[0], c_npkts[0])
+        d0 = self._decide(m, 0, p[0], ctx[0], mrts[0].results.p.status, c_ctl[0], c_npkts[0], c_ans[0])
         m.d.comb += ctx[1].eq(Mux(same, d0["new"], bypassed[1]))       # chained on lane 0
-        d1 = self._decide(m, 1, p[1], ctx[1], mrts[1].results.p.status, c_ctl[1], c_npkts[1])
+        d1 = self._decide(m, 1, p[1], ctx[1], mrts[1].results.p.status, c_ctl[1], c_npkts[1], c_ans[1])
         dec = [d0, d1]
 
         # Outputs: registered, so no valid depends on a ready; the pair decides when every
@@ -505,7 +552,8 @@ class Responder(wiring.Component):
                          c_.data.eq(p[k].inline_data), c_.qp.eq(p[k].dqpn)]
             r_ = Signal(ResponderAck, name=f"resp{k}")
             m.d.comb += [r_.qpn.eq(p[k].dqpn), r_.psn.eq(dec[k]["psn"]), r_.syndrome.eq(dec[k]["syndrome"]),
-                         r_.msn.eq(dec[k]["new"].dyn.msn), r_.atomic.eq(to_unit[k]), r_.read.eq(to_read[k])]
+                         r_.msn.eq(dec[k]["new"].dyn.msn), r_.atomic.eq(to_unit[k]), r_.read.eq(to_read[k]),
+                         r_.counted.eq(dec[k]["counted"])]
             j_ = Signal(ReadJob(self.num_qps), name=f"read{k}")
             m.d.comb += [j_.qpn.eq(p[k].dqpn[:qb]), j_.psn.eq(p[k].psn), j_.va.eq(p[k].reth.va),
                          j_.length.eq(p[k].reth.dma_len), j_.msn.eq(dec[k]["new"].dyn.msn), j_.mtu.eq(ctx[k].cfg.mtu)]
@@ -548,5 +596,6 @@ class Responder(wiring.Component):
         fresh = Signal(entry_layout)
         # every bit assigned: bits a process never drives come out undriven (X in Icarus)
         m.d.comb += [fresh.eq(0), fresh.cfg.eq(self.commit.p.cfg), fresh.dyn.epsn.eq(self.commit.p.epsn),
-                     wr_new.en.eq(create), wr_new.addr.eq(new_qp), wr_new.data.eq(fresh)]
+                     wr_new.en.eq(create), wr_new.addr.eq(new_qp), wr_new.data.eq(fresh),
+                     ans_clear.en.eq(create), ans_clear.addr.eq(new_qp), ans_clear.data.eq(0)]
         return m

@@ -15,6 +15,7 @@ from cocotb.triggers import RisingEdge
 from model.frames import build_write_frames
 from model.memory import SparseMemory
 from model.read_atomic import build_atomic_request, build_masked_atomic_request, build_read_request
+from spec import params as P
 from spec.formats import AETH, OFF_BTH, OFF_EXT, Aeth, Op, unpack, BTH
 from tb.rc_env import DST, KEY, KEY_ATOMIC, KEY_PD, KEY_RO, REGION_LEN, peer_port, responder_env, run_and_check
 
@@ -277,3 +278,53 @@ async def responder_reads(dut):
                 off = OFF_EXT + (0 if b["opcode"] == Op.READ_RESP_MIDDLE else 4)
                 seen.setdefault(b["psn"], f[off:-4])
         assert b"".join(seen[(wpsn[q] + i) & 0xFFFFFF] for i in range(3)) == wdata[q]
+
+
+@cocotb.test()
+async def responder_resources(dut):
+    """Responder resources (max_dest_rd_atomic, set per QP at create): with 1 us GPU memory
+    no answer leaves while a burst arrives, so every new READ and atomic of the burst holds
+    one. QP 1 (16, the default): 17 READs, the 17th NAKed invalid request (QP to error).
+    QP 2 (4): READs and atomics mixed, a duplicate READ (executed again, holds none), then a
+    5th new one NAKed. QP 3 (2): two READs; once their answers have left, a READ and an
+    atomic are taken again, then a WRITE (holds none) and a third READ, NAKed. QP 4 (1):
+    WRITEs between, a READ, and its duplicate, then a fetch-add NAKed. The NIC's frames,
+    memory and counters equal the golden responder's (``answer_at_once=False``)."""
+    rnd = random.Random(zlib.crc32(b"responder_resources"))
+    image = SparseMemory()
+    limits = {1: 16, 2: 4, 3: 2, 4: 1}
+    env, model, peers = await responder_env(dut, rnd, {1: 1024, 2: 1024, 3: 4096, 4: 256}, {1: 1, 2: 1, 3: 1, 4: 1},
+                                            image=image, resources={2: 4, 3: 2, 4: 1}, answer_at_once=False,
+                                            dma_latency=P.DMA_READ_LATENCY_CYCLES)
+    src = DST + 0xC_0000
+    data = bytes(rnd.randrange(256) for _ in range(0x1_0000))
+    env.mem.write(src, data)
+    image.write(src, data)
+    _init(env, image, {WORDS + 0x100 * q: 0x100 * q for q in peers})
+    ps = {q: Peer(ctx, q) for q, (ctx, _) in peers.items()}
+    rd = lambda q, n=8: ps[q].read(src + 0x1000 * q + rnd.randrange(0x800), n)
+    burst1, burst2 = [], []
+    burst1 += [f for _ in range(17) for f in rd(1)]                             # QP 1: 17 > 16
+    q2 = [rd(2), ps[2].fetch_add(WORDS + 0x200, 3), rd(2, 3000),
+          ps[2].masked(Op.MASKED_FETCH_ADD, WORDS + 0x208, (1, 0), 4)]
+    burst1 += [f for fs in q2 for f in fs]
+    burst1 += q2[2]                                                              # a duplicate: no resource
+    burst1 += ps[2].compare_swap(WORDS + 0x210, 1, 0)                          # 5th: NAK
+    burst1 += rd(3) + rd(3, 5000)                                                # QP 3: 2 of 2
+    burst1 += ps[4].write(DST + 0x4000, b"w" * 300) + rd(4) + ps[4].write(DST + 0x4200, b"v" * 20)
+    burst2 += rd(3) + ps[3].fetch_add(WORDS + 0x300, 9)                          # freed: 2 of 2 again
+    burst2 += ps[3].write(DST + 0x3000, b"x" * 64) + rd(3)                       # 3rd: NAK
+    q4 = rd(4, 600)
+    burst2 += q4 + q4 + ps[4].fetch_add(WORDS + 0x400, 1)                        # (QP 4: 1 of 1, a dup, NAK)
+    frames = burst1 + burst2
+    expect, c = await run_and_check(env, model, frames, image=image, answered_at=[len(burst1)], settle=2000)
+    reasons = [e.reason for e in expect]
+    assert reasons.count("invalid_request") == 4, reasons
+    for q in peers:                       # the NAKed request of each QP: its last new READ/atomic
+        naks = [f.data for f in env.wire.frames if unpack(BTH, f.data, OFF_BTH)["dqpn"] == 0x100 + q
+                and f.data[OFF_BTH] == Op.ACK and unpack(AETH, f.data, OFF_EXT)["syndrome"] == Aeth.NAK_INVALID_REQ]
+        assert len(naks) == 1, (q, len(naks))
+    u = lambda a, n=8: int.from_bytes(env.mem.read(a, n), "little")
+    assert u(WORDS + 0x200) == 0x200 + 3 and u(WORDS + 0x300) == 0x300 + 9
+    assert u(WORDS + 0x210) == 0 and u(WORDS + 0x400) == 0x400       # the NAKed atomics did nothing
+    assert c["rx_psn_duplicate"] == 2

@@ -31,7 +31,8 @@ MASK = (1 << 24) - 1
 # (qpn, psn, syndrome, msn, atomic, read): ``atomic`` marks an ATOMIC ACK's place holder,
 # ``read`` a READ's, which must never be dropped (each one takes one atomic's result or one
 # READ's responses downstream)
-FIELDS = [f for name, f in ResponderAck if name != "orig"]
+# (``counted`` left 0: it rides with ``atomic`` and ``read``, which are never dropped)
+FIELDS = [f for name, f in ResponderAck if name not in ("orig", "counted")]
 
 
 def _pack(rec):
