@@ -208,7 +208,9 @@ async def responder_reads(dut):
     out of bounds: NAK remote access, QP to error). Every READ RESPONSE byte for byte, in
     order with the ACKs and ATOMIC ACKs, memory and counters as the golden responder's.
     Reads are fast (8 cycles) and write responses slow (20..120 cycles, a write landing at
-    its response). (Not yet shown: this test still passes with the READ fence removed.)"""
+    its response). Each QP's first two requests are a WRITE and a READ of what it wrote, so
+    the READ reaches memory before the WRITE lands unless the READ fence holds it (with the
+    fence removed the READ returns the old bytes and the test fails)."""
     rnd = random.Random(zlib.crc32(b"responder_reads"))
     image = SparseMemory()
     env, model, peers = await responder_env(dut, rnd, {1: 256, 2: 1024, 3: 4096}, {1: 1, 2: 4, 3: 8},
@@ -221,6 +223,14 @@ async def responder_reads(dut):
     streams = {q: [] for q in peers}
     reads = []                                        # (q, frames) of each READ, for retries
     wdata, wpsn = {}, {}                              # per QP: a WRITE's data, the PSN of the READ of it
+    head = []
+    for q, p in ps.items():
+        # first of all, a READ of what the WRITE just before it wrote (it waits for it to land)
+        wva = DST + 0x8000 * q + 0x33
+        wdata[q] = bytes(rnd.randrange(256) for _ in range(2 * p.ctx.mtu + 7))
+        head += p.write(wva, wdata[q])
+        wpsn[q] = p.psn
+        head += p.read(wva, 2 * p.ctx.mtu + 7)
     for q, p in ps.items():
         s = streams[q]
         mtu = p.ctx.mtu
@@ -233,13 +243,7 @@ async def responder_reads(dut):
                 s.append(p.write(DST + 0x1000 * q + 0x100 * k, bytes(rnd.randrange(256) for _ in range(300))))
             if k == 4:
                 s.append(p.fetch_add(WORDS + 0x100 * q, 5))
-        # a READ of what the WRITE just before it wrote (the READ waits for it to land)
-        wva = DST + 0x8000 * q + 0x33
-        wdata[q] = bytes(rnd.randrange(256) for _ in range(2 * mtu + 7))
-        s.append(p.write(wva, wdata[q]))
-        wpsn[q] = p.psn
-        s.append(p.read(wva, 2 * mtu + 7))
-    frames = []
+    frames = head
     while any(streams.values()):
         q = rnd.choice([q for q, s in streams.items() if s])
         frames += streams[q].pop(0)
