@@ -51,10 +51,12 @@ __all__ = ["ResponderPath"]
 COMMAND_QUEUE = P.RX_BEAT_BUFFER + 16
 ORDER_QUEUE = 16            # write orders (pairs) between the sorter and the issuer
 SEGMENT_QUEUE = 4           # payload beats between the resegmenter and the payload writer
-# ACK/NAKs (pairs) waiting while MAC TX sends a data frame, and behind an ATOMIC ACK whose
-# atomic waits for the writes before it to land and for its word's read: at 200 M atomics/s
-# (0.4 a cycle) and 1 us of read latency, some 200 of them.
-ACK_QUEUE = 256
+# ACK/NAKs (pairs) waiting while MAC TX sends a data frame, behind an ATOMIC ACK whose
+# atomic waits for the writes before it to land and for its word's read (at 200 M atomics/s,
+# 0.4 a cycle, and 1 us of read latency, some 200 of them), and READ place holders, each
+# waiting for its payload's read: 8-byte READs at about one a cycle and 1 us of read latency
+# keep some 550 queued (256 held 8-byte READs over 64 QPs to 338 M/s; 1024: 407 M/s).
+ACK_QUEUE = 1024
 ACK_BACKLOG = 16            # records queued beyond which an identical re-ACK is coalesced
 ATOMIC_QUEUE = 128          # atomics waiting for the writes before them to land (fence)
 ATOMIC_WORDS = 256          # the atomic unit's cached words: misses in flight to different words

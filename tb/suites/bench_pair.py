@@ -46,7 +46,7 @@ SOURCE = 0xA000_0000
 
 def point_name(p):
     if p.get("kind") == "read":
-        return f"pair_read_{p['size']}B_{p['qps']}qp"
+        return f"pair_read_{p['size']}B_{p['qps']}qp" + (f"_dma{p['dma']}" if "dma" in p else "")
     sig = f"_count{p['batch']}" if p.get("signal") == "count" else ""
     return f"pair_{p['size']}B_{p['qps']}qp{sig}_loss{p['loss']:g}" + (f"_seed{p['seed']}" if "seed" in p else "")
 
@@ -133,12 +133,12 @@ async def _point(dut, p):
 async def _read_point(dut, p):
     """RDMA READs (NVSHMEM's get) of ``size`` bytes from NIC 1's GPU memory into NIC 0's,
     ``msgs`` per QP on ``qps`` QPs, GPU memory 1 us away at both ends, cable 100 cycles
-    each way. The rate is the READs over the time from the first READ REQUEST on the wire
+    each way (``dma``: another GPU-memory latency in cycles, for experiments). The rate is the READs over the time from the first READ REQUEST on the wire
     to the last CQE; the goodput ratio is the READ RESPONSEs' payload over their wire span
     against those frames back to back (the response direction's wire limit). Every READ's
     bytes are checked in NIC 0's memory, every CQE a success with its byte count."""
     size, nq, msgs = p["size"], p["qps"], p["msgs"]
-    env = await NicPairEnv(dut, latency_cycles=100).start()
+    env = await NicPairEnv(dut, latency_cycles=100, dma_latency=p.get("dma", P.DMA_READ_LATENCY_CYCLES)).start()
     a, b = env.nics
     cq_a, cq_b = await a.cq(0, 0, collapsed=True), await b.cq(0, 0, collapsed=True)
     span = nq * msgs * max(size, 64)
