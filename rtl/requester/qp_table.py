@@ -83,7 +83,7 @@ class QpTable(wiring.Component):
     and the parser keep them in order.
 
     A burst ends at a doorbell's limit (a WQE boundary) or, when the quantum cuts the
-    QP's work, reads up to three WQEBBs beyond it so that its last WQE is whole (see
+    QP's work, reads up to ``MAX_WQEBBS - 1`` WQEBBs beyond it so that its last WQE is whole (see
     :func:`FetchJob`). Only a WQE that runs past the doorbell's limit is cut: the
     parser reports it on ``updates``, ``fi`` goes back to it, and it is fetched again
     when more is posted (the parser discards the bursts in flight behind it). A WQE that

@@ -1,0 +1,76 @@
+"""QpTable: the scheduler's bursts through a park, a capped wake (a ``hold`` job), the
+wake at that burst's end, a RESUME and a CUT, each job's fields worked out by hand.
+
+One RC QP (quantum 32, weight 1). Each step feeds one doorbell or parser update and then
+takes every job the table issues within 40 cycles (``jobs`` always ready): a parked QP
+must issue none, however much is posted."""
+from amaranth.sim import Simulator
+
+from rtl.requester.qp_table import QpTable, UpdateKind
+from spec.formats import QpState
+from tests.blocks.helpers import put
+
+QPN = 1
+
+
+def test_qp_table_park_wake_hold():
+    dut = QpTable(num_qps=4, num_cqs=4)
+    log = []
+
+    async def bench(ctx):
+        ctx.set(dut.jobs.ready, 1)
+        ctx.set(dut.bf_wqebbs.ready, 1)
+
+        async def jobs(cycles=40):
+            got = []
+            for _ in range(cycles):
+                await ctx.delay(1e-12)
+                if ctx.get(dut.jobs.valid):
+                    p = ctx.get(dut.jobs.p)
+                    got.append((p.ci, p.count, p.own, p.hold))
+                await ctx.tick()
+            return got
+
+        await put(ctx, dut.commit, qpn=QPN, reset=1,
+                  cfg={"log_depth": 8, "state": QpState.RTS, "weight": 1, "mtu": 3})
+        await jobs(4)
+        # 40 posted: a turn of 32 that reads on to the doorbell (up to MAX_WQEBBS - 1 past its
+        # quantum, so its last WQE is whole),
+        # then the rest
+        await put(ctx, dut.doorbells, qpn=QPN, limit=40)
+        log.append(("doorbell 40", await jobs()))
+        # the parser parks the QP at WQEBB 10 (a WQE waits on its READs)
+        await put(ctx, dut.updates, qpn=QPN, ci=10, end=40, kind=UpdateKind.PARK)
+        log.append(("park at 10", await jobs()))
+        # more posted while parked: no job (its wake queues it)
+        await put(ctx, dut.doorbells, qpn=QPN, limit=50)
+        log.append(("doorbell 50, parked", await jobs()))
+        # woken with room for 16: one capped burst, a hold job, and nothing after it
+        await put(ctx, dut.updates, qpn=QPN, kind=UpdateKind.WAKE, room=16)
+        log.append(("wake room 16", await jobs()))
+        # that burst's end without a new park: uncapped, the rest
+        await put(ctx, dut.updates, qpn=QPN, kind=UpdateKind.WAKE, room=0)
+        log.append(("wake at the burst's end", await jobs()))
+        # a park released at once (RESUME) from 45: fetched again now, capped to 4
+        await put(ctx, dut.updates, qpn=QPN, ci=45, end=50, kind=UpdateKind.RESUME, room=4)
+        log.append(("resume at 45, room 4", await jobs()))
+        # and again, held at the burst's end: a CUT at 49 re-fetches once more is posted
+        await put(ctx, dut.updates, qpn=QPN, ci=49, end=50, kind=UpdateKind.CUT)
+        log.append(("cut at 49", await jobs()))
+        await put(ctx, dut.doorbells, qpn=QPN, limit=52)
+        log.append(("doorbell 52", await jobs()))
+
+    sim = Simulator(dut)
+    sim.add_clock(2e-9)
+    sim.add_testbench(bench)
+    sim.run()
+    assert log == [
+        ("doorbell 40", [(0, 40, 32, 0), (32, 8, 8, 0)]),
+        ("park at 10", []),
+        ("doorbell 50, parked", []),
+        ("wake room 16", [(10, 16, 16, 1)]),
+        ("wake at the burst's end", [(26, 24, 24, 0)]),
+        ("resume at 45, room 4", [(45, 4, 4, 1)]),
+        ("cut at 49", []),
+        ("doorbell 52", [(49, 3, 3, 0)]),
+    ], log
