@@ -128,7 +128,7 @@ CHECK_COUNTERS = _block(0x400, [r for r in _RX if r[0][3:] in _LATER]
                         + [(f"resp_{name}", f"responses dropped: {meaning}") for name, meaning in RESPONSE_DROPS]
                         + [(f"db_{name}", f"doorbells dropped: {meaning}") for name, meaning in DOORBELL_DROPS]
                         + [("acks_coalesced", "re-ACKs not sent: identical to the last ACK queued, while the ACK "
-                            "queue was full (acks_sent + acks_coalesced = ACKs owed)"),
+                            "queue was backlogged (16 or more queued) (acks_sent + acks_coalesced = ACKs owed)"),
                            ("qp_modify_rejected", "QP_MODIFY writes refused: not a transition verbs allows "
                             "(answered SLVERR)")])
 COUNTERS = TX_COUNTERS + RX_COUNTERS + REQ_COUNTERS + CHECK_COUNTERS
