@@ -56,6 +56,7 @@ class _Qp:
     pi: int = 0                    # QP table: producer index, fetch index, in the active FIFO
     fi: int = 0
     queued: bool = False
+    first: bool = True             # no turn yet since the create: at most FIRST_TURN_WQEBBS
     ci: int = 0                    # parser: consumer index
 
 
@@ -163,7 +164,10 @@ class EngineCycleModel:
                 else:
                     pending = (q.pi - q.fi) & 0xFFFF
                     quantum = q.weight * P.QUANTUM_WQEBBS
+                    if q.first:
+                        quantum = min(quantum, P.FIRST_TURN_WQEBBS)
                     if pending:
+                        q.first = False
                         own = min(pending, quantum)
                         over = min(pending - quantum, F.MAX_WQEBBS - 1) if pending > quantum else 0
                         job_fifo.push(t, (arg[0], q.fi, own + over, own, False))

@@ -42,6 +42,8 @@ QpDynamic = data.StructLayout({
     "cap":    unsigned(5),
     # parked by the parser (a WQE waits on its READs/atomics): not scheduled until woken
     "parked": unsigned(1),
+    # no turn yet since the QP's create: its first is at most ``FIRST_TURN_WQEBBS``
+    "first":  unsigned(1),
 })
 
 

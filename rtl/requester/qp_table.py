@@ -5,6 +5,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
+from spec.params import FIRST_TURN_WQEBBS
 from spec.formats import QpState
 from rtl.common.contexts import QpConfig, QpEntry, qp_bits
 from rtl.common.records import DoorbellEvent
@@ -99,6 +100,10 @@ class QpTable(wiring.Component):
     quantum : int
         WQEBBs per turn for weight 1.
     max_weight : int
+    first_turn : int
+        WQEBBs of a QP's first turn after its create at most (when under its quantum):
+        a QP that posts READs or atomics fills its ring with them and parks at that
+        turn's end, instead of a whole quantum being fetched to be dropped.
 
     Members
     -------
@@ -123,13 +128,16 @@ class QpTable(wiring.Component):
     WQEBB goes to the parser: no read. Otherwise it counts as a plain doorbell (the
     WQE is in GPU memory too) and waits its turn.
     """
-    def __init__(self, *, num_qps, num_cqs, quantum=32, max_weight=15):
+    def __init__(self, *, num_qps, num_cqs, quantum=32, max_weight=15, first_turn=FIRST_TURN_WQEBBS):
         if num_qps < 2:
             raise ValueError(f"num_qps must be at least 2, not {num_qps}")
         if not 1 <= quantum <= 256:
             raise ValueError(f"quantum must be 1..256 WQEBBs, not {quantum}")
         if not 1 <= max_weight <= 15:
             raise ValueError(f"max_weight must be 1..15 (a 4-bit field), not {max_weight}")
+        if not 1 <= first_turn <= 256:
+            raise ValueError(f"first_turn must be 1..256 WQEBBs, not {first_turn}")
+        self.first_turn = first_turn
         self.num_qps, self.num_cqs, self.quantum, self.max_weight = num_qps, num_cqs, quantum, max_weight
         self.max_burst = quantum * max_weight
         super().__init__({
@@ -173,7 +181,8 @@ class QpTable(wiring.Component):
             m.d.comb += weight.eq(Mux(entry.cfg.weight > self.max_weight, self.max_weight, entry.cfg.weight))
         else:
             m.d.comb += weight.eq(entry.cfg.weight)
-        m.d.comb += quantum.eq(Mux(weight == 0, 1, weight) * self.quantum)
+        weighted = Mux(weight == 0, 1, weight) * self.quantum
+        m.d.comb += quantum.eq(Mux(entry.dyn.first & (weighted > self.first_turn), self.first_turn, weighted))
 
         def job(count, own, bf=0, hold=0):
             # a burst of this QP from its fetch index
@@ -214,7 +223,7 @@ class QpTable(wiring.Component):
                         m.d.comb += [new.cfg.eq(commit_p.cfg), wr.en.eq(1)]
                         with m.If(commit_p.reset):
                             m.d.comb += [new.dyn.pi.eq(0), new.dyn.fi.eq(0), new.dyn.queued.eq(0), new.dyn.cap.eq(0),
-                                         new.dyn.parked.eq(0)]
+                                         new.dyn.parked.eq(0), new.dyn.first.eq(1)]
                     with m.Case(QpOp.UPDATE):
                         m.d.comb += [wr.en.eq(1), new.dyn.fi.eq(update_p.ci)]
                         with m.Switch(update_p.kind):
@@ -269,7 +278,7 @@ class QpTable(wiring.Component):
                             own = Mux(clamped, turn, pending)
                             extra = pending - turn
                             over = Mux(clamped & ~capped, Mux(extra < F.MAX_WQEBBS - 1, extra, F.MAX_WQEBBS - 1), 0)
-                            m.d.comb += new.dyn.cap.eq(0)
+                            m.d.comb += [new.dyn.cap.eq(0), new.dyn.first.eq(0)]
                             job(own + over, own, hold=capped & clamped)
                             m.d.comb += new.dyn.fi.eq(entry.dyn.fi + own)
                             with m.If(clamped & ~capped):

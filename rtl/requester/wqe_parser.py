@@ -452,6 +452,8 @@ class WqeParser(wiring.Component):
         m.d.comb += skip.eq(ctx.index - job.ci)
         rel = Signal(16)
         m.d.comb += rel.eq(index - job.ci)
+        last_own = Signal()                          # this WQE is the burst's last own one
+        m.d.comb += last_own.eq(rel + nbb >= job.own)
         after_drop = Signal()                        # 0: END, 1: RUN (a skip at the burst's start)
 
         def drop_then(n, then_run=False):
@@ -530,11 +532,12 @@ class WqeParser(wiring.Component):
                             with m.If(emit & send_inline & more_beats):
                                 m.d.sync += [ibeat.eq(skip_beats + 1), iend.eq(nbeats)]
                                 m.next = "INLINE"
-                            with m.Elif((left == 1) & full_after & ~self.retransmit.valid & ~recreated):
-                                # The burst's last WQE fills the QP's ring: park the QP at the
-                                # next WQE (END), so its next turn is not fetched only to wait
+                            with m.Elif(((left == 1) | last_own) & full_after & ~self.retransmit.valid & ~recreated):
+                                # The burst's last own WQE fills the QP's ring: park the QP at
+                                # the next WQE (END, after the WQEBBs read past it), so its next
+                                # turn is not fetched only to wait
                                 park_at(cur_rtail + 1, limit - 1, 1)
-                                m.next = "END"
+                                drop_then(left - 1)
                             with m.Elif((left == 1) & job.hold):
                                 m.next = "END"              # the QP table waits for its WAKE
                             with m.Elif(left == 1):

@@ -1,5 +1,5 @@
-"""QpTable: the scheduler's bursts through a park, a capped wake (a ``hold`` job), the
-wake at that burst's end, a RESUME and a CUT, each job's fields worked out by hand.
+"""QpTable: the scheduler's bursts through a QP's first turn, a park, a capped wake (a ``hold`` job), the
+wake at that burst's end, a RESUME, a CUT and a create again, each job's fields worked out by hand.
 
 One RC QP (quantum 32, weight 1). Each step feeds one doorbell or parser update and then
 takes every job the table issues within 40 cycles (``jobs`` always ready): a parked QP
@@ -34,9 +34,8 @@ def test_qp_table_park_wake_hold():
         await put(ctx, dut.commit, qpn=QPN, reset=1,
                   cfg={"log_depth": 8, "state": QpState.RTS, "weight": 1, "mtu": 3})
         await jobs(4)
-        # 40 posted: a turn of 32 that reads on to the doorbell (up to MAX_WQEBBS - 1 past its
-        # quantum, so its last WQE is whole),
-        # then the rest
+        # 40 posted: the QP's first turn, 16 (FIRST_TURN_WQEBBS, under the quantum) that reads
+        # 15 on (MAX_WQEBBS - 1 past them, so its last WQE is whole), then the rest
         await put(ctx, dut.doorbells, qpn=QPN, limit=40)
         log.append(("doorbell 40", await jobs()))
         # the parser parks the QP at WQEBB 10 (a WQE waits on its READs)
@@ -59,13 +58,19 @@ def test_qp_table_park_wake_hold():
         log.append(("cut at 49", await jobs()))
         await put(ctx, dut.doorbells, qpn=QPN, limit=52)
         log.append(("doorbell 52", await jobs()))
+        # created again: its first turn is short again (then a full quantum of 32)
+        await put(ctx, dut.commit, qpn=QPN, reset=1,
+                  cfg={"log_depth": 8, "state": QpState.RTS, "weight": 1, "mtu": 3})
+        await jobs(4)
+        await put(ctx, dut.doorbells, qpn=QPN, limit=60)
+        log.append(("created again, doorbell 60", await jobs()))
 
     sim = Simulator(dut)
     sim.add_clock(2e-9)
     sim.add_testbench(bench)
     sim.run()
     assert log == [
-        ("doorbell 40", [(0, 40, 32, 0), (32, 8, 8, 0)]),
+        ("doorbell 40", [(0, 31, 16, 0), (16, 24, 24, 0)]),
         ("park at 10", []),
         ("doorbell 50, parked", []),
         ("wake room 16", [(10, 16, 16, 1)]),
@@ -73,4 +78,5 @@ def test_qp_table_park_wake_hold():
         ("resume at 45, room 4", [(45, 4, 4, 1)]),
         ("cut at 49", []),
         ("doorbell 52", [(49, 3, 3, 0)]),
+        ("created again, doorbell 60", [(0, 31, 16, 0), (16, 44, 32, 0), (48, 12, 12, 0)]),
     ], log
