@@ -38,7 +38,7 @@ MAX_BURST_WQEBBS = QUANTUM_WQEBBS * MAX_WEIGHT
 # QP that posts READs fills its ring and parks at the end of that turn instead of having a
 # whole quantum fetched, of which all but 16 would be dropped at one WQEBB a cycle
 # (64 new QPs x 128: 16 us of the parser). A WRITE stream only splits its first turn.
-FIRST_TURN_WQEBBS = 16
+FIRST_TURN_WQEBBS = 32
 # WQEBB buffer = WQE reads in flight. At one WQEBB per cycle, 1 us of latency (500
 # cycles) plus the pipeline needs about 510 reads in flight: 512 x 64 B = 32 KiB.
 WQE_BUFFER_WQEBBS = 512

@@ -114,9 +114,15 @@ async def _share(dut, p):
     env.check_cycles()
     OUT.mkdir(parents=True, exist_ok=True)
     env.wire.write_pcap(OUT / f"{point_name(p)}.pcap")
-    # The window starts once every QP has a frame on the wire (all of them active).
+    # The window starts once every QP has had its first turn: all of them active, and past
+    # the first turn after create, which is FIRST_TURN_WQEBBS whatever the weight.
     owner = [read_field(BTH, "dqpn", f.data, OFF_BTH) - 0x1000 for f in env.wire.frames]
-    start = max(owner.index(q) for q in range(len(weights)))
+    second_turn = []
+    for q in range(len(weights)):
+        first = owner.index(q)
+        end = next(i for i in range(first, len(owner)) if owner[i] != q)
+        second_turn.append(owner.index(q, end))
+    start = max(second_turn)
     frames = env.wire.frames[start:start + window]
     assert len(frames) == window, f"only {len(frames)} frames after all QPs started"
     counts = [0] * len(weights)

@@ -387,7 +387,7 @@ async def weighted_share(dut):
     """Weights 1:2:4 (set through QP_MODIFY): turns of 1, 2 and 4 quanta of WQEs in a row, shares 1:2:4."""
     from spec.params import QUANTUM_WQEBBS
     weights = (1, 2, 4)
-    rounds = 7
+    rounds = 8                           # the first turns (FIRST_TURN_WQEBBS) take most of one
     env, qps = await env_with(dut, 3, sq_depth=12, collapsed=True, cq_depth=0, dma_latency=250)
     for qp, w in zip(qps, weights):
         await env.set_weight(qp, w)

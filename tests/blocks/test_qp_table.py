@@ -14,7 +14,7 @@ QPN = 1
 
 
 def test_qp_table_park_wake_hold():
-    dut = QpTable(num_qps=4, num_cqs=4)
+    dut = QpTable(num_qps=4, num_cqs=4, first_turn=16)
     log = []
 
     async def bench(ctx):
@@ -34,7 +34,7 @@ def test_qp_table_park_wake_hold():
         await put(ctx, dut.commit, qpn=QPN, reset=1,
                   cfg={"log_depth": 8, "state": QpState.RTS, "weight": 1, "mtu": 3})
         await jobs(4)
-        # 40 posted: the QP's first turn, 16 (FIRST_TURN_WQEBBS, under the quantum) that reads
+        # 40 posted: the QP's first turn, 16 (first_turn, under the quantum) that reads
         # 15 on (MAX_WQEBBS - 1 past them, so its last WQE is whole), then the rest
         await put(ctx, dut.doorbells, qpn=QPN, limit=40)
         log.append(("doorbell 40", await jobs()))
