@@ -211,15 +211,16 @@ def main():
                   f"{sum(r['dropped'].values()):>8} {r['naks']:>5} {r['retransmits']:>5} {r['timeouts']:>8}")
     if reads:
         print("\nRDMA READs, two nodes (cable 100 cycles each way, 1 us GPU memory at both ends; response ratio: "
-              "READ RESPONSE wire time over their span; estimate: model.timing.read_rate_estimate):")
+              "READ RESPONSE wire time over their span; estimate: model.timing.read_rate_estimate; underrun: wire "
+              "cycles READ RESPONSEs stalled inside a frame, where a real MAC would underrun):")
         print(f"{'payload':>8} {'QPs':>4} {'READs':>6} {'M READs/s':>9} {'steady':>7} {'Gb/s':>7} {'resp limit':>10} "
-              f"{'resp ratio':>10} {'estimate':>8} {'bound':>14} {'req limit':>9}")
+              f"{'resp ratio':>10} {'estimate':>8} {'bound':>14} {'req limit':>9} {'underrun':>8}")
         for r in sorted(reads, key=lambda r: (r["payload_bytes"], r["qps"])):
             print(f"{r['payload_bytes']:>8} {r['qps']:>4} {r['reads']:>6} {r['reads_per_s'] / 1e6:>9.1f} "
                   f"{(r['steady_requests_per_s'] or 0) / 1e6:>7.1f} {r['goodput_gbps']:>7.1f} "
                   f"{r['response_wire_limit_gbps']:>10.1f} {r['response_ratio_to_wire_limit']:>10.4f} "
                   f"{r['estimate_reads_per_s'] / 1e6:>8.1f} {r['estimate_bound']:>14} "
-                  f"{r['request_wire_limit_per_s'] / 1e6:>9.1f}")
+                  f"{r['request_wire_limit_per_s'] / 1e6:>9.1f} {r['underrun_cycles']['responses']:>8}")
     plots(recs, out)
     print(f"\nresults: {out / 'results.json'}; plots and one pcap per point beside it")
 

@@ -127,6 +127,7 @@ async def _point(dut, p):
             "retransmits": ca["retransmits"], "timeouts": ca["timeouts"], "naks": ca["naks_received"],
             "dropped": {d: env.net.tx_links[d].counters["dropped"] for d in (0, 1)},
             "duplicates_at_responder": cb["rx_psn_duplicate"], "out_of_order_at_responder": cb["rx_psn_out_of_order"],
+            "underrun_cycles": {"sent": a.wire.underrun_cycles, "acks": b.wire.underrun_cycles},
             "simulated_ns": ns}
 
 
@@ -195,7 +196,9 @@ async def _read_point(dut, p):
             "response_wire_limit_gbps": 8 * payload / resp_wire_ns,
             "response_ratio_to_wire_limit": resp_wire_ns / resp_span_ns,
             "estimate_reads_per_s": est["reads_per_s"], "estimate_bound": est["bound"],
-            "requests": n, "responses": len(resps), "cqes": len(cqes), "simulated_ns": ns}
+            "requests": n, "responses": len(resps), "cqes": len(cqes), "simulated_ns": ns,
+            # wire cycles lost to frames that stalled inside (a real MAC would underrun)
+            "underrun_cycles": {"requests": a.wire.underrun_cycles, "responses": b.wire.underrun_cycles}}
 
 
 def _make(k, p):
