@@ -311,7 +311,8 @@ async def test_dma_b_latency_visibility(dut):
 
 # ---- stimulus: AXI-Stream source -------------------------------------------------------
 class StreamSource:
-    """Sends queued frames on m_axis_tx as fast as tready allows; ``keeps`` overrides tkeep per beat."""
+    """Sends queued frames on m_axis_tx as fast as tready allows; ``keeps`` overrides tkeep per beat,
+    ``stall`` holds tvalid low for that many cycles after a frame's first beat."""
 
     def __init__(self, dut, counter):
         self.dut, self.counter = dut, counter
@@ -320,11 +321,12 @@ class StreamSource:
         self._beats = deque()
         self._on = False
         self._presented = None
+        self._gap = 0
         dut.m_axis_tx_tvalid.value = 0
         self.task = cocotb.start_soon(self._run())
 
-    def send(self, frame, keeps=None):
-        self.queue.append((bytes(frame), keeps))
+    def send(self, frame, keeps=None, stall=0):
+        self.queue.append((bytes(frame), keeps, stall))
 
     async def _run(self):
         d = self.dut
@@ -332,19 +334,23 @@ class StreamSource:
             await RisingEdge(d.clk)
             now = self.counter.now
             if self._on and d.m_axis_tx_tready.value == 1:
-                last = self._beats.popleft()[2]
+                _, _, last, self._gap = self._beats.popleft()
                 if last:
                     self.sent.append((self._presented, now - 1))
             if not self._beats and self.queue:
-                frame, keeps = self.queue.popleft()
+                frame, keeps, stall = self.queue.popleft()
                 n = -(-len(frame) // BUS)
                 for i in range(n):
                     chunk = frame[i * BUS:(i + 1) * BUS]
                     keep = keeps[i] if keeps else (1 << len(chunk)) - 1
-                    self._beats.append((int.from_bytes(chunk, "little"), keep, i == n - 1))
+                    self._beats.append((int.from_bytes(chunk, "little"), keep, i == n - 1, stall if i == 0 else 0))
                 self._presented = now
-            if self._beats:
-                data, keep, last = self._beats[0]
+            if self._gap:
+                self._gap -= 1
+                d.m_axis_tx_tvalid.value = 0
+                self._on = False
+            elif self._beats:
+                data, keep, last, _ = self._beats[0]
                 d.m_axis_tx_tdata.value = data
                 d.m_axis_tx_tkeep.value = keep
                 d.m_axis_tx_tlast.value = int(last)
@@ -407,7 +413,7 @@ async def test_wire_pacing_pcap(dut):
         src.send(f)
     await wire.wait_frames(100, timeout_cycles=5000)
     check_pacing(wire, src, small + two_beat + mixed)
-    assert wire.protocol_errors == 0
+    assert wire.protocol_errors == 0 and wire.underrun_cycles == 0
     with pytest.raises(TimeoutError, match="got 100"):
         await wire.wait_frames(101, timeout_cycles=20)
 
@@ -421,6 +427,24 @@ async def test_wire_pacing_pcap(dut):
         assert int(round(p.time * 10**9)) == round(fr.start_ns)
     # expected timestamps for the tshark check in tests/system/test_tb_models.py
     (Path.cwd() / "wire.expected").write_text("".join(f"{round(f.start_ns)} {len(f.data)}\n" for f in wire.frames))
+
+
+@cocotb.test()
+async def test_wire_underrun(dut):
+    """A frame whose tvalid drops inside it leaves no earlier than its last beat, the lost
+    wire cycles counted (what a real MAC would underrun on); frames without stalls add none."""
+    counter = await setup(dut)
+    wire = Wire400G(dut, counter)
+    src = StreamSource(dut, counter)
+    src.send(roce_like_frame(300, 0), stall=5)      # 3 beats, 5 idle cycles after the first
+    src.send(roce_like_frame(300, 1))
+    await wire.wait_frames(2, timeout_cycles=100)
+    stalled, clean = wire.frames
+    assert stalled.last_cycle - stalled.first_cycle == 2 + 5
+    # unstalled it would end at start + 324 bytes (cycle 3.24 of its 8): 4 cycles lost
+    assert wire_bytes(300) == 324 and wire.underrun_cycles == 4
+    assert stalled.end_bytes == 100 * stalled.last_cycle
+    assert clean.end_bytes == clean.start_bytes + 324 and wire.underrun_cycles == 4
 
 
 @cocotb.test()

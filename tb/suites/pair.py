@@ -327,6 +327,8 @@ async def rc_reads_back_to_back(dut):
     ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
     assert cb["rx_accepted"] == len(a.wire.frames) and cb["naks_sent"] == 0
     assert ca["rx_ack_received"] == len(b.wire.frames)
+    # READ RESPONSEs stream from GPU memory: none may stall inside its frame (a MAC underrun)
+    assert (a.wire.underrun_cycles, b.wire.underrun_cycles) == (0, 0), "a frame stalled inside: a MAC underrun"
     dut._log.info(f"{len(reads)} READs, {len(a.wire.frames)} requests, {len(b.wire.frames)} answers, "
                   f"{len(a.cqe_writes())} CQEs")
 
@@ -925,6 +927,8 @@ async def _faulty(dut, kind, rate, seed):
         # link 0->1 carries NIC 0's WRITEs and its ATOMIC ACKs to NIC 1's atomics: a second
         # WRITE is a PSN duplicate at NIC 1, a second ATOMIC ACK a stale response
         assert cb["rx_psn_duplicate"] + cb["resp_stale"] >= data_faults
+    # no frame (requests, READ RESPONSEs re-read after a go-back-N, ACKs) stalled inside
+    assert (a.wire.underrun_cycles, b.wire.underrun_cycles) == (0, 0), "a frame stalled inside: a MAC underrun"
     return env
 
 
