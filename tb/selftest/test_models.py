@@ -441,7 +441,8 @@ async def test_wire_underrun(dut):
     await wire.wait_frames(2, timeout_cycles=100)
     stalled, clean = wire.frames
     assert stalled.last_cycle - stalled.first_cycle == 2 + 5
-    # unstalled it would end at start + 324 bytes (cycle 3.24 of its 8): 4 cycles lost
+    # unstalled it would end 324 bytes (3.24 cycles) after its start; its last beat is in its
+    # 8th cycle, so the wire end moves 4 cycles later
     assert wire_bytes(300) == 324 and wire.underrun_cycles == 4
     assert stalled.end_bytes == 100 * stalled.last_cycle
     assert clean.end_bytes == clean.start_bytes + 324 and wire.underrun_cycles == 4

@@ -39,6 +39,11 @@ ATOMIC_REGION = MemoryRegion(key=ATOMIC_KEY, base=WORDS, length=1 << 16,
 ORIGINALS = 0x6800_0000
 
 
+def _assert_no_underrun(a, b):
+    """No frame stalled inside on either wire (tvalid low within it: a real MAC would underrun)."""
+    assert (a.wire.underrun_cycles, b.wire.underrun_cycles) == (0, 0), "a frame stalled inside: a MAC underrun"
+
+
 async def _pair(dut, links, *, mtu=1024, ack_every=(1, 4, 8), faults=None, seed=0, timeout=None):
     env = await NicPairEnv(dut, latency_cycles=100, faults=faults, seed=seed).start()
     a, b = env.nics
@@ -327,8 +332,7 @@ async def rc_reads_back_to_back(dut):
     ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
     assert cb["rx_accepted"] == len(a.wire.frames) and cb["naks_sent"] == 0
     assert ca["rx_ack_received"] == len(b.wire.frames)
-    # READ RESPONSEs stream from GPU memory: none may stall inside its frame (a MAC underrun)
-    assert (a.wire.underrun_cycles, b.wire.underrun_cycles) == (0, 0), "a frame stalled inside: a MAC underrun"
+    _assert_no_underrun(a, b)          # READ RESPONSEs stream from GPU memory
     dut._log.info(f"{len(reads)} READs, {len(a.wire.frames)} requests, {len(b.wire.frames)} answers, "
                   f"{len(a.cqe_writes())} CQEs")
 
@@ -927,8 +931,7 @@ async def _faulty(dut, kind, rate, seed):
         # link 0->1 carries NIC 0's WRITEs and its ATOMIC ACKs to NIC 1's atomics: a second
         # WRITE is a PSN duplicate at NIC 1, a second ATOMIC ACK a stale response
         assert cb["rx_psn_duplicate"] + cb["resp_stale"] >= data_faults
-    # no frame (requests, READ RESPONSEs re-read after a go-back-N, ACKs) stalled inside
-    assert (a.wire.underrun_cycles, b.wire.underrun_cycles) == (0, 0), "a frame stalled inside: a MAC underrun"
+    _assert_no_underrun(a, b)          # READ RESPONSEs re-read after a go-back-N too
     return env
 
 
