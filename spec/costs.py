@@ -76,7 +76,8 @@ class ProxyCosts:
         the NIC's UAR (back-to-back uncached 8-byte MMIO stores leave a Xeon 50-300 ns
         apart: Intel community forum, "Why do MemReq TLPs take 100s nanoseconds to be
         generated after MMIO writes?").
-    cq_poll_ns : one poll of a CQ the NIC writes (a cache miss).
+    cq_poll_ns : one poll of the thread's CQ, which the NIC writes (a cache miss); it
+        sees the completions of all the thread's QPs.
     complete_ns : the proxy writes a completion count into GPU memory (a posted store
         through a BAR mapping); the GPU sees it ``GpuCosts.pcie_ns`` later.
     threads : proxy threads (each owns a share of the QPs and its own request ring).

@@ -40,6 +40,7 @@ SYM_KEY = (0x0C << 8) | 0x5D
 PD = 3
 LANES = 32
 DB_BATCH = 32                   # NVSHMEM rings at least every 32 requests of a QP
+                                # (NVSHMEM_IBGDA_NUM_REQUESTS_IN_BATCH)
 SCRATCH_BYTES = 256             # NVSHMEM's scratch slot per outstanding fetching operation
 
 
@@ -167,8 +168,8 @@ class Pe:
             return []
         c, b = self.costs, self.breakdown
         t0 = self.now()
-        await self._room(sq, nwqebbs)
         await spend(c.atomic_ns)                       # atomicAdd on resv_head
+        await self._room(sq, nwqebbs)                  # no wait from its last check to the reservation
         qp = sq.qp
         base = qp.pi
         wqes, width = [], 0
@@ -193,7 +194,7 @@ class Pe:
         ev, sq.ready_event = sq.ready_event, Event()
         ev.set()
         t4 = self.now()
-        if qp.pi == end or sq.unrung >= DB_BATCH:      # newest, or a batch gathered (or is one)
+        if qp.pi == end or sq.unrung >= self.job.db_batch:   # newest, or a batch gathered (or is one)
             await self._ring(sq)
         t5 = self.now()
         ns = P.CLOCK_PERIOD_NS
@@ -221,7 +222,9 @@ class Pe:
             self.breakdown.doorbells += 1
 
     async def _room(self, sq, n):
-        """Wait (polling the QP's CQ) until ``n`` WQEBBs are free in its ring."""
+        """Wait (polling the QP's CQ) until ``n`` WQEBBs are free in its ring. The caller
+        reserves them at once after this returns (no await in between), so no other
+        warp can take them first."""
         while sq.qp.pi + n - sq.cons > sq.qp.depth:
             self.poll_cq(sq)
             if sq.qp.pi + n - sq.cons <= sq.qp.depth:
@@ -393,9 +396,14 @@ class Job:
     gpu_costs, proxy_costs : ``spec.costs`` records (defaults: ``GPU`` and the path's proxy).
     qps_per_peer : RC QPs between each pair of PEs.
     log_depth : log2 of each send queue, in WQEBBs (NVSHMEM: 1024).
+    db_batch : requests after which a submission rings even when it is not the newest
+        (NVSHMEM_IBGDA_NUM_REQUESTS_IN_BATCH, 32 by default; a power of two).
     """
     def __init__(self, env, *, path="ibgda", gpu_costs=C.GPU, proxy_costs=None, qps_per_peer=2, log_depth=10,
-                 mtu=4096, ack_every=8, timeout=20_000):
+                 mtu=4096, ack_every=8, timeout=20_000, db_batch=DB_BATCH):
+        if db_batch < 1 or db_batch & (db_batch - 1) or db_batch > 1 << log_depth:
+            raise ValueError(f"db_batch must be a power of two up to the QP depth, not {db_batch!r}")
+        self.db_batch = db_batch
         if path not in C.PATHS:
             raise ValueError(f"path must be one of {C.PATHS}, not {path!r}")
         self.env, self.path, self.gpu_costs = env, path, gpu_costs

@@ -9,7 +9,8 @@ completion count into GPU memory, which the GPU's ``quiet`` polls. The engine is
 RTL and takes the same doorbells and WQE fetches; only the posting agent differs.
 
 QPs are shared out over the threads by QP number (each thread owns its QPs' rings and
-CQs, as UCCL-EP's proxies own their channels).
+CQs, as UCCL-EP's proxies own their channels); one poll of a thread's CQ sees the
+completions of all its QPs (as one ibv_poll_cq on a CQ the QPs share).
 """
 from collections import deque
 
@@ -104,12 +105,12 @@ class Proxy:
                     self.doorbells += 1
                 self.batches += 1
             progressed = False
-            for sq in self.owned[t]:
-                st = self._state[sq]
-                if not st["pending"]:
-                    continue
-                await spend(c.cq_poll_ns)
+            busy = [sq for sq in self.owned[t] if self._state[sq]["pending"]]
+            if busy:
+                await spend(c.cq_poll_ns)                   # one poll of the thread's CQ: all its QPs
                 self.cq_polls += 1
+            for sq in busy:
+                st = self._state[sq]
                 k = pe.poll_cq(sq)
                 if k is None:
                     continue
@@ -119,7 +120,7 @@ class Proxy:
                     n += 1
                 if n:
                     st["completed"] += n
-                    await spend(c.complete_ns)              # the count, into GPU memory
+                    await spend(c.complete_ns)              # the QP's count, into GPU memory
                     st["visible"].append((pe.now() + cycles(pe.costs.pcie_ns), st["completed"]))
                     progressed = True
             if not batch and not progressed:

@@ -51,7 +51,7 @@ async def _job(dut, p, **kw):
     gpu = C.GPU.with_(**p.get("gpu", {}))
     proxy = C.proxy_costs(p["path"]).with_(**p.get("proxy", {})) if p["path"] != "ibgda" else None
     job = Job(env, path=p["path"], gpu_costs=gpu, proxy_costs=proxy, qps_per_peer=p.get("qpp", kw.pop("qpp", 2)),
-              **kw)
+              db_batch=p.get("batch", 32), log_depth=p.get("log_depth", 10), **kw)
     await job.start()
     return env, job
 
@@ -68,6 +68,7 @@ def _steady(frames):
 
 def _base(job, p):
     return {"point": point_name(p), "workload": p["workload"], "path": p["path"], "nodes": job.npes,
+            "tweaked": bool(p.get("gpu") or p.get("proxy")),
             "gpu_costs": job.gpu_costs.as_dict(),
             "proxy_costs": job.proxy_costs.as_dict() if job.proxy_costs else None}
 

@@ -1,0 +1,161 @@
+"""`make seeds` (QUICK=1: a subset): IBGDA against IBRC on the same RTL, the published table rerun.
+
+Runs the workloads of tb/suites/seeds.py on two RTL engines back to back and four through
+the switch model, for IBGDA and both IBRC proxies, as independent tasks of a Dask
+distributed scheduler (a local cluster of JOBS worker processes by default, or the one at
+SCHEDULER=tcp://host:8786), fits the cluster model (model/cluster.py) to the RTL points,
+prints the table beside the published figures, and writes build/seeds/results.json and
+the plots.
+"""
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+from rtl.build import PAIR_TOP_NAME, QUAD_TOP_NAME
+from spec import costs as C
+
+PATHS = C.PATHS
+SIZES = [8, 64, 256, 1024]
+A2A_SIZES = [8, 1024, 8192, 65536]
+
+
+def points(quick):
+    """The RTL points: a list of ``tb.suites.seeds`` point dicts."""
+    out = []
+    for path in PATHS:
+        gda = path == "ibgda"
+        # message rate: 8-byte p from many warps (IBGDA) / enough to keep the proxy busy
+        out.append({"workload": "rate", "path": path, "warps": 128 if gda else 16, "qpp": 4 if gda else 8,
+                    "ops": (256 if not quick else 64) if gda else (32 if not quick else 16)})
+        out.append({"workload": "coalesce", "path": path, "warps": 126 if gda else 16, "qpp": 63 if gda else 8,
+                    "groups": (16 if not quick else 4) if gda else 4})
+        for size in (SIZES if not quick else [8, 1024]):
+            out.append({"workload": "bw", "path": path, "size": size, "warps": 64 if gda else 16,
+                        "qpp": 16 if gda else 8, "ops": (64 if gda else 16) if not quick else (32 if gda else 8)})
+        out.append({"workload": "latency", "path": path})
+        for nodes in (2, 4):
+            for size in (A2A_SIZES if not quick else [8, 65536]):
+                out.append({"workload": "a2a", "path": path, "nodes": nodes, "size": size})
+        for mode in ("small", "bulk"):
+            out.append({"workload": "jacobi", "path": path, "nodes": 4, "mode": mode,
+                        "halo": 512 if not quick else 128, "iters": 2})
+        out.append({"workload": "moe", "path": path, "nodes": 4, "tokens": 128 if not quick else 16,
+                    "hidden": 7168, "experts": 32, "topk": 8})
+    if not quick:
+        # one QP shared by 1, 8 and 128 warps, against a QP per warp (the "many blocks on one
+        # QP" slowdown), and how the GPU's costs move the rate
+        for warps, qpp in ((1, 1), (8, 1), (128, 1), (8, 8), (32, 32)):
+            out.append({"workload": "rate", "path": "ibgda", "warps": warps, "qpp": qpp, "ops": 4096 // warps + 32
+                        if warps < 128 else 64})
+        for k, v in (("atomic_ns", 400.0), ("atomic_ns", 50.0), ("pcie_ns", 1000.0), ("pcie_ns", 250.0)):
+            out.append({"workload": "rate", "path": "ibgda", "warps": 8, "qpp": 1, "ops": 512, "gpu": {k: v}})
+        for k, v in (("doorbell_ns", 400.0), ("doorbell_ns", 100.0), ("build_ns", 200.0)):
+            out.append({"workload": "rate", "path": "ibrc", "warps": 16, "qpp": 8, "ops": 16, "proxy": {k: v}})
+    return out
+
+
+def run_points(pts, sim="verilator", out=None):
+    """Run ``pts`` (all of one node count) in one simulator process; return their records.
+    A Dask task: it builds (once per machine, under the runner's lock) and returns data,
+    so a worker on another machine needs only its own checkout after ``make setup``."""
+    import tempfile
+    from tb.runner import run
+    from tb.suites.seeds import point_name
+    nodes = {p.get("nodes", 2) for p in pts}
+    if len(nodes) != 1:
+        raise ValueError("one task runs points of one node count")
+    top = QUAD_TOP_NAME if nodes == {4} else PAIR_TOP_NAME
+    with tempfile.TemporaryDirectory(prefix="seeds_") as tmp:
+        out_dir = Path(out or tmp) / "points"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        run(sim, "tb.suites.seeds", None, top=top, test_dir=Path(tmp) / "run",
+            extra_env={"IBGDA_SEEDS_OUT": str(out_dir), "SEEDS_POINTS": json.dumps(pts)},
+            log_file=Path(tmp) / "log.txt")
+        recs = []
+        for p in pts:
+            f = out_dir / f"{point_name(p)}.json"
+            if not f.exists():
+                raise RuntimeError(f"point {point_name(p)} wrote no result (its test failed: see the log above)")
+            recs.append(json.loads(f.read_text()))
+        return recs
+
+
+def client_for(scheduler, jobs):
+    """A Dask client: of the scheduler at ``scheduler``, or of a local cluster of ``jobs``
+    single-threaded worker processes."""
+    from dask.distributed import Client, LocalCluster
+    if scheduler:
+        return Client(scheduler), None
+    cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None,
+                           silence_logs=40)
+    return Client(cluster), cluster
+
+
+def run_all(pts, *, sim="verilator", client=None, say=print):
+    """Every point, one task each, through ``client`` (None: serially here); records in
+    the order of ``pts``."""
+    from tb.suites.seeds import point_name
+    t0 = time.time()
+    if client is None:
+        recs = []
+        for k, p in enumerate(pts):
+            recs += run_points([p], sim)
+            say(f"[{k + 1}/{len(pts)}] {point_name(p)} ({time.time() - t0:.0f} s)")
+        return recs
+    from dask.distributed import as_completed
+    # the heaviest first, so the last ones to finish are short
+    order = sorted(range(len(pts)), key=lambda k: -_weight(pts[k]))
+    futs = {client.submit(run_points, [pts[k]], sim, pure=False, key=f"seed-{k}-{point_name(pts[k])}"): k
+            for k in order}
+    got = {}
+    for i, fut in enumerate(as_completed(futs), 1):
+        k = futs[fut]
+        got[k] = fut.result()[0]
+        say(f"[{i}/{len(pts)}] {point_name(pts[k])} ({time.time() - t0:.0f} s)")
+    return [got[k] for k in range(len(pts))]
+
+
+def _weight(p):
+    w = {"moe": 50, "jacobi": 10, "a2a": 3}.get(p["workload"], 1)
+    return w * (2 if p.get("nodes", 2) == 4 else 1) * (4 if p["path"] == "ibrc" else 1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", default=bool(os.environ.get("QUICK")))
+    ap.add_argument("--scheduler", default=os.environ.get("SCHEDULER") or None,
+                    help="a Dask scheduler address (tcp://host:8786); default: a local cluster")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS") or os.cpu_count() or 2))
+    ap.add_argument("--serial", action="store_true", help="no scheduler: one point after another here")
+    args = ap.parse_args()
+    out = ROOT / "build" / "seeds"
+    out.mkdir(parents=True, exist_ok=True)
+    for f in list(out.glob("*.png")) + list(out.glob("results.json")):
+        f.unlink()
+    from tb.runner import build
+    pts = points(args.quick)
+    for top in (PAIR_TOP_NAME, QUAD_TOP_NAME):      # build once here, before the workers share it
+        build("verilator", top=top)
+    where = "serially" if args.serial else (f"on {args.scheduler}" if args.scheduler else
+                                             f"on a local Dask cluster of {args.jobs} workers")
+    print(f"seeds: {len(pts)} RTL points{' (QUICK)' if args.quick else ''} {where} ...", flush=True)
+    client = cluster = None
+    if not args.serial:
+        client, cluster = client_for(args.scheduler, args.jobs)
+    try:
+        recs = run_all(pts, client=client)
+    finally:
+        if client:
+            client.close()
+        if cluster:
+            cluster.close()
+    from scripts.seeds_report import report
+    report(recs, out, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()
