@@ -60,6 +60,8 @@ class AxiAccess:
     data: bytes | None = None
     port: str = ""
     staged: list = field(default_factory=list)   # visible_at_b: (addr, bytes) stored when the B is handed over
+    written: list = field(default_factory=list)  # (addr, n) of every strobed byte run it wrote
+    suspects: list = field(default_factory=list)  # bursts of another port in flight over its lines
 
     def overlaps(self, other):
         """True when the two bursts share a byte."""
@@ -272,11 +274,14 @@ class _WritePort:
             rec = o._new_access("write", sig_uint(aw.awid), sig_uint(aw.awaddr), sig_uint(aw.awlen),
                                 sig_uint(aw.awsize), sig_uint(aw.awburst), c)
             rec.port = self.prefix
+            # a burst over lines another port has in flight: their order is undefined where
+            # both write a byte (their strobes say which, once their beats have come)
             for other in o.write_ports:
-                if other is not self and any(rec.overlaps(f) for f in other.in_flight):
-                    f = next(f for f in other.in_flight if rec.overlaps(f))
-                    o._error(f"write {rec.addr:#x}+{rec.length} on {self.prefix} while {f.addr:#x}+{f.length} "
-                             f"is in flight on {other.prefix}: their order is undefined (cycle {c})")
+                if other is not self:
+                    for f in other.in_flight:
+                        if rec.overlaps(f):
+                            rec.suspects.append(f)
+                            f.suspects.append(rec)
             o.writes.append(rec)
             self.awq.append(_Burst(rec))
             self.in_flight.append(rec)
@@ -299,7 +304,9 @@ class _WritePort:
     def retire(self):
         """The burst whose B was handed over this cycle is no longer in flight."""
         if self.b_taken:
-            self.in_flight.popleft()
+            done = self.in_flight.popleft()
+            if not done.suspects:
+                done.written = []           # only a suspect pair's bytes are compared
             self.b_taken = False
 
     def _apply_w_beat(self, data, strb, last, cycle):
@@ -316,6 +323,7 @@ class _WritePort:
             if strb == (1 << o.bus_bytes) - 1:
                 store((line, raw))
                 o.stored.append((line, o.bus_bytes))
+                rec.written.append((line, o.bus_bytes))
             else:
                 lane = 0
                 while strb:
@@ -323,6 +331,7 @@ class _WritePort:
                         run = (~strb & (strb + 1)).bit_length() - 1  # length of the run of ones
                         store((line + lane, raw[lane:lane + run]))
                         o.stored.append((line + lane, run))
+                        rec.written.append((line + lane, run))
                         strb >>= run
                         lane += run
                     else:
@@ -332,6 +341,15 @@ class _WritePort:
         if bst.last or last:
             self.awq.popleft()
             rec.end_cycle = max(cycle, rec.start_cycle)
+            for f in rec.suspects:          # (checked again when the other one ends)
+                both = [(a, n, b, m) for a, n in rec.written for b, m in f.written if a < b + m and b < a + n]
+                if both:
+                    a, n, b, m = both[0]
+                    o._error(f"write {rec.addr:#x}+{rec.length} on {self.prefix} and {f.addr:#x}+{f.length} on "
+                             f"{f.port} were in flight at once and both wrote byte {max(a, b):#x}: their order "
+                             f"is undefined (cycle {cycle})")
+                    f.suspects.remove(rec)      # one error a pair
+                    break
             if not o.visible_at_b:
                 rec.data = o.mem.read(rec.addr, rec.length)
             # B goes out b_latency cycles after wlast (1: at the next edge), in AW order
