@@ -107,16 +107,35 @@ def run_all(pts, *, sim="verilator", client=None, say=print):
             say(f"[{k + 1}/{len(pts)}] {point_name(p)} ({time.time() - t0:.0f} s)")
         return recs
     from dask.distributed import as_completed
-    # the heaviest first, so the last ones to finish are short
-    order = sorted(range(len(pts)), key=lambda k: -_weight(pts[k]))
-    futs = {client.submit(run_points, [pts[k]], sim, pure=False, key=f"seed-{k}-{point_name(pts[k])}"): k
-            for k in order}
-    got = {}
-    for i, fut in enumerate(as_completed(futs), 1):
-        k = futs[fut]
-        got[k] = fut.result()[0]
-        say(f"[{i}/{len(pts)}] {point_name(pts[k])} ({time.time() - t0:.0f} s)")
+    futs = {client.submit(run_points, [pts[k] for k in ks], sim, pure=False,
+                          key=f"seeds-{ks[0]}-{point_name(pts[ks[0]])}"): ks for ks in tasks(pts)}
+    got, done = {}, 0
+    for fut in as_completed(futs):
+        ks = futs[fut]
+        for k, r in zip(ks, fut.result()):
+            got[k] = r
+        done += len(ks)
+        say(f"[{done}/{len(pts)}] {', '.join(point_name(pts[k]) for k in ks)} ({time.time() - t0:.0f} s)")
     return [got[k] for k in range(len(pts))]
+
+
+def tasks(pts, unit=4):
+    """The points as tasks: the heaviest first (so the last to finish are short), the light
+    ones of one node count packed into tasks of about ``unit`` weight (each simulator start
+    costs seconds)."""
+    order = sorted(range(len(pts)), key=lambda k: -_weight(pts[k]))
+    out, open_ = [], {}
+    for k in order:
+        n = pts[k].get("nodes", 2)
+        if _weight(pts[k]) >= unit:
+            out.append([k])
+            continue
+        cur = open_.setdefault(n, [])
+        cur.append(k)
+        if sum(_weight(pts[j]) for j in cur) >= unit:
+            out.append(cur)
+            open_[n] = []
+    return out + [ks for ks in open_.values() if ks]
 
 
 def _weight(p):
@@ -131,9 +150,16 @@ def main():
                     help="a Dask scheduler address (tcp://host:8786); default: a local cluster")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS") or os.cpu_count() or 2))
     ap.add_argument("--serial", action="store_true", help="no scheduler: one point after another here")
+    ap.add_argument("--report-only", action="store_true",
+                    help="no simulation: the table and plots again from build/seeds/records.json")
     args = ap.parse_args()
     out = ROOT / "build" / "seeds"
     out.mkdir(parents=True, exist_ok=True)
+    from scripts.seeds_report import report
+    if args.report_only:
+        saved = json.loads((out / "records.json").read_text())
+        report(saved["records"], out, quick=saved["quick"])
+        return
     for f in list(out.glob("*.png")) + list(out.glob("results.json")):
         f.unlink()
     from tb.runner import build
@@ -153,7 +179,7 @@ def main():
             client.close()
         if cluster:
             cluster.close()
-    from scripts.seeds_report import report
+    (out / "records.json").write_text(json.dumps({"quick": args.quick, "records": recs}, indent=1))
     report(recs, out, quick=args.quick)
 
 

@@ -228,7 +228,8 @@ def report(recs, out, *, quick=False):
     print()
     print(" | ".join(h for h in heads))
     for row in table:
-        cells = [row[0], row[1] or "", row[2], row[3], row[4], f"{row[5]:.1f}x" if row[5] else "-", row[6]]
+        gain = row[5] if isinstance(row[5], str) else f"{row[5]:.1f}x" if row[5] else "-"
+        cells = [row[0], row[1] or "", row[2], row[3], row[4], gain, row[6]]
         print(" | ".join(str(c) for c in cells))
     if chk:
         print("\nthe cluster model against the RTL points (fitted from the latency and rate points only):")
