@@ -52,7 +52,7 @@ fuzz: $(PY)
 	$(PY) -m scripts.run_fuzz $(if $(SEED),--seed $(SEED)) $(if $(N),--n $(N))
 
 bench: $(PY)
-	$(PY) -m scripts.run_bench $(if $(SIM),--sim $(SIM))
+	$(PY) -m scripts.run_bench --jobs $(JOBS) $(if $(SIM),--sim $(SIM)) $(if $(SCHEDULER),--scheduler $(SCHEDULER))
 
 seeds: $(PY)
 	$(PY) -m scripts.run_seeds --jobs $(JOBS) $(if $(SCHEDULER),--scheduler $(SCHEDULER))

@@ -1,5 +1,8 @@
 """`make bench` (QUICK=1 for a small subset): sweeps of the engine on the simulated 400G wire.
 
+The points run as tasks of a Dask cluster (a local one of JOBS workers, or SCHEDULER=
+tcp://host:8786), as `make seeds`'s do.
+
 Sweeps: payload size 8 B..64 KiB (8 QPs); QPs 1..1024 (8-byte inline); doorbell batch
 1, 4, 32; GPU-memory latency 0.25, 1, 2 us. Prints a table, writes
 build/bench/results.json (one record per point), a pcap per point and two plots.
@@ -11,10 +14,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from rtl.build import PAIR_TOP_NAME 
-from spec import params as P       
+from rtl.build import PAIR_TOP_NAME, TOP_NAME
+from spec import params as P
 from scripts.run_sim import default_sim
-from tb.runner import SIMULATORS, run
+from scripts.tasks import client_for, map_tasks, run_suite
+from tb.runner import SIMULATORS, build
 
 # 64..190 B: frames of 138..264 bytes, the sizes a one-frame-per-beat bus cannot carry at wire rate
 SIZES = [8, 64, 100, 150, 190, 256, 1024, 4096, 16384, 65536]
@@ -133,20 +137,38 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sim", default=os.environ.get("SIM") or None, choices=SIMULATORS)
     ap.add_argument("--quick", action="store_true", default=bool(os.environ.get("QUICK")))
+    ap.add_argument("--scheduler", default=os.environ.get("SCHEDULER") or None,
+                    help="a Dask scheduler address (tcp://host:8786); default: a local cluster")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS") or os.cpu_count() or 2))
     args = ap.parse_args()
     sim = args.sim or default_sim()
     out = ROOT / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     for f in list(out.glob("*.json")) + list(out.glob("*.pcap")) + list(out.glob("*.png")):
         f.unlink()
-    pts = points(args.quick)
-    print(f"running {len(pts)} points on {sim}{' (QUICK)' if args.quick else ''} ...", flush=True)
-    run(sim, "tb.suites.bench", None, extra_env={"IBGDA_BENCH_OUT": str(out), "BENCH_POINTS": json.dumps(pts)},
-        test_dir=out / "run")
-    ppts = pair_points(args.quick)
-    print(f"running {len(ppts)} two-node points on {sim} ...", flush=True)
-    run(sim, "tb.suites.bench_pair", None, extra_env={"IBGDA_BENCH_OUT": str(out), "BENCH_PAIR_POINTS": json.dumps(ppts)},
-        test_dir=out / "run_pair", top=PAIR_TOP_NAME)
+    pts, ppts = points(args.quick), pair_points(args.quick)
+    # the points as tasks of a Dask cluster (scripts/tasks.py): each a share of one suite's
+    # points in one simulator process, its files returned as data
+    k = max(1, 2 * args.jobs)
+    jobs = [("tb.suites.bench", TOP_NAME, "BENCH_POINTS", pts[i::k], "IBGDA_BENCH_OUT") for i in range(k)] + \
+        [("tb.suites.bench_pair", PAIR_TOP_NAME, "BENCH_PAIR_POINTS", ppts[i::k], "IBGDA_BENCH_OUT") for i in range(k)]
+    jobs = [j for j in jobs if j[3]]
+    for top in (TOP_NAME, PAIR_TOP_NAME):          # build once here, before the workers share it
+        build(sim, top=top)
+    where = f"on {args.scheduler}" if args.scheduler else f"on a local Dask cluster of {args.jobs} workers"
+    print(f"running {len(pts)} one-NIC and {len(ppts)} two-node points on {sim}{' (QUICK)' if args.quick else ''} "
+          f"as {len(jobs)} tasks {where} ...", flush=True)
+    client, cluster = client_for(args.scheduler, args.jobs)
+    try:
+        res = map_tasks(client, run_suite, [(sim,) + j for j in jobs],
+                        [f"{j[0].split('.')[-1]}: {len(j[3])} points" for j in jobs])
+    finally:
+        client.close()
+        if cluster:
+            cluster.close()
+    for files in res:
+        for name, data in files.items():
+            (out / name).write_bytes(data)
     pairs = [json.loads(f.read_text()) for f in sorted(out.glob("pair_*.json"))]
     reads = [r for r in pairs if r["kind"] == "pair_read"]
     pairs = [r for r in pairs if r["kind"] != "pair_read"]

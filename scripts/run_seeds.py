@@ -10,7 +10,6 @@ the plots.
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +30,9 @@ def points(quick):
         # message rate: 8-byte p from many warps (IBGDA) / enough to keep the proxy busy
         out.append({"workload": "rate", "path": path, "warps": 128 if gda else 16, "qpp": 4 if gda else 8,
                     "ops": (256 if not quick else 64) if gda else (32 if not quick else 16)})
+        if gda:     # the same with turns of 4 x 128 WQEBBs (QP weight 4): the read-past shrinks
+            out.append({"workload": "rate", "path": path, "warps": 128, "qpp": 4, "weight": 4,
+                        "ops": 256 if not quick else 64})
         out.append({"workload": "coalesce", "path": path, "warps": 126 if gda else 16, "qpp": 63 if gda else 8,
                     "groups": (16 if not quick else 4) if gda else 4})
         for size in (SIZES if not quick else [8, 1024]):
@@ -43,9 +45,12 @@ def points(quick):
         for mode in ("small", "bulk"):
             out.append({"workload": "jacobi", "path": path, "nodes": 4, "mode": mode,
                         "halo": 512 if not quick else 128, "iters": 2})
-        out.append({"workload": "moe", "path": path, "nodes": 4, "tokens": 128 if not quick else 16,
+        out.append({"workload": "moe", "path": path, "nodes": 4, "tokens": 128 if not quick else 8,
                     "hidden": 7168, "experts": 32, "topk": 8})
     if not quick:
+        # the MoE dispatch and combine with 256 KiB switch queues: incast drops, go-back-N
+        out.append({"workload": "moe", "path": "ibgda", "nodes": 4, "tokens": 32, "hidden": 7168, "experts": 32,
+                    "topk": 8, "queue_kib": 256})
         # one QP shared by 1, 8 and 128 warps, against a QP per warp (the "many blocks on one
         # QP" slowdown), and how the GPU's costs move the rate
         for warps, qpp in ((1, 1), (8, 1), (128, 1), (8, 8), (32, 32)):
@@ -58,64 +63,36 @@ def points(quick):
     return out
 
 
-def run_points(pts, sim="verilator", out=None):
-    """Run ``pts`` (all of one node count) in one simulator process; return their records.
-    A Dask task: it builds (once per machine, under the runner's lock) and returns data,
-    so a worker on another machine needs only its own checkout after ``make setup``."""
-    import tempfile
-    from tb.runner import run
+def run_points(pts, sim="verilator"):
+    """Run ``pts`` (all of one node count) in one simulator process; return their records
+    (a Dask task: see scripts/tasks.py)."""
+    from scripts.tasks import run_suite
     from tb.suites.seeds import point_name
     nodes = {p.get("nodes", 2) for p in pts}
     if len(nodes) != 1:
         raise ValueError("one task runs points of one node count")
     top = QUAD_TOP_NAME if nodes == {4} else PAIR_TOP_NAME
-    with tempfile.TemporaryDirectory(prefix="seeds_") as tmp:
-        out_dir = Path(out or tmp) / "points"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        run(sim, "tb.suites.seeds", None, top=top, test_dir=Path(tmp) / "run",
-            extra_env={"IBGDA_SEEDS_OUT": str(out_dir), "SEEDS_POINTS": json.dumps(pts)},
-            log_file=Path(tmp) / "log.txt")
-        recs = []
-        for p in pts:
-            f = out_dir / f"{point_name(p)}.json"
-            if not f.exists():
-                raise RuntimeError(f"point {point_name(p)} wrote no result (its test failed: see the log above)")
-            recs.append(json.loads(f.read_text()))
-        return recs
-
-
-def client_for(scheduler, jobs):
-    """A Dask client: of the scheduler at ``scheduler``, or of a local cluster of ``jobs``
-    single-threaded worker processes."""
-    from dask.distributed import Client, LocalCluster
-    if scheduler:
-        return Client(scheduler), None
-    cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None,
-                           silence_logs=40)
-    return Client(cluster), cluster
+    files = run_suite(sim, "tb.suites.seeds", top, "SEEDS_POINTS", pts, "IBGDA_SEEDS_OUT")
+    recs = []
+    for p in pts:
+        f = f"{point_name(p)}.json"
+        if f not in files:
+            raise RuntimeError(f"point {point_name(p)} wrote no result (its test failed: see the log above)")
+        recs.append(json.loads(files[f]))
+    return recs
 
 
 def run_all(pts, *, sim="verilator", client=None, say=print):
-    """Every point, one task each, through ``client`` (None: serially here); records in
-    the order of ``pts``."""
+    """Every point through ``client`` (None: serially here), light ones packed into
+    tasks; records in the order of ``pts``."""
+    from scripts.tasks import map_tasks
     from tb.suites.seeds import point_name
-    t0 = time.time()
-    if client is None:
-        recs = []
-        for k, p in enumerate(pts):
-            recs += run_points([p], sim)
-            say(f"[{k + 1}/{len(pts)}] {point_name(p)} ({time.time() - t0:.0f} s)")
-        return recs
-    from dask.distributed import as_completed
-    futs = {client.submit(run_points, [pts[k] for k in ks], sim, pure=False,
-                          key=f"seeds-{ks[0]}-{point_name(pts[ks[0]])}"): ks for ks in tasks(pts)}
-    got, done = {}, 0
-    for fut in as_completed(futs):
-        ks = futs[fut]
-        for k, r in zip(ks, fut.result()):
-            got[k] = r
-        done += len(ks)
-        say(f"[{done}/{len(pts)}] {', '.join(point_name(pts[k]) for k in ks)} ({time.time() - t0:.0f} s)")
+    groups = tasks(pts) if client is not None else [[k] for k in range(len(pts))]
+    res = map_tasks(client, run_points, [([pts[k] for k in ks], sim) for ks in groups],
+                    [", ".join(point_name(pts[k]) for k in ks) for ks in groups], say=say)
+    got = {}
+    for ks, recs in zip(groups, res):
+        got.update(zip(ks, recs))
     return [got[k] for k in range(len(pts))]
 
 
@@ -169,6 +146,7 @@ def main():
     where = "serially" if args.serial else (f"on {args.scheduler}" if args.scheduler else
                                              f"on a local Dask cluster of {args.jobs} workers")
     print(f"seeds: {len(pts)} RTL points{' (QUICK)' if args.quick else ''} {where} ...", flush=True)
+    from scripts.tasks import client_for
     client = cluster = None
     if not args.serial:
         client, cluster = client_for(args.scheduler, args.jobs)

@@ -398,12 +398,13 @@ class Job:
     log_depth : log2 of each send queue, in WQEBBs (NVSHMEM: 1024).
     db_batch : requests after which a submission rings even when it is not the newest
         (NVSHMEM_IBGDA_NUM_REQUESTS_IN_BATCH, 32 by default; a power of two).
+    weight : the engine's scheduler weight of every QP (a turn of weight x 128 WQEBBs).
     """
     def __init__(self, env, *, path="ibgda", gpu_costs=C.GPU, proxy_costs=None, qps_per_peer=2, log_depth=10,
-                 mtu=4096, ack_every=8, timeout=20_000, db_batch=DB_BATCH):
+                 mtu=4096, ack_every=8, timeout=20_000, db_batch=DB_BATCH, weight=1):
         if db_batch < 1 or db_batch & (db_batch - 1) or db_batch > 1 << log_depth:
             raise ValueError(f"db_batch must be a power of two up to the QP depth, not {db_batch!r}")
-        self.db_batch = db_batch
+        self.db_batch, self.weight = db_batch, weight
         if path not in C.PATHS:
             raise ValueError(f"path must be one of {C.PATHS}, not {path!r}")
         self.env, self.path, self.gpu_costs = env, path, gpu_costs
@@ -460,7 +461,7 @@ class Job:
                     cq_b = await self.pes[j].nic.cq(qb, 0, collapsed=True)
                     a, b = await self.env.connect(i, qa, j, qb, cq_a=cq_a, cq_b=cq_b, mtu=self.mtu, pd=PD,
                                                   ack_every=self.ack_every, log_depth=self.log_depth,
-                                                  timeout=self.timeout)
+                                                  timeout=self.timeout, weight=self.weight)
                     self.pes[i].qps[j].append(SharedQp(a, j))
                     self.pes[j].qps[i].append(SharedQp(b, i))
         if self.proxy_costs is not None:

@@ -31,6 +31,7 @@ from tb.pair_env import NicPairEnv, NicSwitchEnv
 OUT = Path(os.environ.get("IBGDA_SEEDS_OUT", "build/seeds/points"))
 POINTS = json.loads(os.environ.get("SEEDS_POINTS", '[{"workload": "rate", "path": "ibgda", "warps": 8, "ops": 64}]'))
 NS = P.CLOCK_PERIOD_NS
+QUEUE_KIB = 4096
 
 
 def point_name(p):
@@ -44,14 +45,21 @@ def nodes_of(p):
     return p.get("nodes", 2)
 
 
+env_box = []            # the running point's environment (for its network counters)
+
+
 async def _job(dut, p, **kw):
     n = nodes_of(p)
-    env = NicPairEnv(dut, latency_cycles=100) if n == 2 else NicSwitchEnv(dut)
+    # switch output queues of QUEUE_KIB (4 MiB: a deep-buffer switch's share for a port, a
+    # stand-in for the lossless fabric RoCE runs MoE on; ``queue_kib`` of a point: another)
+    env = NicPairEnv(dut, latency_cycles=100) if n == 2 else \
+        NicSwitchEnv(dut, queue_bytes=p.get("queue_kib", QUEUE_KIB) * 1024)
+    env_box.append(env)
     await env.start()
     gpu = C.GPU.with_(**p.get("gpu", {}))
     proxy = C.proxy_costs(p["path"]).with_(**p.get("proxy", {})) if p["path"] != "ibgda" else None
     job = Job(env, path=p["path"], gpu_costs=gpu, proxy_costs=proxy, qps_per_peer=p.get("qpp", kw.pop("qpp", 2)),
-              db_batch=p.get("batch", 32), log_depth=p.get("log_depth", 10), **kw)
+              db_batch=p.get("batch", 32), log_depth=p.get("log_depth", 10), weight=p.get("weight", 1), **kw)
     await job.start()
     return env, job
 
@@ -68,7 +76,8 @@ def _steady(frames):
 
 def _base(job, p):
     return {"point": point_name(p), "workload": p["workload"], "path": p["path"], "nodes": job.npes,
-            "tweaked": bool(p.get("gpu") or p.get("proxy")),
+            "tweaked": bool(p.get("gpu") or p.get("proxy")), "weight": p.get("weight", 1),
+            "queue_kib": p.get("queue_kib", QUEUE_KIB) if job.npes > 2 else None,
             "gpu_costs": job.gpu_costs.as_dict(),
             "proxy_costs": job.proxy_costs.as_dict() if job.proxy_costs else None}
 
@@ -224,7 +233,9 @@ async def latency(dut, p):
 async def a2a(dut, p):
     """Every PE puts ``size`` bytes to every other (one warp per peer, put_signal with a
     signal add) and waits until its signal counts every peer; latency from the first post
-    to the last PE's last signal."""
+    to the last PE's last signal. PE i's warps start in the order i+1, i+2, ... (mod the
+    PEs), as all-to-all implementations stagger their peers, so no receiver is every
+    sender's first."""
     env, job = await _job(dut, p)
     n, size = job.npes, p["size"]
     src = job.alloc(n * max(64, size))
@@ -243,7 +254,7 @@ async def a2a(dut, p):
         seen[pe.index] = await pe.wait_until(sig, n - 1)
         await pe.quiet(w)
     t0 = job.pes[0].now()
-    progs = [(i, j, sender) for i in range(n) for j in range(n) if j != i] + [(i, 0, waiter) for i in range(n)]
+    progs = [(i, (i + k) % n, sender) for k in range(1, n) for i in range(n)] + [(i, 0, waiter) for i in range(n)]
     await _wait_all(job.run(progs))
     for pe in job.pes:
         for j in job.peers(pe.index):
@@ -435,10 +446,26 @@ WORKLOADS = {"rate": rate, "coalesce": coalesce, "bw": bw, "latency": latency, "
              "moe": moe}
 
 
+async def _net_stats(env):
+    """What recovery cost: the NICs' retransmits and timeouts, the switch's tail drops."""
+    out = {"retransmits": 0, "timeouts": 0, "naks": 0}
+    for nic in env.nics:
+        c = await nic.ctl.read_counters()
+        out["retransmits"] += c["retransmits"]
+        out["timeouts"] += c["timeouts"]
+        out["naks"] += c["naks_received"]
+    pc = getattr(env.net, "port_counters", None)
+    out["switch_tail_drops"] = sum(c["tail_drops"] for c in pc) if pc else 0
+    out["switch_max_queue_bytes"] = max(c["max_queue_bytes"] for c in pc) if pc else 0
+    return out
+
+
 def _make(k, p):
     async def seed_point(dut):
         print(f"[seeds] point {k + 1}/{len(POINTS)}: {point_name(p)}", flush=True)
+        env_box.clear()
         rec = await WORKLOADS[p["workload"]](dut, p)
+        rec["network"] = await _net_stats(env_box[0])
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / f"{rec['point']}.json").write_text(json.dumps(rec, indent=2))
     seed_point.__name__ = seed_point.__qualname__ = f"seeds_{k:03d}"
