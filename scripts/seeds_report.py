@@ -119,6 +119,26 @@ def rows(recs, model):
     return out
 
 
+def sweeps(recs):
+    """The posting sweeps: warps sharing QPs, and the GPU's and the proxy's costs moved one at
+    a time (rows: what, M ops/s overall, M ops/s steady, doorbells at the NIC)."""
+    out = []
+    for r in sorted((r for r in recs if r["workload"] == "rate" and r["path"] == "ibgda" and not r.get("tweaked")
+                     and r.get("weight", 1) == 1), key=lambda r: (r["qps"], r["warps"])):
+        out.append((f"IBGDA, {r['warps']} warps on {r['qps']} QP{'s' if r['qps'] > 1 else ''}", r["ops_per_s"] / 1e6,
+                    (r.get("steady_ops_per_s") or 0) / 1e6, r["doorbells_at_nic"]))
+    base = {k: v for k, v in C.GPU.as_dict().items()}
+    for r in (r for r in recs if r["workload"] == "rate" and r.get("tweaked")):
+        moved = {k: v for k, v in (r["gpu_costs"] or {}).items() if base.get(k) != v}
+        pmoved = {k: v for k, v in (r["proxy_costs"] or {}).items() if C.proxy_costs(r["path"]).as_dict().get(k) != v} \
+            if r["path"] != "ibgda" else {}
+        what = ", ".join(f"{k} {v:g} (default {base[k]:g})" for k, v in moved.items()) or \
+            ", ".join(f"{k} {v:g} (default {C.proxy_costs(r['path']).as_dict()[k]:g})" for k, v in pmoved.items())
+        out.append((f"{C.PATH_LABELS[r['path']]}, {r['warps']} warps on {r['qps']} QPs, {what}", r["ops_per_s"] / 1e6,
+                    (r.get("steady_ops_per_s") or 0) / 1e6, r["doorbells_at_nic"]))
+    return out
+
+
 def checks(recs, model):
     """The model against every RTL all-to-all and MoE point: (what, rtl_ns, model_ns, error)."""
     out = []
@@ -237,6 +257,11 @@ def report(recs, out, *, quick=False):
         gain = row[5] if isinstance(row[5], str) else f"{row[5]:.1f}x" if row[5] else "-"
         cells = [row[0], row[1] or "", row[2], row[3], row[4], gain, row[6]]
         print(" | ".join(str(c) for c in cells))
+    sw = sweeps(recs)
+    if sw:
+        print("\nposting sweeps, 8-byte p to one peer (M ops/s overall, steady; doorbells the NIC took):")
+        for what, a, b, d in sw:
+            print(f"  {what:<78} {a:8.1f} {b:8.1f} {d:6}")
     if chk:
         print("\nthe cluster model against the RTL points (fitted from the latency and rate points only):")
         for what, rtl, mod, err in chk:
@@ -244,6 +269,7 @@ def report(recs, out, *, quick=False):
         worst = max(abs(e) for *_, e in chk)
         print(f"  largest error {100 * worst:.1f}% (target 5%)")
     res = {"quick": quick, "points": recs, "table": [dict(zip(heads, r)) for r in table],
+           "sweeps": [{"what": a, "ops_per_s": b * 1e6, "steady_ops_per_s": c * 1e6, "doorbells": d} for a, b, c, d in sw],
            "model": {"fitted": model.fitted() if model else None, "fabric": Fabric().__dict__,
                      "checks": [{"what": a, "rtl_ns": b, "model_ns": c, "error": d} for a, b, c, d in chk],
                      "a2a_ns": {p: {n: {s: model.a2a_ns(p, n, s, Fabric() if n > 4 else None) for s in (8, 8192, 65536)}

@@ -315,6 +315,12 @@ async def jacobi(dut, p):
 
 
 # ---- MoE: DeepEP's low-latency dispatch and combine ------------------------------------------
+async def _poll_nonzero(pe, off):
+    """A warp polls the 4-byte word at ``off`` until it is not 0."""
+    while int.from_bytes(pe.read(off, 4), "little") == 0:
+        await spend(pe.costs.poll_ns)
+
+
 def moe_sizes(hidden):
     """Bytes of one token message: FP8 dispatch (the values, a 4-byte scale per 128, a
     16-byte header), BF16 combine."""
@@ -402,31 +408,29 @@ async def moe(dut, p):
     async def pe_prog(pe, w0):
         i = pe.index
         t0 = pe.now()
+        marks.setdefault("t0", t0)
         await _wait_all([cocotb.start_soon(dispatch_warp(pe, w)) for w in range(warps)])
-        for e in range(experts):                              # counts, each behind its expert's tokens
-            if e // per == i:
-                continue
+        async def count(pe_, e):                              # one warp an expert, as DeepEP's
             v = (-sent_to[i].get(e, 0) - 1) & 0xFFFF_FFFF
-            await pe.atomic(e % per, e // per, "add", counts + ((e % per) * n + i) * 4, v, nbytes=4)
-        for e_local in range(per):                            # wait for every source's count
+            await pe_.atomic(e % per, e // per, "add", counts + ((e % per) * n + i) * 4, v, nbytes=4)
+        await _wait_all([cocotb.start_soon(count(pe, e)) for e in range(experts) if e // per != i])
+        # every source's count, each polled by a warp of its own (DeepEP: a warp an expert)
+        await _wait_all([cocotb.start_soon(_poll_nonzero(pe, counts + (e_local * n + src) * 4))
+                         for e_local in range(per) for src in job.peers(i)])
+        for e_local in range(per):
             for src in job.peers(i):
-                off = counts + (e_local * n + src) * 4
-                while int.from_bytes(pe.read(off, 4), "little") == 0:
-                    await spend(pe.costs.poll_ns)
-                got = (-int.from_bytes(pe.read(off, 4), "little") - 1) & 0xFFFF_FFFF
+                got = (-int.from_bytes(pe.read(counts + (e_local * n + src) * 4, 4), "little") - 1) & 0xFFFF_FFFF
                 assert got == sent_to[src].get(i * per + e_local, 0), f"PE {i} count from {src}"
         marks[i, "dispatch"] = pe.now() - t0
         await pe.barrier()                                    # the expert computation sits here
         t1 = pe.now()
         await _wait_all([cocotb.start_soon(combine_warp(pe, w)) for w in range(warps)])
-        for e_local in range(per):                            # a flag per (expert, source)
-            e = i * per + e_local
-            for src in job.peers(i):
-                if sent_to[src].get(e, 0):
-                    await pe.atomic(e_local, src, "add", flags + e * 4, 1, nbytes=4)
-        for e, cnt in sent_to[i].items():                     # every expert it sent to answers
-            while int.from_bytes(pe.read(flags + e * 4, 4), "little") == 0:
-                await spend(pe.costs.poll_ns)
+        async def flag(pe_, e_local, src):                    # one warp an (expert, source)
+            await pe_.atomic(e_local, src, "add", flags + (i * per + e_local) * 4, 1, nbytes=4)
+        await _wait_all([cocotb.start_soon(flag(pe, e_local, src)) for e_local in range(per)
+                         for src in job.peers(i) if sent_to[src].get(i * per + e_local, 0)])
+        await _wait_all([cocotb.start_soon(_poll_nonzero(pe, flags + e * 4))   # every expert it sent to
+                         for e in sent_to[i]])
         marks[i, "combine"] = pe.now() - t1
         await pe.quiet()
     await _wait_all(job.run([(i, 0, pe_prog) for i in range(n)]))
@@ -436,8 +440,19 @@ async def moe(dut, p):
             assert dst_pe.read(recv_slot(e % per, i, t), dsz) == pe.read(x + t * dsz, dsz), f"token {t} of PE {i}"
             src = y + (((e % per) * n + i) * tokens + t) * csz
             assert pe.read(comb + (t * topk + k) * csz, csz) == dst_pe.read(src, csz), f"combine {t},{k} of PE {i}"
+    recv_per_pe = [sum(e // per == j for i in range(n) for _, _, e in sends[i]) for j in range(n)]
+
+    def busy(pe, t_end):
+        # the PE's MAC TX: wire time of its frames started before t_end, over that span
+        fr = [f for f in pe.nic.wire.frames if f.start_bytes / P.WIRE_BYTES_PER_CYCLE < t_end]
+        if not fr:
+            return None
+        wire = sum(P.wire_bytes(len(f.data)) for f in fr) / P.WIRE_BYTES_PER_CYCLE
+        return wire / (fr[-1].end_bytes / P.WIRE_BYTES_PER_CYCLE - fr[0].start_bytes / P.WIRE_BYTES_PER_CYCLE)
     return {**_base(job, p), "tokens": tokens, "hidden": hidden, "experts": experts, "topk": topk,
             "dispatch_bytes": dsz, "combine_bytes": csz, "messages_per_pe": [len(s) for s in sends],
+            "received_per_pe": recv_per_pe,
+            "dispatch_tx_busy": [busy(pe, marks["t0"] + marks[i, "dispatch"]) for i, pe in enumerate(job.pes)],
             "dispatch_ns": max(marks[i, "dispatch"] for i in range(n)) * NS,
             "combine_ns": max(marks[i, "combine"] for i in range(n)) * NS}
 
