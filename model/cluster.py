@@ -76,8 +76,11 @@ class ClusterModel:
         self.latency, self.post_ns = {}, {}
         for r in recs:
             if r["workload"] == "latency" and r.get("size", 8) == 8:
-                # what is left once the RTL fabric's one-way latency is taken out
-                self.latency[r["path"]] = r["post_to_signal_ns"] - self.rtl_fabric_ns[2]
+                # what is left once the RTL fabric's one-way latency is taken out; to the
+                # signal's store (the RTL a2a points are compared at theirs: a poll every
+                # poll_ns quantises what a GPU sees)
+                self.latency[r["path"]] = r.get("post_to_signal_landed_ns", r["post_to_signal_ns"]) \
+                    - self.rtl_fabric_ns[2]
         rates = {}
         for r in recs:
             if r["workload"] == "rate" and not r.get("tweaked"):
@@ -113,13 +116,23 @@ class ClusterModel:
         f = self.rtl_fabric_ns[nodes] if fabric is None else fabric.one_way_ns(nodes)
         return self.send(path, size, nodes - 1, f, wqes=2)
 
-    def moe_ns(self, path, ep, *, tokens=128, hidden=7168, topk=8, experts=None, fabric=None):
-        """DeepEP low-latency dispatch and combine on ``ep`` PEs: (dispatch_ns, combine_ns)."""
+    def moe_ns(self, path, ep, *, tokens=128, hidden=7168, topk=8, experts=None, fabric=None, sent=None,
+               received=None):
+        """DeepEP low-latency dispatch and combine on ``ep`` PEs: (dispatch_ns, combine_ns).
+
+        The busiest PE decides: the most token messages one PE sends or receives (``sent``
+        and ``received`` per PE when a run's routing is known; else the expected maximum of
+        ``ep`` PEs' received counts under uniform routing, mean + sigma * sqrt(2 ln ep))."""
+        import math
         from tb.suites.seeds import moe_sizes
         experts = experts or max(32, ep)
         dsz, csz = moe_sizes(hidden)
         f = self.rtl_fabric_ns[ep] if fabric is None else fabric.one_way_ns(ep)
-        msgs = tokens * topk * (ep - 1) / ep
+        if sent is not None and received is not None:
+            msgs = max(max(sent), max(received))
+        else:
+            mean = tokens * topk * (ep - 1) / ep
+            msgs = mean + math.sqrt(mean * (1 - 1 / ep)) * math.sqrt(2 * math.log(ep))
         counts = experts * (ep - 1) / ep
         disp = self.send(path, dsz, msgs, f) + counts * self._per_msg(path, 8, 1)
         comb = self.send(path, csz, msgs, f) + min(counts, msgs) * self._per_msg(path, 8, 1)

@@ -15,7 +15,8 @@ def _find(recs, **kw):
     """Records with these fields, at the defaults otherwise (no tweaked costs, QP weight 1,
     the deep switch queues)."""
     kw = {"weight": 1, **kw}
-    out = [r for r in recs if all(r.get(k) == v for k, v in kw.items()) and not r.get("tweaked")
+    out = [r for r in recs if all(r.get(k, 1 if k == "weight" else None) == v for k, v in kw.items())
+           and not r.get("tweaked")
            and r.get("queue_kib") in (None, 4096)]
     return out
 
@@ -144,10 +145,11 @@ def checks(recs, model):
     out = []
     for r in _find(recs, workload="a2a"):
         m = model.a2a_ns(r["path"], r["nodes"], r["size"])
-        out.append((f"a2a {r['path']} {r['nodes']} nodes {r['size']} B", r["latency_ns"], m, m / r["latency_ns"] - 1))
+        rtl = r.get("landed_ns", r["latency_ns"])
+        out.append((f"a2a {r['path']} {r['nodes']} nodes {r['size']} B (signal landed)", rtl, m, m / rtl - 1))
     for r in _find(recs, workload="moe"):
         d, c = model.moe_ns(r["path"], r["nodes"], tokens=r["tokens"], hidden=r["hidden"], topk=r["topk"],
-                            experts=r["experts"])
+                            experts=r["experts"], sent=r["messages_per_pe"], received=r.get("received_per_pe"))
         out.append((f"moe dispatch {r['path']} EP{r['nodes']}", r["dispatch_ns"], d, d / r["dispatch_ns"] - 1))
         out.append((f"moe combine {r['path']} EP{r['nodes']}", r["combine_ns"], c, c / r["combine_ns"] - 1))
     return out

@@ -399,9 +399,11 @@ class Job:
     db_batch : requests after which a submission rings even when it is not the newest
         (NVSHMEM_IBGDA_NUM_REQUESTS_IN_BATCH, 32 by default; a power of two).
     weight : the engine's scheduler weight of every QP (a turn of weight x 128 WQEBBs).
+    timeout : the QPs' ACK timeout in cycles (default ``tb.control``'s 2^20, about 2 ms, as
+        a real stack's: switch queues that hold tens of us must not fire it).
     """
     def __init__(self, env, *, path="ibgda", gpu_costs=C.GPU, proxy_costs=None, qps_per_peer=2, log_depth=10,
-                 mtu=4096, ack_every=8, timeout=20_000, db_batch=DB_BATCH, weight=1):
+                 mtu=4096, ack_every=8, timeout=None, db_batch=DB_BATCH, weight=1):
         if db_batch < 1 or db_batch & (db_batch - 1) or db_batch > 1 << log_depth:
             raise ValueError(f"db_batch must be a power of two up to the QP depth, not {db_batch!r}")
         self.db_batch, self.weight = db_batch, weight
@@ -461,7 +463,8 @@ class Job:
                     cq_b = await self.pes[j].nic.cq(qb, 0, collapsed=True)
                     a, b = await self.env.connect(i, qa, j, qb, cq_a=cq_a, cq_b=cq_b, mtu=self.mtu, pd=PD,
                                                   ack_every=self.ack_every, log_depth=self.log_depth,
-                                                  timeout=self.timeout, weight=self.weight)
+                                                  weight=self.weight,
+                                                  **({"timeout": self.timeout} if self.timeout else {}))
                     self.pes[i].qps[j].append(SharedQp(a, j))
                     self.pes[j].qps[i].append(SharedQp(b, i))
         if self.proxy_costs is not None:

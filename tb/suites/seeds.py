@@ -64,6 +64,16 @@ async def _job(dut, p, **kw):
     return env, job
 
 
+def _landed(pe, off):
+    """The cycle the newest write of the 8-byte word ``off`` of ``pe``'s heap landed (the NIC's
+    store, before any poll sees it)."""
+    addr = pe.addr(off)
+    for w in reversed(pe.nic.mem.writes):
+        if w.end_cycle is not None and w.covers(addr, 4):
+            return w.end_cycle
+    return None
+
+
 def _steady(frames):
     """Frames a second over the middle half of ``frames`` (by wire start)."""
     n = len(frames)
@@ -225,6 +235,7 @@ async def latency(dut, p):
               "CQE seen by quiet": marks["quiet_done"] - cqe}
     return {**_base(job, p), "size": size,
             "stages_ns": {k: v * NS for k, v in stages.items()},
+            "post_to_signal_landed_ns": (_landed(pe1, sig) - marks["post"]) * NS,
             "post_to_signal_ns": (marks["signal_seen"] - marks["post"]) * NS,
             "post_to_quiet_ns": (marks["quiet_done"] - marks["post"]) * NS}
 
@@ -262,6 +273,8 @@ async def a2a(dut, p):
             assert pe.read(dst + j * max(64, size), size) == want, f"PE {pe.index} block from PE {j}"
         assert pe.read_u64(sig) == n - 1, f"PE {pe.index} signal {pe.read_u64(sig)}"
     return {**_base(job, p), "size": size, "latency_ns": (max(seen.values()) - t0) * NS,
+            # the last signal's store, before the polls see it (they run every poll_ns)
+            "landed_ns": (max(_landed(pe, sig) for pe in job.pes) - t0) * NS,
             "per_pe_ns": [(seen[i] - t0) * NS for i in range(n)]}
 
 
