@@ -36,12 +36,21 @@ def test_a2a_closed_form():
     m = ClusterModel(_recs())
     # 2 RTL nodes: one put_signal each, so the fitted latency plus the RTL cable
     assert m.a2a_ns("ibgda", 2, 8) == pytest.approx(4000.0)
-    # 4 RTL nodes through the switch model (180 ns one way), 3 put_signals of 8 KiB:
-    # the first's latency and two more at the wire's pace (WRITE + the signal's frame)
+    # 4 RTL nodes through the switch model (180 ns one way), 3 put_signals of 8 KiB: the
+    # first's latency; the later ones at the wire's pace (WRITE + the signal's frame), each
+    # 1 us sooner for finding the signal word in the atomic cache: 2 x 3.5 us < 1 us, so
+    # the first decides
+    first = 3800 + 180 + write_wire_ns(8192) - write_wire_ns(8)
     per = write_wire_ns(8192) + wire_ns(ATOMIC_FRAME)
-    assert m.a2a_ns("ibgda", 4, 8192) == pytest.approx(3800 + 180 + write_wire_ns(8192) - write_wire_ns(8) + 2 * per)
-    # through a proxy a request takes 500 ns, longer than the wire's 8 B
-    assert m.a2a_ns("ibrc", 4, 8) == pytest.approx(4800 + 180 + 2 * 500)
+    assert 2 * per < 1000
+    assert m.a2a_ns("ibgda", 4, 8192) == pytest.approx(first)
+    # 64 KiB: 2 x 1.34 us - 1 us beyond the first
+    big = 3800 + 180 + write_wire_ns(65536) - write_wire_ns(8)
+    per = write_wire_ns(65536) + wire_ns(ATOMIC_FRAME)
+    assert m.a2a_ns("ibgda", 4, 65536) == pytest.approx(big + 2 * per - 1000)
+    # through a proxy a request takes 500 ns: the third lands 1000 - 1000 ns after the first
+    assert m.a2a_ns("ibrc", 4, 8) == pytest.approx(4800 + 180)
+    assert m.a2a_ns("ibrc", 8, 8, Fabric()) == pytest.approx(4800 + 340 + 6 * 500 - 1000)
 
 
 def test_fabric_and_scale():
