@@ -155,6 +155,17 @@ def checks(recs, model):
     return out
 
 
+def _save(fig, axes, path, legend_size=None):
+    """Grid and legend on every axis, then the PNG."""
+    import matplotlib.pyplot as plt
+    for a in axes:
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plots(recs, model, out):
     import matplotlib
     matplotlib.use("Agg")
@@ -170,12 +181,7 @@ def plots(recs, model, out):
             a2.loglog([r["size"] for r in pts], [r["goodput_gbps"] for r in pts], styles[p], label=lab[p])
     a1.set(xlabel="put size (bytes)", ylabel="M puts/s", title="Message rate vs size (2 RTL nodes)")
     a2.set(xlabel="put size (bytes)", ylabel="Gb/s", title="Bandwidth vs size (2 RTL nodes)")
-    for a in (a1, a2):
-        a.grid(True, which="both", alpha=0.3)
-        a.legend()
-    fig.tight_layout()
-    fig.savefig(out / "rate_bw_vs_size.png", dpi=110)
-    plt.close(fig)
+    _save(fig, (a1, a2), out / "rate_bw_vs_size.png")
     # 2. all-to-all latency vs nodes
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for p in PATHS:
@@ -188,11 +194,7 @@ def plots(recs, model, out):
             ax.loglog([r["nodes"] for r in rtl], [r["latency_ns"] / 1e3 for r in rtl], styles[p][0], ms=7,
                       label=f"{lab[p]}, 8 B (RTL)")
     ax.set(xlabel="nodes", ylabel="all-to-all latency (us)", title="All-to-all: RTL points and the model")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "a2a_vs_nodes.png", dpi=110)
-    plt.close(fig)
+    _save(fig, (ax,), out / "a2a_vs_nodes.png", 6)
     # 3. Jacobi
     fig, ax = plt.subplots(figsize=(6, 4))
     vals = []
@@ -222,11 +224,7 @@ def plots(recs, model, out):
     ax.plot(list(DEEPEP), [v[1] for v in DEEPEP.values()], "k+", ms=8, label="DeepEP combine (published)")
     ax.set_yscale("log")
     ax.set(xlabel="EP size", ylabel="latency (us)", title="MoE low-latency dispatch / combine, 128 tokens")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "moe_vs_ep.png", dpi=110)
-    plt.close(fig)
+    _save(fig, (ax,), out / "moe_vs_ep.png", 6)
     # 5. where an IBGDA message's time goes
     r = _one(recs, workload="latency", path="ibgda")
     if r:

@@ -18,8 +18,20 @@ def _positive(obj):
             raise ValueError(f"{type(obj).__name__}.{f.name} must be a number >= 0, not {v!r}")
 
 
+class _Costs:
+    """What both cost records share: a copy with some fields changed, a dict, checks."""
+    def __post_init__(self):
+        _positive(self)
+
+    def with_(self, **kw):
+        return replace(self, **kw)
+
+    def as_dict(self):
+        return asdict(self)
+
+
 @dataclass(frozen=True)
-class GpuCosts:
+class GpuCosts(_Costs):
     """What a GPU warp pays to post through IBGDA (NVSHMEM's device code, VERBS.md section 2).
 
     Parameters
@@ -49,18 +61,9 @@ class GpuCosts:
     pcie_ns: float = 500.0
     poll_ns: float = 380.0
 
-    def __post_init__(self):
-        _positive(self)
-
-    def with_(self, **kw):
-        return replace(self, **kw)
-
-    def as_dict(self):
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class ProxyCosts:
+class ProxyCosts(_Costs):
     """What a CPU proxy thread pays per step (IBRC: NVSHMEM's proxy; with ``threads`` > 1
     and ``batch`` > 1 the multi-threaded, batching proxies of UCCL-EP and pplx fabric-lib).
 
@@ -96,7 +99,7 @@ class ProxyCosts:
     batch: int = 1
 
     def __post_init__(self):
-        _positive(self)
+        super().__post_init__()
         if not isinstance(self.threads, int) or self.threads < 1 or not isinstance(self.batch, int) or self.batch < 1:
             raise ValueError(f"threads and batch must be integers >= 1, not {self.threads!r} / {self.batch!r}")
 
@@ -104,12 +107,6 @@ class ProxyCosts:
     def per_op_ns(self):
         """One thread's time per operation when every poll finds one request."""
         return self.poll_ns + self.build_ns + self.doorbell_ns + self.cq_poll_ns + self.complete_ns
-
-    def with_(self, **kw):
-        return replace(self, **kw)
-
-    def as_dict(self):
-        return asdict(self)
 
 
 GPU = GpuCosts()

@@ -18,6 +18,7 @@ from cocotb.triggers import ClockCycles
 from spec import params as P
 from spec.formats import BTH, OFF_BTH, read_field
 from tb.env import NicEnv
+from tb.suites import point_tests
 
 INLINE_MAX = 28        # what fits one WQEBB (ctrl 16 + raddr 16 + 4 + 28 = 64 B); NVSHMEM inlines only tiny puts
 OUT = Path(os.environ.get("IBGDA_BENCH_OUT", "build/bench"))
@@ -279,17 +280,11 @@ async def _atomics(dut, p):
             "counters": {k: v for k, v in c.items() if v and (k.startswith("rx_") or k.startswith("ack"))}}
 
 
-def _make(k, p):
-    async def bench(dut):
-        print(f"[bench] point {k + 1}/{len(POINTS)}: {point_name(p)}", flush=True)
-        kind = p.get("kind", "write")
-        rec = await (_share(dut, p) if kind == "share" else _latency(dut, p) if kind == "latency"
-                     else _rx(dut, p) if kind == "rx" else _atomics(dut, p) if kind == "atomic"
-                     else _point(dut, p))
-        (OUT / f"{rec['point']}.json").write_text(json.dumps(rec, indent=2))
-    bench.__name__ = bench.__qualname__ = f"bench_{k:03d}"
-    return cocotb.test()(bench)
+async def _run(dut, p):
+    kind = p.get("kind", "write")
+    return await (_share(dut, p) if kind == "share" else _latency(dut, p) if kind == "latency"
+                  else _rx(dut, p) if kind == "rx" else _atomics(dut, p) if kind == "atomic"
+                  else _point(dut, p))
 
 
-for _k, _p in enumerate(POINTS):
-    globals()[f"bench_{_k:03d}"] = _make(_k, _p)
+point_tests(globals(), "bench", "bench", POINTS, point_name, _run, OUT)

@@ -15,7 +15,6 @@ import os
 import random
 from pathlib import Path
 
-import cocotb
 
 from model.cqe import parse_cqe
 from spec import params as P
@@ -23,6 +22,7 @@ from spec.formats import Access
 from model.network import FaultSpec
 from model.timing import read_rate_estimate
 from tb.pair_env import NicPairEnv
+from tb.suites import point_tests
 
 OUT = Path(os.environ.get("IBGDA_BENCH_OUT", "build/bench"))
 POINTS = json.loads(os.environ.get("BENCH_PAIR_POINTS", '[{"size": 4096, "qps": 4, "msgs": 32, "loss": 0}]'))
@@ -201,15 +201,8 @@ async def _read_point(dut, p):
             "underrun_cycles": {"requests": a.wire.underrun_cycles, "responses": b.wire.underrun_cycles}}
 
 
-def _make(k, p):
-    async def bench(dut):
-        print(f"[bench] pair point {k + 1}/{len(POINTS)}: {point_name(p)}", flush=True)
-        rec = await (_read_point if p.get("kind") == "read" else _point)(dut, p)
-        OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / f"{rec['point']}.json").write_text(json.dumps(rec, indent=2))
-    bench.__name__ = bench.__qualname__ = f"bench_pair_{k:03d}"
-    return cocotb.test()(bench)
+async def _run(dut, p):
+    return await (_read_point if p.get("kind") == "read" else _point)(dut, p)
 
 
-for _k, _p in enumerate(POINTS):
-    globals()[f"bench_pair_{_k:03d}"] = _make(_k, _p)
+point_tests(globals(), "bench_pair", "bench", POINTS, lambda p: f"pair {point_name(p)}", _run, OUT)

@@ -27,6 +27,7 @@ from spec import costs as C
 from spec import params as P
 from tb.nvshmem import LANES, Job, spend
 from tb.pair_env import NicPairEnv, NicSwitchEnv
+from tb.suites import point_tests
 
 OUT = Path(os.environ.get("IBGDA_SEEDS_OUT", "build/seeds/points"))
 POINTS = json.loads(os.environ.get("SEEDS_POINTS", '[{"workload": "rate", "path": "ibgda", "warps": 8, "ops": 64}]'))
@@ -488,17 +489,11 @@ async def _net_stats(env):
     return out
 
 
-def _make(k, p):
-    async def seed_point(dut):
-        print(f"[seeds] point {k + 1}/{len(POINTS)}: {point_name(p)}", flush=True)
-        env_box.clear()
-        rec = await WORKLOADS[p["workload"]](dut, p)
-        rec["network"] = await _net_stats(env_box[0])
-        OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / f"{rec['point']}.json").write_text(json.dumps(rec, indent=2))
-    seed_point.__name__ = seed_point.__qualname__ = f"seeds_{k:03d}"
-    return cocotb.test()(seed_point)
+async def _run(dut, p):
+    env_box.clear()
+    rec = await WORKLOADS[p["workload"]](dut, p)
+    rec["network"] = await _net_stats(env_box[0])
+    return rec
 
 
-for _k, _p in enumerate(POINTS):
-    globals()[f"seeds_{_k:03d}"] = _make(_k, _p)
+point_tests(globals(), "seeds", "seeds", POINTS, point_name, _run, OUT)
