@@ -100,8 +100,12 @@ async def _wait_all(tasks):
 
 def _engine_stats(job, t0):
     pe = job.pes[0]
+    b = pe.breakdown
     out = {"doorbells_at_nic": len(pe.nic.gpu.doorbells),
-           "submissions": pe.breakdown.submissions, "gpu_doorbells": pe.breakdown.doorbells}
+           "submissions": b.submissions, "gpu_doorbells": b.doorbells}
+    if b.submissions:       # where a submission's time went, on average (ns)
+        out["posting_ns_per_submission"] = {k: getattr(b, k) / b.submissions
+                                            for k in ("reserve", "write", "ready_wait", "ready", "doorbell")}
     if pe.proxy:
         out.update(proxy_batches=pe.proxy.batches, proxy_doorbells=pe.proxy.doorbells, proxy_cq_polls=pe.proxy.cq_polls)
     return out
