@@ -467,7 +467,20 @@ async def moe(dut, p):
             return None
         wire = sum(P.wire_bytes(len(f.data)) for f in fr) / P.WIRE_BYTES_PER_CYCLE
         return wire / (fr[-1].end_bytes / P.WIRE_BYTES_PER_CYCLE - fr[0].start_bytes / P.WIRE_BYTES_PER_CYCLE)
+    def runs(pe):
+        # data frames sent back to back to one peer (the scheduler serves a QP a turn)
+        macs = [bytes(f.data[:6]) for f in pe.nic.wire.frames if len(f.data) > 1000]
+        out, k = [], 1
+        for a, b in zip(macs, macs[1:]):
+            if a == b:
+                k += 1
+            else:
+                out.append(k)
+                k = 1
+        out.append(k)
+        return {"mean": sum(out) / len(out), "max": max(out)} if macs else None
     return {**_base(job, p), "tokens": tokens, "hidden": hidden, "experts": experts, "topk": topk,
+            "frames_to_one_peer_in_a_row": [runs(pe) for pe in job.pes],
             "dispatch_bytes": dsz, "combine_bytes": csz, "messages_per_pe": [len(s) for s in sends],
             "received_per_pe": recv_per_pe,
             "dispatch_tx_busy": [busy(pe, marks["t0"] + marks[i, "dispatch"]) for i, pe in enumerate(job.pes)],
