@@ -32,7 +32,7 @@ from cocotb.triggers import Event, Lock, Timer
 from spec import costs as C
 from spec import params as P
 from spec.formats import CQE64, Access, CqeOp, unpack
-from tb.gpu import be32
+from tb.gpu import Qp, be32
 
 SYM_BASE = 0x4_0000_0000
 SYM_BYTES = 1 << 28
@@ -316,7 +316,8 @@ class Pe:
         """An NVSHMEM atomic (``tb.gpu.Qp.NVSHMEM_AMO``) on ``peer``'s word at ``off``;
         the fetching ones (and compare_swap, swap) quiet and return the original value."""
         slot = self.job.scratch(self.index)
-        two = nbytes == 8 and self._cs_form(op) and op != "compare_swap"
+        # the 8-byte masked compare-swap forms take 2 WQEBBs and a NOP (tb.gpu.Qp.nvshmem_amo)
+        two = nbytes == 8 and Qp.NVSHMEM_AMO[op][0] == "CS" and op != "compare_swap"
         await self.submit(self.qp_for(warp, peer), [
             lambda qp, sig: qp.nvshmem_amo(op, nbytes, self.job.addr(peer, off), SYM_KEY, value, compare,
                                            local_addr=self.addr(slot), lkey=SYM_KEY)], 3 if two else 1)
@@ -324,11 +325,6 @@ class Pe:
             await self.quiet(warp)
             return int.from_bytes(self.read(slot, nbytes), "little")
         return None
-
-    @staticmethod
-    def _cs_form(op):
-        from tb.gpu import Qp
-        return Qp.NVSHMEM_AMO[op][0] == "CS"
 
     async def signal_op(self, warp, peer, sig_off, value, sig_op="add"):
         """nvshmemx_signal_op: an 8-byte signal add (masked fetch-add) or set (masked

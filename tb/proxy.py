@@ -124,10 +124,11 @@ class Proxy:
                     st["visible"].append((pe.now() + cycles(pe.costs.pcie_ns), st["completed"]))
                     progressed = True
             if not batch and not progressed:
-                if not ring and not any(self._state[sq]["pending"] for sq in self.owned[t]):
+                waiting = any(self._state[sq]["pending"] for sq in self.owned[t])
+                if not ring and not waiting:
                     self.wake[t].clear()
                     await self.wake[t].wait()
-                elif ring and ring[0][0] > pe.now() and not any(self._state[sq]["pending"] for sq in self.owned[t]):
+                elif ring and ring[0][0] > pe.now() and not waiting:
                     await spend((ring[0][0] - pe.now()) * P.CLOCK_PERIOD_NS)   # nothing to poll until it lands
                 else:
                     await spend(c.poll_ns)

@@ -136,7 +136,7 @@ async def rate(dut, p):
     for off, v in vals.items():
         assert pe1.read_u64(off) == v, f"PE 1 word {off:#x}"
     n = warps * ops
-    frames = [f for f in pe0.nic.wire.frames]
+    frames = pe0.nic.wire.frames
     return {**_base(job, p), "warps": warps, "qps": job.qps_per_peer, "ops": n, "bytes": width,
             "ns": (t1 - t0) * NS, "ops_per_s": n / ((t1 - t0) * NS) * 1e9,
             "steady_ops_per_s": _steady(frames), **_engine_stats(job, t0)}
@@ -404,17 +404,22 @@ async def moe(dut, p):
             for e, lanes in sorted(by.items()):
                 await pe.put_nbi(e % per, e // per, lanes)    # the expert's QP (key: its local index)
 
-    async def combine_warp(pe, w):
-        # the tokens this PE's experts received, back to their sources
+    def returns(i):
+        # the tokens PE i's experts received, back to their sources: (src, e_local, dst, src_addr)
         items = []
         for e_local in range(per):
-            e = pe.index * per + e_local
-            for src in job.peers(pe.index):
+            e = i * per + e_local
+            for src in job.peers(i):
                 for t in range(tokens):
                     if e in route[src][t]:
                         k = route[src][t].index(e)
                         items.append((src, e_local, (comb + (t * topk + k) * csz),
                                       y + ((e_local * n + src) * tokens + t) * csz))
+        return items
+    back = [returns(i) for i in range(n)]
+
+    async def combine_warp(pe, w):
+        items = back[pe.index]
         for r in range(w * LANES, len(items), warps * LANES):
             chunk = items[r:r + LANES]
             by = {}
