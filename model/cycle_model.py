@@ -53,6 +53,7 @@ class _Qp:
     wqes: dict                     # WQEBB index (mod 2**16) -> WQE record
     weight: int = 1
     sq_base: int = 0
+    reach: int = F.MAX_WQEBBS - 1   # WQEBBs read past a quantum's cut (QP_MAX_WQEBBS - 1)
     pi: int = 0                    # QP table: producer index, fetch index, in the active FIFO
     fi: int = 0
     queued: bool = False
@@ -72,7 +73,7 @@ class EngineCycleModel:
 
     Parameters
     ----------
-    qps : {qpn: (mtu_bytes, sq_depth_wqebbs, [posted WQE records][, weight[, sq_base]])}; a record has
+    qps : {qpn: (mtu_bytes, sq_depth_wqebbs, [posted WQE records][, weight[, sq_base[, max_wqebbs]]])}; a record has
         ``index``, ``nwqebbs``, ``inline`` (bool), ``length``, ``local_addr``,
         ``signaled`` and ``opcode``.
     doorbells : [(cycle of the (last) W handshake, qpn, producer limit[, BlueFlame])], in order.
@@ -87,7 +88,9 @@ class EngineCycleModel:
                     raise ValueError(f"the cycle model covers RDMA WRITE and NOP, not opcode {w.opcode:#x}")
                 wqes[w.index & 0xFFFF] = w
             weight = min(max(rest[0] if rest else 1, 1), P.MAX_WEIGHT)
-            self.qps[qpn] = _Qp(mtu, depth, wqes, weight=weight, sq_base=rest[1] if len(rest) > 1 else 0)
+            size = rest[2] if len(rest) > 2 else F.MAX_WQEBBS
+            self.qps[qpn] = _Qp(mtu, depth, wqes, weight=weight, sq_base=rest[1] if len(rest) > 1 else 0,
+                                reach=(size if 1 <= size <= F.MAX_WQEBBS else F.MAX_WQEBBS) - 1)
         self.doorbells = deque(sorted(doorbells))
         self.latency = dma_latency
 
@@ -169,7 +172,7 @@ class EngineCycleModel:
                     if pending:
                         q.first = False
                         own = min(pending, quantum)
-                        over = min(pending - quantum, F.MAX_WQEBBS - 1) if pending > quantum else 0
+                        over = min(pending - quantum, q.reach) if pending > quantum else 0
                         job_fifo.push(t, (arg[0], q.fi, own + over, own, False))
                         q.fi = (q.fi + own) & 0xFFFF
                         if pending > quantum:

@@ -69,6 +69,10 @@ REGISTERS = (
     Reg("QP_MAX_DEST_RD_ATOMIC", 0x15C, RW, 5, "receive side: READs and atomics the QP answers at once, 1..16 "
         "(ibv_qp_attr.max_dest_rd_atomic, its responder resources; 0 and over 16 count as 16): a new one "
         "beyond them, before one of them is answered, is NAKed invalid request and the QP goes to ERR"),
+    Reg("QP_MAX_WQEBBS", 0x160, RW, 5, "largest WQE the QP posts, 1..16 WQEBBs (0 and over 16 count as 16; "
+        "mlx5 sizes it at create from max_inline_data and max_send_sge): a turn cut by the quantum reads this "
+        "many minus one WQEBBs past the cut so its last WQE is whole; a larger WQE across a cut is fetched "
+        "again with the next turn"),
     Reg("CQ_NUM", 0x200, RW, _CQ_BITS, "CQ the next CQ commit writes"),
     Reg("CQ_BASE_LO", 0x204, RW, 32, "CQ buffer base address [31:0] (64-byte aligned)"),
     Reg("CQ_BASE_HI", 0x208, RW, 32, "CQ buffer base address [63:32]"),

@@ -9,7 +9,7 @@ from cocotbext.axi import AxiLiteBus, AxiLiteMaster, AxiResp
 
 from spec import csr
 from spec.csr import ID_VALUE  # noqa: F401  (re-exported: tb.control.ID_VALUE)
-from spec.formats import Access, QpState, mtu_bytes
+from spec.formats import MAX_WQEBBS, Access, QpState, mtu_bytes
 from spec.params import MAX_WEIGHT, NUM_CQS, NUM_MRS, NUM_QPS, PD_BITS
 
 # Register addresses: spec/csr.py (ADDR: name -> address); counters as (name, address).
@@ -92,7 +92,7 @@ class NicControl:
     async def create_qp(self, qpn, sq_base, log_depth, cqn, remote_qpn, start_psn, dmac, dip,
                         mtu_code, state=QpState.RTS, weight=1, rq_psn=0, pd=0, ack_every=1, uc=False,
                         timeout=DEFAULT_TIMEOUT_CYCLES, retry_cnt=7, user_index=0, max_rd_atomic=16,
-                        max_dest_rd_atomic=16):
+                        max_dest_rd_atomic=16, max_wqebbs=16):
         """Stage a QP context and commit it to ``qpn`` (indices reset to 0, PSN to start_psn).
 
         Parameters:
@@ -131,13 +131,15 @@ class NicControl:
         _check("user_index", user_index, 0, 2**24 - 1)
         _check("max_rd_atomic", max_rd_atomic, 1, 16)
         _check("max_dest_rd_atomic", max_dest_rd_atomic, 1, 16)
+        _check("max_wqebbs", max_wqebbs, 1, MAX_WQEBBS)
         lo, hi = mac_split(dmac)
         regs = {"QP_NUM": qpn, "QP_SQ_BASE_LO": sq_base & 0xFFFF_FFFF, "QP_SQ_BASE_HI": sq_base >> 32,
                 "QP_SQ_LOG_DEPTH": log_depth, "QP_CQN": cqn, "QP_REMOTE_QPN": remote_qpn, "QP_START_PSN": start_psn,
                 "QP_DMAC_LO": lo, "QP_DMAC_HI": hi, "QP_DIP": dip, "QP_MTU": mtu_code, "QP_STATE": state,
                 "QP_WEIGHT": weight, "QP_RQ_PSN": rq_psn, "QP_PD": pd, "QP_ACK_EVERY": ack_every, "QP_SERVICE": int(uc),
                 "QP_TIMEOUT": timeout, "QP_RETRY": retry_cnt, "QP_USER_INDEX": user_index,
-                "QP_MAX_RD_ATOMIC": max_rd_atomic, "QP_MAX_DEST_RD_ATOMIC": max_dest_rd_atomic}
+                "QP_MAX_RD_ATOMIC": max_rd_atomic, "QP_MAX_DEST_RD_ATOMIC": max_dest_rd_atomic,
+                "QP_MAX_WQEBBS": max_wqebbs}
         for addr, value in regs.items():
             await self.write_reg(addr, value)
         await self.write_reg("QP_COMMIT", 1)

@@ -16,7 +16,7 @@ from model.cycle_model import isolated_write
 from model.engine import EngineModel
 from model.frames import Port, QpContext
 from spec import params as P
-from spec.formats import (BTH, CQE_SIZE, CTRL_SEG, OFF_BTH, mtu_code, unpack, CQE64, doorbell_limit, read_field,
+from spec.formats import (BTH, CQE_SIZE, CTRL_SEG, MAX_WQEBBS, OFF_BTH, mtu_code, unpack, CQE64, doorbell_limit, read_field,
                           QpModify, QpState, qp_modify_action)
 from tb.clock import CycleCounter
 from tb.control import NicControl
@@ -282,7 +282,8 @@ class NicEnv:
             index = (read_field(CTRL_SEG, "opmod_idx_opcode", d.data) >> 8) & 0xFFFF
             ds = read_field(CTRL_SEG, "qpn_ds", d.data) & 0x3F
             doorbells.append((d.cycle, d.qpn, doorbell_limit(index, ds), d.bf))
-        qps = {q: (qp.mtu, qp.depth if hasattr(qp, "depth") else 1 << qp.log_depth, qp.posted, qp.weight, qp.sq_base)
+        qps = {q: (qp.mtu, qp.depth if hasattr(qp, "depth") else 1 << qp.log_depth, qp.posted, qp.weight, qp.sq_base,
+                   getattr(qp, "max_wqebbs", MAX_WQEBBS))
                for q, qp in self.qps.items()}
         pred = EngineCycleModel(qps, doorbells, dma_latency=self.dma_latency).run()
         got = self.wire.frames

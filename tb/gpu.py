@@ -190,6 +190,7 @@ class GpuModel:
         await self.ctl.create_qp(qpn, qp.sq_base, log_depth, cq.cqn, remote_qpn, start_psn, dmac, dip,
                                  mtu_code, state, weight, user_index=qp.user_index, **receive)
         qp.weight = weight
+        qp.max_wqebbs = receive.get("max_wqebbs", MAX_WQEBBS)
         self.qps[qpn] = qp
         return qp
 

@@ -30,6 +30,7 @@ import cocotb
 from cocotb.triggers import Event, Lock, Timer
 
 from spec import costs as C
+from spec import formats as F
 from spec import params as P
 from spec.formats import CQE64, Access, CqeOp, unpack
 from tb.gpu import Qp, be32
@@ -40,6 +41,7 @@ SYM_KEY = (0x0C << 8) | 0x5D
 PD = 3
 LANES = 32
 DB_BATCH = 32                   # NVSHMEM rings at least every 32 requests of a QP
+NVSHMEM_WQEBBS = 2              # NVSHMEM's largest WQE: the masked atomics' 2 WQEBBs
                                 # (NVSHMEM_IBGDA_NUM_REQUESTS_IN_BATCH)
 SCRATCH_BYTES = 256             # NVSHMEM's scratch slot per outstanding fetching operation
 
@@ -395,14 +397,20 @@ class Job:
     db_batch : requests after which a submission rings even when it is not the newest
         (NVSHMEM_IBGDA_NUM_REQUESTS_IN_BATCH, 32 by default; a power of two).
     weight : the engine's scheduler weight of every QP (a turn of weight x 128 WQEBBs).
+    max_wqebbs : the QPs' largest WQE, in WQEBBs (QP_MAX_WQEBBS: what a turn cut by the
+        quantum reads past the cut). NVSHMEM's largest form is 2 (the masked atomics); the
+        warp-wide p's inline WRITE is 5, fetched again when a cut falls in it, unless the
+        job says 5.
     timeout : the QPs' ACK timeout in cycles (default ``tb.control``'s 2^20, about 2 ms, as
         a real stack's: switch queues that hold tens of us must not fire it).
     """
     def __init__(self, env, *, path="ibgda", gpu_costs=C.GPU, proxy_costs=None, qps_per_peer=2, log_depth=10,
-                 mtu=4096, ack_every=8, timeout=None, db_batch=DB_BATCH, weight=1):
+                 mtu=4096, ack_every=8, timeout=None, db_batch=DB_BATCH, weight=1, max_wqebbs=NVSHMEM_WQEBBS):
         if db_batch < 1 or db_batch & (db_batch - 1) or db_batch > 1 << log_depth:
             raise ValueError(f"db_batch must be a power of two up to the QP depth, not {db_batch!r}")
-        self.db_batch, self.weight = db_batch, weight
+        if not 1 <= max_wqebbs <= F.MAX_WQEBBS:
+            raise ValueError(f"max_wqebbs must be 1..{F.MAX_WQEBBS}, not {max_wqebbs!r}")
+        self.db_batch, self.weight, self.max_wqebbs = db_batch, weight, max_wqebbs
         if path not in C.PATHS:
             raise ValueError(f"path must be one of {C.PATHS}, not {path!r}")
         self.env, self.path, self.gpu_costs = env, path, gpu_costs
@@ -459,7 +467,7 @@ class Job:
                     cq_b = await self.pes[j].nic.cq(qb, 0, collapsed=True)
                     a, b = await self.env.connect(i, qa, j, qb, cq_a=cq_a, cq_b=cq_b, mtu=self.mtu, pd=PD,
                                                   ack_every=self.ack_every, log_depth=self.log_depth,
-                                                  weight=self.weight,
+                                                  weight=self.weight, max_wqebbs=self.max_wqebbs,
                                                   **({"timeout": self.timeout} if self.timeout else {}))
                     self.pes[i].qps[j].append(SharedQp(a, j))
                     self.pes[j].qps[i].append(SharedQp(b, i))

@@ -90,7 +90,8 @@ class NicNetEnv:
                       ack_every=1, log_depth=8, **reliability):
         """Create RC QP ``qa`` on NIC ``a`` and QP ``qb`` on NIC ``b``, connected to each other.
 
-        ``reliability``: ``timeout`` (cycles) and ``retry_cnt`` of both QPs."""
+        ``reliability``: ``timeout`` (cycles) and ``retry_cnt`` of both QPs, and any other
+        attribute ``NicEnv.qp`` takes (``weight``, ``max_wqebbs``)."""
         na, nb = self.nics[a], self.nics[b]
         psn_a = (0x1000 * qa + 3) & 0xFFFFFF if psn_a is None else psn_a
         psn_b = (0x2000 * qb + 5) & 0xFFFFFF if psn_b is None else psn_b

@@ -27,6 +27,7 @@ def QpConfig(num_cqs):
         "weight":     unsigned(4),      # scheduler weight 1..15 (0 counts as 1)
         "uc":         unsigned(1),      # 0: RC (a WQE completes when acknowledged), 1: UC (when sent)
         "max_rd_atomic": unsigned(5),   # READs and atomics in flight at most (0, > 16: 16)
+        "max_wqebbs": unsigned(5),      # largest WQE it posts, WQEBBs (0, > 16: 16): read past a cut
     })
 
 

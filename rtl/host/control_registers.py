@@ -99,6 +99,7 @@ class ControlRegisters(wiring.Component):
             "QP_RQ_PSN": self.qp_rq_psn, "QP_PD": self.qp_pd, "QP_ACK_EVERY": self.qp_ack_every,
             "QP_SERVICE": qp.uc, "QP_TIMEOUT": self.qp_timeout, "QP_RETRY": self.qp_retry_cnt,
             "QP_USER_INDEX": self.qp_user_index, "QP_MAX_RD_ATOMIC": qp.max_rd_atomic,
+            "QP_MAX_WQEBBS": qp.max_wqebbs,
             "QP_MAX_DEST_RD_ATOMIC": self.qp_max_dest_rd_atomic,
             "MR_INDEX": self.mr.index, "MR_KEY": self.mr.key, "MR_BASE_LO": self.mr.base[:32],
             "MR_BASE_HI": self.mr.base[32:], "MR_LEN_LO": self.mr.length[:32], "MR_LEN_HI": self.mr.length[32:],

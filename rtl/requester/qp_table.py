@@ -33,7 +33,7 @@ def FetchJob(num_qps, num_cqs, max_burst):
     """A burst of one QP for the WQE fetch: ``count`` WQEBBs from ``ci``.
 
     The burst owns the WQEs that start in its first ``own`` WQEBBs. When the QP has
-    more posted than its quantum, up to ``MAX_WQEBBS - 1`` more are read so that the
+    more posted than its quantum, up to its ``max_wqebbs - 1`` more are read so that the
     last owned WQE is whole; the next burst starts at ``ci + own`` and the parser
     skips what it already took.
     """
@@ -84,8 +84,10 @@ class QpTable(wiring.Component):
     and the parser keep them in order.
 
     A burst ends at a doorbell's limit (a WQE boundary) or, when the quantum cuts the
-    QP's work, reads up to ``MAX_WQEBBS - 1`` WQEBBs beyond it so that its last WQE is whole (see
-    :func:`FetchJob`). Only a WQE that runs past the doorbell's limit is cut: the
+    QP's work, reads up to ``max_wqebbs - 1`` WQEBBs beyond it (the QP's largest WQE, from
+    its create; at most ``MAX_WQEBBS - 1``) so that its last WQE is whole (see
+    :func:`FetchJob`): reading more costs the parser a cycle a WQEBB to drop. A WQE that
+    runs past the doorbell's limit, or past that reach, is cut: the
     parser reports it on ``updates``, ``fi`` goes back to it, and it is fetched again
     when more is posted (the parser discards the bursts in flight behind it). A WQE that
     must wait for its QP's READs and atomics (their limit, or a fence) parks the QP the
@@ -182,6 +184,10 @@ class QpTable(wiring.Component):
         else:
             m.d.comb += weight.eq(entry.cfg.weight)
         weighted = Mux(weight == 0, 1, weight) * self.quantum
+        # read past a cut only what the QP's largest WQE needs (its create says; 0, > 16: 16)
+        reach = Signal(range(F.MAX_WQEBBS))
+        size = entry.cfg.max_wqebbs
+        m.d.comb += reach.eq(Mux((size == 0) | (size > F.MAX_WQEBBS), F.MAX_WQEBBS - 1, size - 1))
         m.d.comb += quantum.eq(Mux(entry.dyn.first & (weighted > self.first_turn), self.first_turn, weighted))
 
         def job(count, own, bf=0, hold=0):
@@ -277,7 +283,7 @@ class QpTable(wiring.Component):
                             clamped = pending > turn
                             own = Mux(clamped, turn, pending)
                             extra = pending - turn
-                            over = Mux(clamped & ~capped, Mux(extra < F.MAX_WQEBBS - 1, extra, F.MAX_WQEBBS - 1), 0)
+                            over = Mux(clamped & ~capped, Mux(extra < reach, extra, reach), 0)
                             m.d.comb += [new.dyn.cap.eq(0), new.dyn.first.eq(0)]
                             job(own + over, own, hold=capped & clamped)
                             m.d.comb += new.dyn.fi.eq(entry.dyn.fi + own)

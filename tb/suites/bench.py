@@ -48,7 +48,7 @@ async def _point(dut, p):
     for q in range(p["qps"]):
         cqn = q % P.NUM_CQS                   # one collapsed CQ per QP (NUM_CQS = NUM_QPS), as NVSHMEM
         cq = env.cqs.get(cqn) or await env.cq(cqn, 0, collapsed=True)
-        qps.append(await env.qp(q, cq, log_depth=max(8, (nmsgs * 4).bit_length())))
+        qps.append(await env.qp(q, cq, log_depth=max(8, (nmsgs * 4).bit_length()), max_wqebbs=1))
 
     async def post(qp):
         for b in range(0, nmsgs, batch):
@@ -99,7 +99,7 @@ async def _share(dut, p):
     qps = []
     for q, w in enumerate(weights):
         cq = await env.cq(q, 0, collapsed=True)
-        qps.append(await env.qp(q, cq, log_depth=15, weight=w))
+        qps.append(await env.qp(q, cq, log_depth=15, weight=w, max_wqebbs=1))
     want = [window * w / sum(weights) for w in weights]
     for qp, n in zip(qps, want):
         count = int(n * 1.05) + 256             # enough that no QP runs dry inside the window

@@ -63,7 +63,8 @@ async def _point(dut, p):
     if deepep:
         await b.ctl.register_mr(COUNT_KEY, COUNTS, 1 << 16, Access.LOCAL_WRITE | Access.REMOTE_ATOMIC, PD)
     pairs = [await env.connect(0, q + 1, 1, q + 1, cq_a=cq_a, cq_b=cq_b, mtu=4096, pd=PD, ack_every=8,
-                               timeout=TIMEOUT_CYCLES, log_depth=max(8, (msgs * 2).bit_length()))
+                               timeout=TIMEOUT_CYCLES, log_depth=max(8, (msgs * 2).bit_length()),
+                               max_wqebbs=1)
              for q in range(nq)]
     rnd = random.Random(3)
     sent = []
@@ -145,7 +146,8 @@ async def _read_point(dut, p):
     span = nq * msgs * max(size, 64)
     await b.ctl.register_mr(READ_KEY, SOURCE, max(1 << 20, span), Access.LOCAL_WRITE | Access.REMOTE_READ, PD)
     pairs = [await env.connect(0, q + 1, 1, q + 1, cq_a=cq_a, cq_b=cq_b, mtu=4096, pd=PD, ack_every=8,
-                               timeout=READ_TIMEOUT_CYCLES, log_depth=max(8, (msgs * 2).bit_length()))
+                               timeout=READ_TIMEOUT_CYCLES, log_depth=max(8, (msgs * 2).bit_length()),
+                               max_wqebbs=1)
              for q in range(nq)]
     rnd = random.Random(5)
     src = rnd.randbytes(span)

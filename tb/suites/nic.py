@@ -436,6 +436,23 @@ async def straddling_wqes(dut):
 
 
 @cocotb.test()
+async def straddling_wqes_short_reach(dut):
+    """A QP created for WQEs of at most 2 WQEBBs (QP_MAX_WQEBBS 2) that posts 1-4: a turn cut by
+    the quantum reads one WQEBB past the cut, so a larger WQE across it runs past the burst, is
+    cut, and is fetched again with the next turn (the bursts behind it are dropped)."""
+    env = await NicEnv(dut, dma_latency=200).start()
+    cq = await env.cq(0, 6)
+    qp = await env.qp(0, cq, log_depth=10, max_wqebbs=2)
+    sizes = [8, 100, 60, 180, 8, 150, 92, 220] * 24
+    for i, n in enumerate(sizes):
+        qp.post_write(0x1000 * i, 2, inline=bytes((i + j) & 0xFF for j in range(n)), signaled=(i % 16 == 15))
+    await qp.ring_nvshmem()                      # one doorbell: many quantum-clamped bursts
+    pred = env.check(await env.drain())
+    env.check_cycles()
+    await env.check_counters(pred)
+
+
+@cocotb.test()
 async def blueflame(dut):
     """BlueFlame: a one-WQEBB WQE stored with its doorbell goes out without a read of the
     send queue, doorbell to first byte <= 32 cycles; when the QP has work queued the store

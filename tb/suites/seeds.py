@@ -60,7 +60,8 @@ async def _job(dut, p, **kw):
     gpu = C.GPU.with_(**p.get("gpu", {}))
     proxy = C.proxy_costs(p["path"]).with_(**p.get("proxy", {})) if p["path"] != "ibgda" else None
     job = Job(env, path=p["path"], gpu_costs=gpu, proxy_costs=proxy, qps_per_peer=p.get("qpp", kw.pop("qpp", 2)),
-              db_batch=p.get("batch", 32), log_depth=p.get("log_depth", 10), weight=p.get("weight", 1), **kw)
+              db_batch=p.get("batch", 32), log_depth=p.get("log_depth", 10), weight=p.get("weight", 1),
+              **({"max_wqebbs": p["max_wqebbs"]} if "max_wqebbs" in p else {}), **kw)
     await job.start()
     return env, job
 
@@ -144,8 +145,9 @@ async def rate(dut, p):
 
 async def coalesce(dut, p):
     """Warp-wide p: each of ``warps`` warps posts ``groups`` groups of 32 x 8-byte
-    elements (an inline WRITE of 256 bytes plus a NOP); rate counted in elements."""
-    env, job = await _job(dut, p)
+    elements (an inline WRITE of 256 bytes plus a NOP); rate counted in elements. The QPs
+    are created for that 5-WQEBB WRITE (``max_wqebbs``)."""
+    env, job = await _job(dut, {"max_wqebbs": 5, **p})
     pe0, pe1 = job.pes
     warps, groups = p["warps"], p["groups"]
     region = job.alloc(warps * groups * LANES * 8)

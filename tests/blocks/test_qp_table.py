@@ -80,3 +80,34 @@ def test_qp_table_park_wake_hold():
         ("doorbell 52", [(49, 3, 3, 0)]),
         ("created again, doorbell 60", [(0, 31, 16, 0), (16, 44, 32, 0), (48, 12, 12, 0)]),
     ], log
+
+
+def test_qp_table_reach_past_a_cut():
+    """A turn cut by the quantum reads past the cut what the QP's largest WQE needs
+    (``max_wqebbs - 1``; 0 and over 16 count as 16): 40 WQEBBs posted, first turn 16."""
+    dut = QpTable(num_qps=4, num_cqs=4, first_turn=16)
+    log = []
+
+    async def bench(ctx):
+        ctx.set(dut.jobs.ready, 1)
+        ctx.set(dut.bf_wqebbs.ready, 1)
+        for size in (1, 2, 5, 16, 0, 31):
+            await put(ctx, dut.commit, qpn=QPN, reset=1,
+                      cfg={"log_depth": 8, "state": QpState.RTS, "weight": 1, "mtu": 3, "max_wqebbs": size})
+            await put(ctx, dut.doorbells, qpn=QPN, limit=40)
+            got = []
+            for _ in range(40):
+                await ctx.delay(1e-12)
+                if ctx.get(dut.jobs.valid):
+                    p = ctx.get(dut.jobs.p)
+                    got.append((p.ci, p.count, p.own))
+                await ctx.tick()
+            log.append((size, got))
+
+    sim = Simulator(dut)
+    sim.add_clock(2e-9)
+    sim.add_testbench(bench)
+    sim.run()
+    rest = (16, 24, 24)
+    assert log == [(1, [(0, 16, 16), rest]), (2, [(0, 17, 16), rest]), (5, [(0, 20, 16), rest]),
+                   (16, [(0, 31, 16), rest]), (0, [(0, 31, 16), rest]), (31, [(0, 31, 16), rest])], log
