@@ -360,7 +360,11 @@ async def moe(dut, p):
     other PE its count (a 4-byte masked fetch-add of -(tokens sent)-1 behind them on that
     QP); a PE's dispatch ends when it has every count. Combine: each PE sends every token
     it received back (BF16) into the source's slot for (token, expert), then a flag add
-    per (expert, source PE); it ends when each PE has every flag it waits for."""
+    per (expert, source PE); it ends when each PE has every flag it waits for.
+
+    Posted in the order of DeepEP's kernels, one token a put: dispatch token-major over
+    ``warps`` warps (a warp per top-k slot of a token), combine a warp for each (expert,
+    source) pair, all at once."""
     env, job = await _job(dut, p, qpp=p.get("qpp", 4))
     n = job.npes
     tokens, hidden, experts, topk, warps = p["tokens"], p["hidden"], p["experts"], p["topk"], p.get("warps", 16)
@@ -397,14 +401,13 @@ async def moe(dut, p):
         return recv + ((e_local * n + src) * tokens + t) * dsz
 
     async def dispatch_warp(pe, w):
-        mine = sends[pe.index][w::warps]
-        for r in range(0, len(mine), LANES):
-            chunk = mine[r:r + LANES]
-            by = {}
-            for t, k, e in chunk:
-                by.setdefault(e, []).append((recv_slot(e % per, pe.index, t), x + t * dsz, dsz))
-            for e, lanes in sorted(by.items()):
-                await pe.put_nbi(e % per, e // per, lanes)    # the expert's QP (key: its local index)
+        # DeepEP's order: token-major, the warp of top-k slot k (of a group of warps) sends
+        # token t to its k-th expert, one token a put (a warp-wide put of one message).
+        # So a PE's messages spread over its peers as its tokens' experts do; posting them
+        # grouped by expert instead lined every PE's order up (all to PE 0 first): incast.
+        for t, k, e in sends[pe.index]:
+            if (t * topk + k) % warps == w:
+                await pe.put_nbi(e % per, e // per, [(recv_slot(e % per, pe.index, t), x + t * dsz, dsz)])
 
     def returns(i):
         # the tokens PE i's experts received, back to their sources: (src, e_local, dst, src_addr)
@@ -420,15 +423,18 @@ async def moe(dut, p):
         return items
     back = [returns(i) for i in range(n)]
 
-    async def combine_warp(pe, w):
-        items = back[pe.index]
-        for r in range(w * LANES, len(items), warps * LANES):
-            chunk = items[r:r + LANES]
-            by = {}
-            for src, e_local, d, s_ in chunk:
-                by.setdefault((src, e_local), []).append((d, s_, csz))
-            for (src, e_local), lanes in sorted(by.items()):
-                await pe.put_nbi(e_local, src, lanes)
+    async def combine_warp(pe, pair, items):
+        # DeepEP's order: a warp (group) for each (expert, source) pair of this PE's, every
+        # pair at once, its tokens one a put
+        e_local, src = pair
+        for d, s_ in items:
+            await pe.put_nbi(e_local, src, [(d, s_, csz)])
+
+    def combine_pairs(i):
+        pairs = {}
+        for src, e_local, d, s_ in back[i]:
+            pairs.setdefault((e_local, src), []).append((d, s_))
+        return sorted(pairs.items())
 
     async def pe_prog(pe, w0):
         i = pe.index
@@ -449,7 +455,7 @@ async def moe(dut, p):
         marks[i, "dispatch"] = pe.now() - t0
         await pe.barrier()                                    # the expert computation sits here
         t1 = pe.now()
-        await _wait_all([cocotb.start_soon(combine_warp(pe, w)) for w in range(warps)])
+        await _wait_all([cocotb.start_soon(combine_warp(pe, pair, items)) for pair, items in combine_pairs(i)])
         async def flag(pe_, e_local, src):                    # one warp an (expert, source)
             await pe_.atomic(e_local, src, "add", flags + (i * per + e_local) * 4, 1, nbytes=4)
         await _wait_all([cocotb.start_soon(flag(pe, e_local, src)) for e_local in range(per)
