@@ -454,7 +454,7 @@ async def moe(dut, p):
                 assert got == sent_to[src].get(i * per + e_local, 0), f"PE {i} count from {src}"
         marks[i, "dispatch"] = pe.now() - t0
         await pe.barrier()                                    # the expert computation sits here
-        t1 = pe.now()
+        t1 = marks[i, "t1"] = pe.now()
         await _wait_all([cocotb.start_soon(combine_warp(pe, pair, items)) for pair, items in combine_pairs(i)])
         async def flag(pe_, e_local, src):                    # one warp an (expert, source)
             await pe_.atomic(e_local, src, "add", flags + (i * per + e_local) * 4, 1, nbytes=4)
@@ -473,16 +473,23 @@ async def moe(dut, p):
             assert pe.read(comb + (t * topk + k) * csz, csz) == dst_pe.read(src, csz), f"combine {t},{k} of PE {i}"
     recv_per_pe = [sum(e // per == j for i in range(n) for _, _, e in sends[i]) for j in range(n)]
 
-    def busy(pe, t_end):
-        # the PE's MAC TX: wire time of its frames started before t_end, over that span
-        fr = [f for f in pe.nic.wire.frames if f.start_bytes / P.WIRE_BYTES_PER_CYCLE < t_end]
+    def phase(pe, i, name):
+        # the PE's data frames that started in a phase (dispatch, combine)
+        t_from = marks["t0"] if name == "dispatch" else marks[i, "t1"]
+        t_to = t_from + marks[i, name]
+        return [f for f in pe.nic.wire.frames if len(f.data) > 1000
+                and t_from <= f.start_bytes / P.WIRE_BYTES_PER_CYCLE < t_to]
+
+    def busy(fr):
+        # the MAC TX: wire time of the frames over their span
         if not fr:
             return None
         wire = sum(P.wire_bytes(len(f.data)) for f in fr) / P.WIRE_BYTES_PER_CYCLE
         return wire / (fr[-1].end_bytes / P.WIRE_BYTES_PER_CYCLE - fr[0].start_bytes / P.WIRE_BYTES_PER_CYCLE)
-    def runs(pe):
+
+    def runs(fr):
         # data frames sent back to back to one peer (the scheduler serves a QP a turn)
-        macs = [bytes(f.data[:6]) for f in pe.nic.wire.frames if len(f.data) > 1000]
+        macs = [bytes(f.data[:6]) for f in fr]
         out, k = [], 1
         for a, b in zip(macs, macs[1:]):
             if a == b:
@@ -492,11 +499,13 @@ async def moe(dut, p):
                 k = 1
         out.append(k)
         return {"mean": sum(out) / len(out), "max": max(out)} if macs else None
+    phases = ("dispatch", "combine")
+    frames = {name: [phase(pe, i, name) for i, pe in enumerate(job.pes)] for name in phases}
     return {**_base(job, p), "tokens": tokens, "hidden": hidden, "experts": experts, "topk": topk,
-            "frames_to_one_peer_in_a_row": [runs(pe) for pe in job.pes],
+            "frames_to_one_peer_in_a_row": {name: [runs(fr) for fr in frames[name]] for name in phases},
             "dispatch_bytes": dsz, "combine_bytes": csz, "messages_per_pe": [len(s) for s in sends],
             "received_per_pe": recv_per_pe,
-            "dispatch_tx_busy": [busy(pe, marks["t0"] + marks[i, "dispatch"]) for i, pe in enumerate(job.pes)],
+            "tx_busy": {name: [busy(fr) for fr in frames[name]] for name in phases},
             "dispatch_ns": max(marks[i, "dispatch"] for i in range(n)) * NS,
             "combine_ns": max(marks[i, "combine"] for i in range(n)) * NS}
 
