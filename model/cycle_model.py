@@ -54,6 +54,7 @@ class _Qp:
     weight: int = 1
     sq_base: int = 0
     reach: int = F.MAX_WQEBBS - 1   # WQEBBs read past a quantum's cut (QP_MAX_WQEBBS - 1)
+    byte_turn: int = 0             # turns at most this many WQEBBs (the parser's TURN_BYTES bound)
     pi: int = 0                    # QP table: producer index, fetch index, in the active FIFO
     fi: int = 0
     queued: bool = False
@@ -143,11 +144,13 @@ class EngineCycleModel:
                 payload_buf.push(t, rq.popleft()[1])
 
             # --- QP table ------------------------------------------------------------------
-            update_taken = False
+            update_taken = turn_taken = False
             if qpt_state == "EXEC":
                 kind, arg = qpt_op
                 q = self.qps[arg[0]]
-                if kind == "update":             # a cut WQE: fetch again from it once more is posted
+                if kind == "turn":               # the parser's bound on the QP's turns
+                    q.byte_turn = arg[1]
+                elif kind == "update":           # a cut WQE: fetch again from it once more is posted
                     _, ci, end = arg
                     q.fi = ci
                     if not q.queued and q.pi != ci and q.pi != end:
@@ -156,7 +159,7 @@ class EngineCycleModel:
                 elif kind == "doorbell" and arg[2] and not q.queued and q.pi == q.fi \
                         and arg[1] == (q.fi + 1) & 0xFFFF and job_fifo.can_push() and bf_fifo.can_push():
                     # BlueFlame: the WQE is the QP's only work, it goes at once without a read
-                    job_fifo.push(t, (arg[0], q.fi, 1, 1, True))
+                    job_fifo.push(t, (arg[0], q.fi, 1, 1, True, q.byte_turn))
                     bf_fifo.push(t, (arg[0], q.fi))
                     q.pi = q.fi = arg[1]
                 elif kind == "doorbell":
@@ -169,11 +172,13 @@ class EngineCycleModel:
                     quantum = q.weight * P.QUANTUM_WQEBBS
                     if q.first:
                         quantum = min(quantum, P.FIRST_TURN_WQEBBS)
+                    if q.byte_turn:
+                        quantum = min(quantum, q.byte_turn)
                     if pending:
                         q.first = False
                         own = min(pending, quantum)
                         over = min(pending - quantum, q.reach) if pending > quantum else 0
-                        job_fifo.push(t, (arg[0], q.fi, own + over, own, False))
+                        job_fifo.push(t, (arg[0], q.fi, own + over, own, False, q.byte_turn))
                         q.fi = (q.fi + own) & 0xFFFF
                         if pending > quantum:
                             active.push(t, arg[0])
@@ -185,6 +190,9 @@ class EngineCycleModel:
             elif qpt_state == "IDLE":
                 if ps["state"] == "END" and ps.get("report"):
                     qpt_op, update_taken = ("update", ps["report"]), True
+                    qpt_state = "EXEC"
+                elif ps.get("turn") is not None:
+                    qpt_op, turn_taken = ("turn", ps["turn"]), True
                     qpt_state = "EXEC"
                 elif db_fifo.head(t) is not None:
                     qpt_op, qpt_state = ("doorbell", db_fifo.pop()), "EXEC"
@@ -226,6 +234,7 @@ class EngineCycleModel:
             msg_ready = msg_fifo.can_push() and (not pf_bursts or (len(pf_bursts) == 1 and pf_fire))
             before = len(wqebb_buf.items)
             src = bf_fifo if ps.get("bf") else wqebb_buf
+            self._turn_step(ps, turn_taken)
             emitted = self._parser_step(t, ps, burst_fifo, src, inline_fifo, msg_ready, update_taken)
             wqe_pops = before - len(wqebb_buf.items)
             # --- payload fetch ---------------------------------------------------------------
@@ -275,6 +284,27 @@ class EngineCycleModel:
                 and all(not f.items for f in fifos))
 
     # ------------------------------------------------------------------------------------
+    @staticmethod
+    def _turn_step(ps, taken):
+        """The parser's byte-bound turns: the take noted last cycle counted (``ps["tk"]``),
+        its bound (``ps["turn"]``, for the QP table) set when the register is free or taken."""
+        tk, ps["tk"] = ps.get("tk"), None
+        report = None
+        if tk is not None:
+            was = ps.get("reached", False) and not tk["first"]
+            total = (0 if tk["first"] else ps.get("acc", 0)) + tk["len"]
+            full = total >= P.TURN_BYTES
+            value = tk["end"] if tk["end"] < 256 else 0
+            if not was and full and value != tk["bound"]:
+                report = (tk["qpn"], value)
+            elif tk["last"] and not was and not full and tk["bounded"]:
+                report = (tk["qpn"], 0)
+            ps["acc"], ps["reached"] = total % P.TURN_BYTES, was or full      # (the RTL's acc: total's low bits)
+        if report is not None and (ps.get("turn") is None or taken):
+            ps["turn"] = report
+        elif taken:
+            ps["turn"] = None
+
     def _parser_step(self, t, ps, bursts, wqebbs, inline_fifo, msg_ready, update_taken):
         """One cycle of the WQE parser; returns the message dict it hands on, if any."""
         st = ps["state"]
@@ -284,6 +314,7 @@ class EngineCycleModel:
             if job is not None:
                 bursts.pop()
                 ps.update(state="RUN", qpn=job[0], start=job[1], index=job[1], left=job[2], count=job[2], bf=job[4],
+                          bound=job[5],
                           own=job[3], end=(job[1] + job[2]) & 0xFFFF, fresh=True, cut=False, stale=False,
                           report=None, got=0)
             else:
@@ -336,6 +367,11 @@ class EngineCycleModel:
             if not msg_ready or (send_inline and not inline_fifo.can_push()):
                 return None
             wqebbs.pop()
+            rel = (ps["index"] - ps["start"]) & 0xFFFF
+            length = w.length if w.opcode == F.WqeOp.RDMA_WRITE and not getattr(w, "error", None) else 0
+            ps["tk"] = {"first": ps["fresh"], "last": rel + w.nwqebbs >= ps["own"], "end": rel + w.nwqebbs,
+                        "len": min(length, P.TURN_BYTES), "qpn": ps["qpn"], "bound": ps["bound"],
+                        "bounded": ps["bound"] != 0 and ps["own"] == ps["bound"]}
             msg = {"qpn": ps["qpn"], "wqe": w, "mtu": q.mtu}
             if send_inline:
                 inline_fifo.push(t, (id(w), 0))

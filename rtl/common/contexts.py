@@ -45,6 +45,9 @@ QpDynamic = data.StructLayout({
     "parked": unsigned(1),
     # no turn yet since the QP's create: its first is at most ``FIRST_TURN_WQEBBS``
     "first":  unsigned(1),
+    # a turn at most this many WQEBBs (0: no bound): what its WQEs took to carry
+    # ``TURN_BYTES`` of payload, as the WQE parser last saw (a hint, ``QpTurn``)
+    "byte_turn": unsigned(8),
 })
 
 

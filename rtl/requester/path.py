@@ -132,6 +132,7 @@ class RequesterPath(WiringLevel):
         wiring.connect(m, qpt.bf_wqebbs, b["bf_fifo"].i)
         wiring.connect(m, b["bf_fifo"].o, wp.bf_wqebbs)
         wiring.connect(m, wp.updates, qpt.updates)
+        wiring.connect(m, wp.turns, qpt.turns)
         wiring.connect(m, wp.messages, pf.messages_in)
         wiring.connect(m, wp.inline, b["inline_fifo"].i)
         wiring.connect(m, b["inline_fifo"].o, pb.inline)

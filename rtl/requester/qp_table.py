@@ -10,15 +10,16 @@ from spec.formats import QpState
 from rtl.common.contexts import QpConfig, QpEntry, qp_bits
 from rtl.common.records import DoorbellEvent
 
-__all__ = ["QpTable", "QpOp", "DoorbellDrop", "FetchJob", "QpUpdate", "UpdateKind", "QpCommit"]
+__all__ = ["QpTable", "QpOp", "DoorbellDrop", "FetchJob", "QpUpdate", "UpdateKind", "QpCommit", "QpTurn"]
 
 
-class QpOp(enum.Enum, shape=2):
+class QpOp(enum.Enum, shape=3):
     """The operation the table executes on the QP entry it has read."""
     COMMIT   = 0        # the host's QP configuration (``commit``)
     UPDATE   = 1        # the WQE fetch's progress (``updates``)
     DOORBELL = 2        # a doorbell (``doorbells``)
     SCHEDULE = 3        # the next QP of the active list: a fetch job
+    TURN     = 4        # the parser's bound on the QP's turns (``turns``)
 
 
 class DoorbellDrop(enum.Enum, shape=2):
@@ -43,6 +44,7 @@ def FetchJob(num_qps, num_cqs, max_burst):
         "ci": unsigned(16), "count": unsigned(width), "own": unsigned(width),
         "bf": unsigned(1),               # BlueFlame: the WQEBB comes with the doorbell, no read
         "hold": unsigned(1),             # capped with more posted: the QP waits for this burst's end
+        "byte_turn": unsigned(8),        # the QP's byte-bound turn when it was scheduled (0: none)
     })
 
 
@@ -66,6 +68,12 @@ def QpUpdate(num_qps):
                               "room": unsigned(5)})      # RESUME, WAKE: READs/atomics the QP may add
 
 
+def QpTurn(num_qps):
+    """From the WQE parser: turns of QP ``qpn`` are at most ``byte_turn`` WQEBBs from now on
+    (what its last turn took to carry ``TURN_BYTES`` of payload; 0: no bound)."""
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "byte_turn": unsigned(8)})
+
+
 def QpCommit(num_qps, num_cqs):
     """A context write from the control path; ``reset`` also clears the indices (create)."""
     return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "cfg": QpConfig(num_cqs),
@@ -81,7 +89,10 @@ class QpTable(wiring.Component):
     ``weight x quantum`` WQEBBs and, if it has more, goes to the back of the FIFO.
     That is weighted round robin at WQEBB granularity, with state in RAM only, so it
     scales with the RAM. Bursts of one QP may be in flight back to back: the fetch
-    and the parser keep them in order.
+    and the parser keep them in order. A turn is also at most the QP's ``byte_turn``
+    WQEBBs, when the parser has set one (``turns``): what its WQEs took to carry
+    ``TURN_BYTES`` of payload, so that a QP of large messages leaves the wire to the
+    other QPs (and their peers) every few messages instead of every 128.
 
     A burst ends at a doorbell's limit (a WQE boundary) or, when the quantum cuts the
     QP's work, reads up to ``max_wqebbs - 1`` WQEBBs beyond it (the QP's largest WQE, from
@@ -94,7 +105,7 @@ class QpTable(wiring.Component):
     same way: off the round robin, so other QPs' WQEs pass it, until the parser wakes it.
 
     Every operation takes two cycles (RAM read, then write); priority is commit,
-    update, doorbell, schedule.
+    update, turn, doorbell, schedule.
 
     Parameters
     ----------
@@ -112,6 +123,8 @@ class QpTable(wiring.Component):
     commit : In(stream.Signature(QpCommit))
     doorbells : In(stream.Signature(DoorbellEvent))
     updates : In(stream.Signature(QpUpdate))
+    turns : In(stream.Signature(QpTurn))
+        The parser's bound on a QP's turns (a hint: it only shortens them).
     jobs : Out(stream.Signature(FetchJob))
         Its consumer must keep ``ready`` high once high until it takes a job (a FIFO).
     bf_wqebbs : Out(stream.Signature(512))
@@ -146,6 +159,7 @@ class QpTable(wiring.Component):
             "commit": In(stream.Signature(QpCommit(num_qps, num_cqs))),
             "doorbells": In(stream.Signature(DoorbellEvent(num_qps))),
             "updates": In(stream.Signature(QpUpdate(num_qps))),
+            "turns": In(stream.Signature(QpTurn(num_qps))),
             "jobs": Out(stream.Signature(FetchJob(num_qps, num_cqs, self.max_burst))),
             "bf_wqebbs": Out(stream.Signature(8 * F.WQEBB)),
             "db_accepted": Out(1),
@@ -166,6 +180,7 @@ class QpTable(wiring.Component):
         qpn = Signal(qp_bits(self.num_qps))
         commit_p = Signal.like(self.commit.p)
         update_p = Signal.like(self.updates.p)
+        turn_p = Signal(8)
         limit = Signal(16)
         bf = Signal()
         bf_data = Signal(8 * F.WQEBB)
@@ -188,13 +203,15 @@ class QpTable(wiring.Component):
         reach = Signal(range(F.MAX_WQEBBS))
         size = entry.cfg.max_wqebbs
         m.d.comb += reach.eq(Mux((size == 0) | (size > F.MAX_WQEBBS), F.MAX_WQEBBS - 1, size - 1))
-        m.d.comb += quantum.eq(Mux(entry.dyn.first & (weighted > self.first_turn), self.first_turn, weighted))
+        plain = Mux(entry.dyn.first & (weighted > self.first_turn), self.first_turn, weighted)
+        bound = entry.dyn.byte_turn
+        m.d.comb += quantum.eq(Mux((bound != 0) & (bound < plain), bound, plain))
 
         def job(count, own, bf=0, hold=0):
             # a burst of this QP from its fetch index
             m.d.comb += [self.jobs.valid.eq(1), self.jobs.p.qpn.eq(qpn), self.jobs.p.cfg.eq(entry.cfg),
                          self.jobs.p.ci.eq(entry.dyn.fi), self.jobs.p.count.eq(count), self.jobs.p.own.eq(own),
-                         self.jobs.p.bf.eq(bf), self.jobs.p.hold.eq(hold)]
+                         self.jobs.p.bf.eq(bf), self.jobs.p.hold.eq(hold), self.jobs.p.byte_turn.eq(entry.dyn.byte_turn)]
 
         def enqueue():
             m.d.comb += [active.w_en.eq(1), active.w_data.eq(qpn), new.dyn.queued.eq(1)]
@@ -208,6 +225,10 @@ class QpTable(wiring.Component):
                 with m.Elif(self.updates.valid):
                     m.d.comb += [self.updates.ready.eq(1), rd.addr.eq(self.updates.p.qpn), rd.en.eq(1)]
                     m.d.sync += [op.eq(QpOp.UPDATE), qpn.eq(self.updates.p.qpn), update_p.eq(self.updates.p)]
+                    m.next = "EXEC"
+                with m.Elif(self.turns.valid):
+                    m.d.comb += [self.turns.ready.eq(1), rd.addr.eq(self.turns.p.qpn), rd.en.eq(1)]
+                    m.d.sync += [op.eq(QpOp.TURN), qpn.eq(self.turns.p.qpn), turn_p.eq(self.turns.p.byte_turn)]
                     m.next = "EXEC"
                 with m.Elif(self.doorbells.valid):
                     m.d.comb += [self.doorbells.ready.eq(1), rd.addr.eq(self.doorbells.p.qpn), rd.en.eq(1)]
@@ -229,7 +250,9 @@ class QpTable(wiring.Component):
                         m.d.comb += [new.cfg.eq(commit_p.cfg), wr.en.eq(1)]
                         with m.If(commit_p.reset):
                             m.d.comb += [new.dyn.pi.eq(0), new.dyn.fi.eq(0), new.dyn.queued.eq(0), new.dyn.cap.eq(0),
-                                         new.dyn.parked.eq(0), new.dyn.first.eq(1)]
+                                         new.dyn.parked.eq(0), new.dyn.first.eq(1), new.dyn.byte_turn.eq(0)]
+                    with m.Case(QpOp.TURN):
+                        m.d.comb += [new.dyn.byte_turn.eq(turn_p), wr.en.eq(1)]
                     with m.Case(QpOp.UPDATE):
                         m.d.comb += [wr.en.eq(1), new.dyn.fi.eq(update_p.ci)]
                         with m.Switch(update_p.kind):

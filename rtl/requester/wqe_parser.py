@@ -9,7 +9,7 @@ from spec import formats as F
 from spec import params as P
 from rtl.common.contexts import qp_bits
 from rtl.common.headers import from_be
-from rtl.requester.qp_table import FetchJob, QpUpdate, UpdateKind
+from rtl.requester.qp_table import FetchJob, QpTurn, QpUpdate, UpdateKind
 from rtl.requester.message import Message, MessageKind
 
 __all__ = ["WqeParser", "RemoteOpNote", "RemoteOpPop"]
@@ -109,6 +109,12 @@ class WqeParser(wiring.Component):
         order: from the beat holding byte 36 (the message's ``addr`` is the data's offset
         in the WQE, 36, or 36 + the advance of a resumed WQE) to the last data byte.
     updates : Out(stream.Signature(QpUpdate))
+    turns : Out(stream.Signature(QpTurn))
+        A QP's turns bounded to the WQEBBs its WQEs took to carry ``TURN_BYTES`` of
+        payload (WRITE lengths, from the start of a burst to the end of the first WQE
+        whose sum reaches them; 0 lifts the bound, after a bounded turn that did not
+        reach them). Counted a cycle after each take, from registers; a new bound is
+        dropped while the last one waits (a hint).
     retransmit : In(stream.Signature(...))
         ``qpn``, ``index``, ``psn`` (the restart point: a WQE index and its first PSN)
         and ``skip_to`` (the first PSN to send again); ``fail``: fail the WQE holding
@@ -133,6 +139,7 @@ class WqeParser(wiring.Component):
             "messages": Out(stream.Signature(Message(num_qps, num_cqs))),
             "inline": Out(stream.Signature(1024)),
             "updates": Out(stream.Signature(QpUpdate(num_qps))),
+            "turns": Out(stream.Signature(QpTurn(num_qps))),
             "retransmit": In(stream.Signature(data.StructLayout({
                 "qpn": unsigned(qp_bits(num_qps)), "index": unsigned(16), "psn": unsigned(24),
                 "skip_to": unsigned(24), "fail": unsigned(1), "syndrome": unsigned(8)}))),
@@ -406,6 +413,45 @@ class WqeParser(wiring.Component):
             self.updates.p.end.eq(job.ci + job.count),
         ]
 
+        # Byte-bound turns (``turns``): each take is noted (``tk_*``) and counted the next
+        # cycle, off the path from the WQEBB stream to the context RAM.
+        TB = P.TURN_BYTES
+        assert TB & (TB - 1) == 0, "TURN_BYTES is a power of two"
+        tk_v, tk_first, tk_last, tk_bounded = Signal(), Signal(), Signal(), Signal()
+        tk_len = Signal(range(TB + 1))
+        tk_end = Signal(16)
+        tk_qpn = Signal.like(job.qpn)
+        tk_bound = Signal(8)
+        acc = Signal(range(TB))                      # payload of the burst's WQEs so far, below TB
+        reached = Signal()                           # the burst's WQEs have carried TB
+        m.d.sync += tk_v.eq(0)
+        was = Signal()
+        total = Signal(range(2 * TB + 1))
+        m.d.comb += [was.eq(~tk_first & reached), total.eq(Mux(tk_first, 0, acc) + tk_len)]
+        full = total >= TB
+        cross = tk_v & ~was & full
+        value = Mux(tk_end < 256, tk_end, 0)
+        set_bound = cross & (value != tk_bound)
+        lift = tk_v & tk_last & ~was & ~full & tk_bounded
+        with m.If(tk_v):
+            m.d.sync += [acc.eq(total[:len(acc)]), reached.eq(was | full)]
+        with m.If((set_bound | lift) & (~self.turns.valid | self.turns.ready)):
+            m.d.sync += [self.turns.valid.eq(1), self.turns.p.qpn.eq(tk_qpn),
+                         self.turns.p.byte_turn.eq(Mux(set_bound, value, 0))]
+        with m.Elif(self.turns.ready):
+            m.d.sync += self.turns.valid.eq(0)
+
+        def note_take():
+            # the take only raises tk_v: the note itself is loaded every cycle (no enable
+            # on the take's path, which is the parser's longest)
+            m.d.sync += tk_v.eq(1)
+
+        def load_note():
+            m.d.sync += [tk_first.eq(fresh), tk_last.eq(last_own), tk_end.eq(rel + nbb),
+                         tk_len.eq(Mux(kind == MessageKind.WRITE, Mux(length >= TB, TB, length), 0)),
+                         tk_qpn.eq(job.qpn), tk_bound.eq(job.byte_turn),
+                         tk_bounded.eq((job.byte_turn != 0) & (job.own == job.byte_turn))]
+
         # Context writes: QP creation (any time but END), and the burst's end.
         commit_ok = Signal()
         m.d.comb += self.commit.ready.eq(commit_ok)
@@ -454,6 +500,7 @@ class WqeParser(wiring.Component):
         m.d.comb += rel.eq(index - job.ci)
         last_own = Signal()                          # this WQE is the burst's last own one
         m.d.comb += last_own.eq(rel + nbb >= job.own)
+        load_note()
         after_drop = Signal()                        # 0: END, 1: RUN (a skip at the burst's start)
 
         def drop_then(n, then_run=False):
@@ -525,6 +572,7 @@ class WqeParser(wiring.Component):
                         # not wait on the skip decision, one LUT level off the longest path)
                         with m.If(self.messages.ready & inline_ok & ~wait_op):
                             m.d.comb += [src.ready.eq(1), self.remote.valid.eq(new_op)]
+                            note_take()
                             m.d.sync += [index.eq(index + nbb), left.eq(left - 1), got.eq(0), fresh.eq(0),
                                          psn.eq(cur_psn + npk), wqe.eq(view), resuming.eq(skip_wqe),
                                          failing.eq(next_fail), fsyn.eq(next_syn),

@@ -453,6 +453,57 @@ async def straddling_wqes_short_reach(dut):
 
 
 @cocotb.test()
+async def byte_bound_turns(dut):
+    """A turn ends once its WQEs carry TURN_BYTES (16 KiB) of payload: two QPs of 8 KiB
+    WRITEs, after a warm-up that lets the parser learn their bound (2 WQEs), alternate two
+    messages a turn; 8-byte WRITEs after them lift the bound (a bounded turn that carries
+    less) and go in long turns again. Frames at the cycle model's cycles."""
+    env = await NicEnv(dut).start()
+    cq = await env.cq(0, 8)
+    qps = [await env.qp(q, cq, log_depth=9) for q in range(2)]
+    size = 8192
+
+    def post(qp, n, length):
+        for i in range(n):
+            if length > 28:
+                addr, _ = env.payload(length, seed=qp.qpn * 1000 + len(qp.posted))
+                qp.post_write(0x10_0000_0000 + len(qp.posted) * length, 0xBEEF, local_addr=addr, length=length,
+                              signaled=i == n - 1)
+            else:
+                qp.post_write(0x10_0000_0000 + len(qp.posted) * 64, 0xBEEF, inline=bytes([i]) * length,
+                              signaled=i == n - 1)
+    for phase, (n, length) in enumerate(((4, size), (96, size), (200, 8))):
+        for qp in qps:
+            post(qp, n, length)
+        for qp in qps:
+            await qp.ring_nvshmem()
+        await env.drain(2_000_000)
+    pred = env.check(await env.drain())
+    env.check_cycles()
+    await env.check_counters(pred)
+    # runs of one QP's messages on the wire, per phase (8 KiB: 2 frames a message)
+    owner = [(read_field(BTH, "dqpn", f.data, OFF_BTH), len(f.data) > 1000) for f in env.wire.frames]
+    big = [q for q, b in owner if b][8 * 2:]             # phase 2's frames (after the warm-up's)
+    small = [q for q, b in owner if not b]
+    def runs(seq):
+        out, k = [], 1
+        for a, b in zip(seq, seq[1:]):
+            if a == b:
+                k += 1
+            else:
+                out.append(k)
+                k = 1
+        return out + [k]
+    big_runs = runs(big)
+    assert len(big) == 2 * 96 * 2, len(big)
+    # two messages (4 frames) a turn, the QPs alternating: QP 0 has two turns before QP 1's
+    # doorbell is in, QP 1 the last two alone
+    assert big_runs[0] == 8 and set(big_runs[1:-1]) == {4} and big_runs[-1] == 8, big_runs
+    small_runs = runs(small)
+    assert max(small_runs) >= 64, small_runs      # the bound lifted: turns of up to 128 again
+
+
+@cocotb.test()
 async def blueflame(dut):
     """BlueFlame: a one-WQEBB WQE stored with its doorbell goes out without a read of the
     send queue, doorbell to first byte <= 32 cycles; when the QP has work queued the store

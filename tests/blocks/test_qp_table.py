@@ -111,3 +111,49 @@ def test_qp_table_reach_past_a_cut():
     rest = (16, 24, 24)
     assert log == [(1, [(0, 16, 16), rest]), (2, [(0, 17, 16), rest]), (5, [(0, 20, 16), rest]),
                    (16, [(0, 31, 16), rest]), (0, [(0, 31, 16), rest]), (31, [(0, 31, 16), rest])], log
+
+
+def test_qp_table_byte_turn():
+    """The parser's bound on a QP's turns (``turns``): turns of at most ``byte_turn`` WQEBBs
+    while it is set (here 3, under the first turn's 16), a whole turn once it is 0 again,
+    and a create clears it."""
+    from rtl.requester.qp_table import QpTurn  # noqa: F401  (the port's layout)
+    dut = QpTable(num_qps=4, num_cqs=4, first_turn=16)
+    log = []
+
+    async def bench(ctx):
+        ctx.set(dut.jobs.ready, 1)
+        ctx.set(dut.bf_wqebbs.ready, 1)
+
+        async def jobs(cycles=60):
+            got = []
+            for _ in range(cycles):
+                await ctx.delay(1e-12)
+                if ctx.get(dut.jobs.valid):
+                    p = ctx.get(dut.jobs.p)
+                    got.append((p.ci, p.count, p.own, p.byte_turn))
+                await ctx.tick()
+            return got
+
+        cfg = {"log_depth": 8, "state": QpState.RTS, "weight": 1, "mtu": 3, "max_wqebbs": 1}
+        await put(ctx, dut.commit, qpn=QPN, reset=1, cfg=cfg)
+        await put(ctx, dut.turns, qpn=QPN, byte_turn=3)
+        await put(ctx, dut.doorbells, qpn=QPN, limit=10)
+        log.append(("bound 3, doorbell 10", await jobs()))
+        await put(ctx, dut.turns, qpn=QPN, byte_turn=0)
+        await put(ctx, dut.doorbells, qpn=QPN, limit=50)
+        log.append(("lifted, doorbell 50", await jobs()))
+        await put(ctx, dut.turns, qpn=QPN, byte_turn=5)
+        await put(ctx, dut.commit, qpn=QPN, reset=1, cfg=cfg)
+        await put(ctx, dut.doorbells, qpn=QPN, limit=20)
+        log.append(("bound 5, created again, doorbell 20", await jobs()))
+
+    sim = Simulator(dut)
+    sim.add_clock(2e-9)
+    sim.add_testbench(bench)
+    sim.run()
+    assert log == [
+        ("bound 3, doorbell 10", [(0, 3, 3, 3), (3, 3, 3, 3), (6, 3, 3, 3), (9, 1, 1, 3)]),
+        ("lifted, doorbell 50", [(10, 32, 32, 0), (42, 8, 8, 0)]),
+        ("bound 5, created again, doorbell 20", [(0, 16, 16, 0), (16, 4, 4, 0)]),
+    ], log
