@@ -293,13 +293,13 @@ class EngineCycleModel:
         if tk is not None:
             was = ps.get("reached", False) and not tk["first"]
             total = (0 if tk["first"] else ps.get("acc", 0)) + tk["len"]
-            full = total >= P.TURN_BYTES
+            full = total >= tk["goal"]
             value = tk["end"] if tk["end"] < 256 else 0
             if not was and full and value != tk["bound"]:
                 report = (tk["qpn"], value)
             elif tk["last"] and not was and not full and tk["bounded"]:
                 report = (tk["qpn"], 0)
-            ps["acc"], ps["reached"] = total % P.TURN_BYTES, was or full      # (the RTL's acc: total's low bits)
+            ps["acc"], ps["reached"] = total % (16 * P.TURN_BYTES), was or full   # (the RTL's acc: total's low bits)
         if report is not None and (ps.get("turn") is None or taken):
             ps["turn"] = report
         elif taken:
@@ -370,7 +370,8 @@ class EngineCycleModel:
             rel = (ps["index"] - ps["start"]) & 0xFFFF
             length = w.length if w.opcode == F.WqeOp.RDMA_WRITE and not getattr(w, "error", None) else 0
             ps["tk"] = {"first": ps["fresh"], "last": rel + w.nwqebbs >= ps["own"], "end": rel + w.nwqebbs,
-                        "len": min(length, P.TURN_BYTES), "qpn": ps["qpn"], "bound": ps["bound"],
+                        "len": min(length, 16 * P.TURN_BYTES), "goal": q.weight * P.TURN_BYTES,
+                        "qpn": ps["qpn"], "bound": ps["bound"],
                         "bounded": ps["bound"] != 0 and ps["own"] == ps["bound"]}
             msg = {"qpn": ps["qpn"], "wqe": w, "mtu": q.mtu}
             if send_inline:

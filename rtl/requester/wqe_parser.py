@@ -418,17 +418,19 @@ class WqeParser(wiring.Component):
         TB = P.TURN_BYTES
         assert TB & (TB - 1) == 0, "TURN_BYTES is a power of two"
         tk_v, tk_first, tk_last, tk_bounded = Signal(), Signal(), Signal(), Signal()
-        tk_len = Signal(range(TB + 1))
+        tk_len = Signal(range(16 * TB))              # a WRITE's length, its low bits ...
+        tk_big = Signal()                            # ... and whether it is 16 x TB or more
+        tk_goal = Signal(range(16 * TB))             # weight x TB: a QP of weight w gets w x TB a turn
         tk_end = Signal(16)
         tk_qpn = Signal.like(job.qpn)
         tk_bound = Signal(8)
-        acc = Signal(range(TB))                      # payload of the burst's WQEs so far, below TB
+        acc = Signal(range(16 * TB))                 # payload of the burst's WQEs so far, below the goal
         reached = Signal()                           # the burst's WQEs have carried TB
         m.d.sync += tk_v.eq(0)
         was = Signal()
-        total = Signal(range(2 * TB + 1))
-        m.d.comb += [was.eq(~tk_first & reached), total.eq(Mux(tk_first, 0, acc) + tk_len)]
-        full = total >= TB
+        total = Signal(range(32 * TB + 1))
+        m.d.comb += [was.eq(~tk_first & reached), total.eq(Mux(tk_first, 0, acc) + Mux(tk_big, 16 * TB, tk_len))]
+        full = total >= tk_goal
         cross = tk_v & ~was & full
         value = Mux(tk_end < 256, tk_end, 0)
         set_bound = cross & (value != tk_bound)
@@ -448,7 +450,9 @@ class WqeParser(wiring.Component):
 
         def load_note():
             m.d.sync += [tk_first.eq(fresh), tk_last.eq(last_own), tk_end.eq(rel + nbb),
-                         tk_len.eq(Mux(kind == MessageKind.WRITE, Mux(length >= TB, TB, length), 0)),
+                         tk_len.eq(Mux(kind == MessageKind.WRITE, length[:len(tk_len)], 0)),
+                         tk_big.eq((kind == MessageKind.WRITE) & (length[len(tk_len):] != 0)),
+                         tk_goal.eq(Mux(job.cfg.weight == 0, 1, job.cfg.weight) * TB),
                          tk_qpn.eq(job.qpn), tk_bound.eq(job.byte_turn),
                          tk_bounded.eq((job.byte_turn != 0) & (job.own == job.byte_turn))]
 

@@ -454,13 +454,14 @@ async def straddling_wqes_short_reach(dut):
 
 @cocotb.test()
 async def byte_bound_turns(dut):
-    """A turn ends once its WQEs carry TURN_BYTES (16 KiB) of payload: two QPs of 8 KiB
-    WRITEs, after a warm-up that lets the parser learn their bound (2 WQEs), alternate two
-    messages a turn; 8-byte WRITEs after them lift the bound (a bounded turn that carries
-    less) and go in long turns again. Frames at the cycle model's cycles."""
+    """A turn ends once its WQEs carry weight x TURN_BYTES (16 KiB) of payload: two QPs of
+    8 KiB WRITEs, weights 1 and 2, after a warm-up that lets the parser learn their bounds
+    (2 and 4 WQEs), alternate two and four messages a turn; 8-byte WRITEs after them lift
+    the bounds (a bounded turn that carries less) and go in long turns again. Frames at
+    the cycle model's cycles."""
     env = await NicEnv(dut).start()
     cq = await env.cq(0, 8)
-    qps = [await env.qp(q, cq, log_depth=9) for q in range(2)]
+    qps = [await env.qp(q, cq, log_depth=9, weight=1 + q) for q in range(2)]
     size = 8192
 
     def post(qp, n, length):
@@ -483,23 +484,24 @@ async def byte_bound_turns(dut):
     await env.check_counters(pred)
     # runs of one QP's messages on the wire, per phase (8 KiB: 2 frames a message)
     owner = [(read_field(BTH, "dqpn", f.data, OFF_BTH), len(f.data) > 1000) for f in env.wire.frames]
-    big = [q for q, b in owner if b][8 * 2:]             # phase 2's frames (after the warm-up's)
+    big = [q - 0x1000 for q, b in owner if b][8 * 2:]    # phase 2's frames (after the warm-up's)
     small = [q for q, b in owner if not b]
-    def runs(seq):
+    def runs(seq):                                    # [(QP, frames in a row)]
         out, k = [], 1
         for a, b in zip(seq, seq[1:]):
             if a == b:
                 k += 1
             else:
-                out.append(k)
+                out.append((a, k))
                 k = 1
-        return out + [k]
+        return out + [(seq[-1], k)]
     big_runs = runs(big)
     assert len(big) == 2 * 96 * 2, len(big)
-    # two messages (4 frames) a turn, the QPs alternating: QP 0 has two turns before QP 1's
-    # doorbell is in, QP 1 the last two alone
-    assert big_runs[0] == 8 and set(big_runs[1:-1]) == {4} and big_runs[-1] == 8, big_runs
-    small_runs = runs(small)
+    # QP 1 four messages (8 frames) a turn, QP 0 two (4) between them; QP 0 had two turns
+    # before QP 1's doorbell was in, and sends its rest alone
+    assert [k for q, k in big_runs if q == 1] == [8] * 24, big_runs
+    assert [k for q, k in big_runs if q == 0][1:-1] == [4] * 23, big_runs
+    small_runs = [k for _, k in runs(small)]
     assert max(small_runs) >= 64, small_runs      # the bound lifted: turns of up to 128 again
 
 
