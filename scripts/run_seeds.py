@@ -30,7 +30,8 @@ def points(quick):
         # message rate: 8-byte p from many warps (IBGDA) / enough to keep the proxy busy
         out.append({"workload": "rate", "path": path, "warps": 128 if gda else 16, "qpp": 4 if gda else 8,
                     "ops": (256 if not quick else 64) if gda else (32 if not quick else 16)})
-        if gda:     # the same with turns of 4 x 128 WQEBBs (QP weight 4): the read-past shrinks
+        if gda:     # the same with turns of 4 x 128 WQEBBs (QP weight 4): the wire either way since
+                    # a turn reads past its cut only what the QPs' largest WQE needs (QP_MAX_WQEBBS)
             out.append({"workload": "rate", "path": path, "warps": 128, "qpp": 4, "weight": 4,
                         "ops": 256 if not quick else 64})
         out.append({"workload": "coalesce", "path": path, "warps": 126 if gda else 16, "qpp": 63 if gda else 8,

@@ -52,7 +52,8 @@ def rows(recs, model):
                 f"{_fmt(w4.get('ops_per_s', 0) / 1e6)} ({_fmt((w4.get('steady_ops_per_s') or 0) / 1e6)} steady)",
                 f"{_fmt(r['ibrc'] and r['ibrc'] / 1e6)} (input)", _fmt(r["ibrc_mt"] and r["ibrc_mt"] / 1e6),
                 _ratio(r["ibgda"], r["ibrc"]),
-                "IBGDA: the engine's read-past of 15 WQEBBs a turn of 128 (weight 4: the wire); IBRC: the proxy's "
+                "IBGDA: the 400G wire (steady: the 471.7 M limit; overall: the start and the last quiet); "
+                "IBRC: the proxy's "
                 f"{C.PROXY.per_op_ns:.0f} ns a request (calibrated)"))
     co = {p: _one(recs, workload="coalesce", path=p) for p in PATHS}
     c = {p: (co[p] or {}).get("elements_per_s") for p in PATHS}
