@@ -425,7 +425,7 @@ class WqeParser(wiring.Component):
         tk_qpn = Signal.like(job.qpn)
         tk_bound = Signal(8)
         acc = Signal(range(16 * TB))                 # payload of the burst's WQEs so far, below the goal
-        reached = Signal()                           # the burst's WQEs have carried TB
+        reached = Signal()                           # the burst's WQEs have carried the goal
         m.d.sync += tk_v.eq(0)
         was = Signal()
         total = Signal(range(32 * TB + 1))

@@ -400,14 +400,16 @@ async def moe(dut, p):
     def recv_slot(e_local, src, t):
         return recv + ((e_local * n + src) * tokens + t) * dsz
 
+    warp_sends = [[[(t, k, e) for t, k, e in sends[i] if (t * topk + k) % warps == w] for w in range(warps)]
+                  for i in range(n)]
+
     async def dispatch_warp(pe, w):
         # DeepEP's order: token-major, the warp of top-k slot k (of a group of warps) sends
         # token t to its k-th expert, one token a put (a warp-wide put of one message).
         # So a PE's messages spread over its peers as its tokens' experts do; posting them
         # grouped by expert instead lined every PE's order up (all to PE 0 first): incast.
-        for t, k, e in sends[pe.index]:
-            if (t * topk + k) % warps == w:
-                await pe.put_nbi(e % per, e // per, [(recv_slot(e % per, pe.index, t), x + t * dsz, dsz)])
+        for t, k, e in warp_sends[pe.index][w]:
+            await pe.put_nbi(e % per, e // per, [(recv_slot(e % per, pe.index, t), x + t * dsz, dsz)])
 
     def returns(i):
         # the tokens PE i's experts received, back to their sources: (src, e_local, dst, src_addr)

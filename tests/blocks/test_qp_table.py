@@ -13,23 +13,37 @@ from tests.blocks.helpers import put
 QPN = 1
 
 
+async def _jobs(ctx, dut, fields, cycles=40):
+    """Every job the table issues in ``cycles`` (``jobs`` always ready), as ``fields`` tuples."""
+    got = []
+    for _ in range(cycles):
+        await ctx.delay(1e-12)
+        if ctx.get(dut.jobs.valid):
+            p = ctx.get(dut.jobs.p)
+            got.append(tuple(getattr(p, f) for f in fields))
+        await ctx.tick()
+    return got
+
+
+def _simulate(dut, body):
+    """Run ``body(ctx)`` against the table with its job and BlueFlame outputs always taken."""
+    async def bench(ctx):
+        ctx.set(dut.jobs.ready, 1)
+        ctx.set(dut.bf_wqebbs.ready, 1)
+        await body(ctx)
+    sim = Simulator(dut)
+    sim.add_clock(2e-9)
+    sim.add_testbench(bench)
+    sim.run()
+
+
 def test_qp_table_park_wake_hold():
     dut = QpTable(num_qps=4, num_cqs=4, first_turn=16)
     log = []
 
     async def bench(ctx):
-        ctx.set(dut.jobs.ready, 1)
-        ctx.set(dut.bf_wqebbs.ready, 1)
-
         async def jobs(cycles=40):
-            got = []
-            for _ in range(cycles):
-                await ctx.delay(1e-12)
-                if ctx.get(dut.jobs.valid):
-                    p = ctx.get(dut.jobs.p)
-                    got.append((p.ci, p.count, p.own, p.hold))
-                await ctx.tick()
-            return got
+            return await _jobs(ctx, dut, ("ci", "count", "own", "hold"), cycles)
 
         await put(ctx, dut.commit, qpn=QPN, reset=1,
                   cfg={"log_depth": 8, "state": QpState.RTS, "weight": 1, "mtu": 3})
@@ -65,10 +79,7 @@ def test_qp_table_park_wake_hold():
         await put(ctx, dut.doorbells, qpn=QPN, limit=60)
         log.append(("created again, doorbell 60", await jobs()))
 
-    sim = Simulator(dut)
-    sim.add_clock(2e-9)
-    sim.add_testbench(bench)
-    sim.run()
+    _simulate(dut, bench)
     assert log == [
         ("doorbell 40", [(0, 31, 16, 0), (16, 24, 24, 0)]),
         ("park at 10", []),
@@ -89,25 +100,13 @@ def test_qp_table_reach_past_a_cut():
     log = []
 
     async def bench(ctx):
-        ctx.set(dut.jobs.ready, 1)
-        ctx.set(dut.bf_wqebbs.ready, 1)
         for size in (1, 2, 5, 16, 0, 31):
             await put(ctx, dut.commit, qpn=QPN, reset=1,
                       cfg={"log_depth": 8, "state": QpState.RTS, "weight": 1, "mtu": 3, "max_wqebbs": size})
             await put(ctx, dut.doorbells, qpn=QPN, limit=40)
-            got = []
-            for _ in range(40):
-                await ctx.delay(1e-12)
-                if ctx.get(dut.jobs.valid):
-                    p = ctx.get(dut.jobs.p)
-                    got.append((p.ci, p.count, p.own))
-                await ctx.tick()
-            log.append((size, got))
+            log.append((size, await _jobs(ctx, dut, ("ci", "count", "own"))))
 
-    sim = Simulator(dut)
-    sim.add_clock(2e-9)
-    sim.add_testbench(bench)
-    sim.run()
+    _simulate(dut, bench)
     rest = (16, 24, 24)
     assert log == [(1, [(0, 16, 16), rest]), (2, [(0, 17, 16), rest]), (5, [(0, 20, 16), rest]),
                    (16, [(0, 31, 16), rest]), (0, [(0, 31, 16), rest]), (31, [(0, 31, 16), rest])], log
@@ -117,23 +116,12 @@ def test_qp_table_byte_turn():
     """The parser's bound on a QP's turns (``turns``): turns of at most ``byte_turn`` WQEBBs
     while it is set (here 3, under the first turn's 16), a whole turn once it is 0 again,
     and a create clears it."""
-    from rtl.requester.qp_table import QpTurn  # noqa: F401  (the port's layout)
     dut = QpTable(num_qps=4, num_cqs=4, first_turn=16)
     log = []
 
     async def bench(ctx):
-        ctx.set(dut.jobs.ready, 1)
-        ctx.set(dut.bf_wqebbs.ready, 1)
-
-        async def jobs(cycles=60):
-            got = []
-            for _ in range(cycles):
-                await ctx.delay(1e-12)
-                if ctx.get(dut.jobs.valid):
-                    p = ctx.get(dut.jobs.p)
-                    got.append((p.ci, p.count, p.own, p.byte_turn))
-                await ctx.tick()
-            return got
+        async def jobs():
+            return await _jobs(ctx, dut, ("ci", "count", "own", "byte_turn"), 60)
 
         cfg = {"log_depth": 8, "state": QpState.RTS, "weight": 1, "mtu": 3, "max_wqebbs": 1}
         await put(ctx, dut.commit, qpn=QPN, reset=1, cfg=cfg)
@@ -148,10 +136,7 @@ def test_qp_table_byte_turn():
         await put(ctx, dut.doorbells, qpn=QPN, limit=20)
         log.append(("bound 5, created again, doorbell 20", await jobs()))
 
-    sim = Simulator(dut)
-    sim.add_clock(2e-9)
-    sim.add_testbench(bench)
-    sim.run()
+    _simulate(dut, bench)
     assert log == [
         ("bound 3, doorbell 10", [(0, 3, 3, 3), (3, 3, 3, 3), (6, 3, 3, 3), (9, 1, 1, 3)]),
         ("lifted, doorbell 50", [(10, 32, 32, 0), (42, 8, 8, 0)]),
