@@ -19,7 +19,9 @@ and QP counts beyond the NIC's (at 1024 peers and more, a real system uses DC or
 """
 from dataclasses import dataclass
 
+from spec import costs as C
 from spec import params as P
+from tb.nvshmem import DB_BATCH
 
 WRITE_OVERHEAD = 74          # Eth + IP + UDP + BTH + RETH + ICRC, no FCS (SPEC section 6)
 ATOMIC_FRAME = 86            # a masked fetch-add request frame (AtomicETH), no FCS
@@ -77,7 +79,10 @@ class ClusterModel:
         self.rtl_fabric_ns = rtl_fabric_ns or {2: 100 * P.CLOCK_PERIOD_NS, 4: 90 * P.CLOCK_PERIOD_NS}
         self.dma_ns = dma_ns
         self.latency, self.post_ns = {}, {}
+        self.gpu = C.GPU                       # the GPU's costs of the runs (an input, section 1)
         for r in recs:
+            if r["workload"] == "latency" and r["path"] == "ibgda" and r.get("gpu_costs"):
+                self.gpu = C.GPU.with_(**r["gpu_costs"])
             if r["workload"] == "latency" and r.get("size", 8) == 8:
                 # what is left once the RTL fabric's one-way latency is taken out; to the
                 # signal's store (the RTL a2a points are compared at theirs: a poll every
@@ -125,18 +130,36 @@ class ClusterModel:
             land = max(land, k * per + first - self.dma_ns)
         return land
 
+    def batch_wait_ns(self, path, warps_per_qp, submissions):
+        """What NVSHMEM's doorbell batching adds before a QP's first message when
+        ``warps_per_qp`` warps post ``submissions`` to it back to back (IBGDA only).
+
+        A submission rings when it is the newest on its QP or completes a batch of
+        ``DB_BATCH``; with two or more warps racing, the one marking ready has always been
+        overtaken by another's reservation, so the first doorbell waits for a whole batch.
+        Submissions on a QP follow each other at the ready-marking chain's pace: a warp's
+        reservation, WQE write and ready CAS over the warps, or one CAS each, the slower."""
+        if path != "ibgda" or warps_per_qp < 2:
+            return 0.0
+        g = self.gpu
+        each = max((2 * g.atomic_ns + g.wqe_write_ns) / warps_per_qp, g.atomic_ns)
+        return (min(DB_BATCH, submissions) - 1) * each
+
     def a2a_ns(self, path, nodes, size, fabric=None):
         """All-to-all of ``size`` bytes per pair (put_signal) on ``nodes`` PEs."""
         f = self.rtl_fabric_ns[nodes] if fabric is None else fabric.one_way_ns(nodes)
         return self.send(path, size, nodes - 1, f, wqes=2)
 
     def moe_ns(self, path, ep, *, tokens=128, hidden=7168, topk=8, experts=None, fabric=None, sent=None,
-               received=None):
+               received=None, qpp=4):
         """DeepEP low-latency dispatch and combine on ``ep`` PEs: (dispatch_ns, combine_ns).
 
         The busiest PE decides: the most token messages one PE sends or receives (``sent``
         and ``received`` per PE when a run's routing is known; else the expected maximum of
-        ``ep`` PEs' received counts under uniform routing, mean + sigma * sqrt(2 ln ep))."""
+        ``ep`` PEs' received counts under uniform routing, mean + sigma * sqrt(2 ln ep)).
+        The combine's warps, one an (expert, source) pair, share the ``qpp`` QPs to each
+        source: where two or more post to one QP, its first doorbell waits for a batch
+        (:meth:`batch_wait_ns`)."""
         import math
         from tb.suites.seeds import moe_sizes
         experts = experts or max(32, ep)
@@ -149,6 +172,8 @@ class ClusterModel:
             msgs = mean + math.sqrt(mean * (1 - 1 / ep)) * math.sqrt(2 * math.log(ep))
         counts = experts * (ep - 1) / ep
         disp = self.send(path, dsz, msgs, f) + counts * self._per_msg(path, 8, 1)
-        comb = self.send(path, csz, msgs, f) + min(counts, msgs) * self._per_msg(path, 8, 1)
+        per_pe = experts // ep
+        comb = self.send(path, csz, msgs, f) + min(counts, msgs) * self._per_msg(path, 8, 1) \
+            + self.batch_wait_ns(path, per_pe // min(qpp, per_pe), msgs / ((ep - 1) * min(qpp, per_pe)))
         return disp, comb
 

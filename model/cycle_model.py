@@ -298,7 +298,7 @@ class EngineCycleModel:
             if not was and full and value != tk["bound"]:
                 report = (tk["qpn"], value)
             elif tk["last"] and not was and not full and tk["bounded"]:
-                report = (tk["qpn"], 0)
+                report = (tk["qpn"], 0 if tk["bound"] >= 128 else 2 * tk["bound"])   # the bound doubles
             ps["acc"], ps["reached"] = total % (16 * P.TURN_BYTES), was or full   # (the RTL's acc: total's low bits)
         if report is not None and (ps.get("turn") is None or taken):
             ps["turn"] = report

@@ -150,7 +150,8 @@ def checks(recs, model):
         out.append((f"a2a {r['path']} {r['nodes']} nodes {r['size']} B (signal landed)", rtl, m, m / rtl - 1))
     for r in _find(recs, workload="moe"):
         d, c = model.moe_ns(r["path"], r["nodes"], tokens=r["tokens"], hidden=r["hidden"], topk=r["topk"],
-                            experts=r["experts"], sent=r["messages_per_pe"], received=r.get("received_per_pe"))
+                            experts=r["experts"], sent=r["messages_per_pe"], received=r.get("received_per_pe"),
+                            qpp=r.get("qpp", 4))
         out.append((f"moe dispatch {r['path']} EP{r['nodes']}", r["dispatch_ns"], d, d / r["dispatch_ns"] - 1))
         out.append((f"moe combine {r['path']} EP{r['nodes']}", r["combine_ns"], c, c / r["combine_ns"] - 1))
     return out

@@ -112,8 +112,8 @@ class WqeParser(wiring.Component):
     turns : Out(stream.Signature(QpTurn))
         A QP's turns bounded to the WQEBBs its WQEs took to carry ``TURN_BYTES`` of
         payload (WRITE lengths, from the start of a burst to the end of the first WQE
-        whose sum reaches them; 0 lifts the bound, after a bounded turn that did not
-        reach them). Counted a cycle after each take, from registers; a new bound is
+        whose sum reaches them; after a bounded turn that did not reach them, twice the
+        bound, or 0 (none) from 128 up). Counted a cycle after each take, from registers; a new bound is
         dropped while the last one waits (a hint).
     retransmit : In(stream.Signature(...))
         ``qpn``, ``index``, ``psn`` (the restart point: a WQE index and its first PSN)
@@ -434,12 +434,16 @@ class WqeParser(wiring.Component):
         cross = tk_v & ~was & full
         value = Mux(tk_end < 256, tk_end, 0)
         set_bound = cross & (value != tk_bound)
-        lift = tk_v & tk_last & ~was & ~full & tk_bounded
+        # a bounded turn that did not carry the goal (smaller messages now): the bound
+        # doubles (up to the quantum's range, then none) rather than going at once, so
+        # that one short turn does not open a whole quantum to the next big messages
+        grow = tk_v & tk_last & ~was & ~full & tk_bounded
+        grown = Mux(tk_bound[7], 0, (tk_bound << 1)[:8])
         with m.If(tk_v):
             m.d.sync += [acc.eq(total[:len(acc)]), reached.eq(was | full)]
-        with m.If((set_bound | lift) & (~self.turns.valid | self.turns.ready)):
+        with m.If((set_bound | grow) & (~self.turns.valid | self.turns.ready)):
             m.d.sync += [self.turns.valid.eq(1), self.turns.p.qpn.eq(tk_qpn),
-                         self.turns.p.byte_turn.eq(Mux(set_bound, value, 0))]
+                         self.turns.p.byte_turn.eq(Mux(set_bound, value, grown))]
         with m.Elif(self.turns.ready):
             m.d.sync += self.turns.valid.eq(0)
 

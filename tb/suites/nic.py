@@ -456,9 +456,9 @@ async def straddling_wqes_short_reach(dut):
 async def byte_bound_turns(dut):
     """A turn ends once its WQEs carry weight x TURN_BYTES (16 KiB) of payload: two QPs of
     8 KiB WRITEs, weights 1 and 2, after a warm-up that lets the parser learn their bounds
-    (2 and 4 WQEs), alternate two and four messages a turn; 8-byte WRITEs after them lift
-    the bounds (a bounded turn that carries less) and go in long turns again. Frames at
-    the cycle model's cycles."""
+    (2 and 4 WQEs), alternate two and four messages a turn; 8-byte WRITEs after them
+    double the bounds turn by turn (a bounded turn that carries less) until they go in
+    long turns again. Frames at the cycle model's cycles."""
     env = await NicEnv(dut).start()
     cq = await env.cq(0, 8)
     qps = [await env.qp(q, cq, log_depth=9, weight=1 + q) for q in range(2)]
@@ -501,8 +501,15 @@ async def byte_bound_turns(dut):
     # before QP 1's doorbell was in, and sends its rest alone
     assert [k for q, k in big_runs if q == 1] == [8] * 24, big_runs
     assert [k for q, k in big_runs if q == 0][1:-1] == [4] * 23, big_runs
-    small_runs = [k for _, k in runs(small)]
-    assert max(small_runs) >= 64, small_runs      # the bound lifted: turns of up to 128 again
+    small_runs = runs(small)
+    # the bounds double, each a fetch pipeline's worth of turns (~16) after the last:
+    # QP 0's turns 2, then 4, then 8, QP 1's 4 then 8, before each QP's rest (QP 0's
+    # first small turn is its big phase's last, 4 frames)
+    def steps(q, skip):
+        ks = [k for p, k in small_runs if p == q][skip:-1]
+        return [k for i, k in enumerate(ks) if i == 0 or k != ks[i - 1]]
+    assert steps(0x1000, 1) == [2, 4, 8], small_runs
+    assert steps(0x1001, 0) == [4, 8], small_runs
 
 
 @cocotb.test()

@@ -88,7 +88,7 @@ def _steady(frames):
 
 def _base(job, p):
     return {"point": point_name(p), "workload": p["workload"], "path": p["path"], "nodes": job.npes,
-            "tweaked": bool(p.get("gpu") or p.get("proxy")), "weight": p.get("weight", 1),
+            "tweaked": bool(p.get("gpu") or p.get("proxy")), "weight": p.get("weight", 1), "qpp": job.qps_per_peer,
             "queue_kib": p.get("queue_kib", QUEUE_KIB) if job.npes > 2 else None,
             "gpu_costs": job.gpu_costs.as_dict(),
             "proxy_costs": job.proxy_costs.as_dict() if job.proxy_costs else None}

@@ -79,3 +79,17 @@ def test_costs_records():
     assert C.GPU.with_(pcie_ns=250).pcie_ns == 250 and C.GPU.pcie_ns == 500
     assert set(C.PATHS) == set(C.PATH_LABELS)
     assert P.CLOCK_PERIOD_NS == 2
+
+
+def test_doorbell_batching_wait():
+    m = ClusterModel(_recs())
+    # two warps on a QP: a submission each (146 + 20 + 146 ns) / 2 = 156 ns, 31 of them before
+    # the 32nd rings; four: the ready CAS chain's 146 ns decides; one warp rings every time
+    assert m.batch_wait_ns("ibgda", 2, 64) == pytest.approx(31 * 156)
+    assert m.batch_wait_ns("ibgda", 4, 64) == pytest.approx(31 * 146)
+    assert m.batch_wait_ns("ibgda", 2, 10) == pytest.approx(9 * 156)
+    assert m.batch_wait_ns("ibgda", 1, 64) == 0 and m.batch_wait_ns("ibrc", 2, 64) == 0
+    # the combine pays it (8 local experts on 4 QPs a source), the dispatch does not
+    d0, c0 = m.moe_ns("ibgda", 4, qpp=8)
+    d1, c1 = m.moe_ns("ibgda", 4, qpp=4)
+    assert d0 == d1 and c1 - c0 == pytest.approx(31 * 156)
