@@ -62,7 +62,8 @@ def rows(recs, model):
                 f"{_fmt(c['ibgda'] and c['ibgda'] / 1e6)} ({_fmt(cs and cs / 1e6)} steady)",
                 _fmt(c["ibrc"] and c["ibrc"] / 1e6), _fmt(c["ibrc_mt"] and c["ibrc_mt"] / 1e6),
                 _ratio(c["ibgda"], c["ibrc"]),
-                "IBGDA: the WQE parser's one WQEBB a cycle (6 a group: 83 M groups/s at most); wire limit "
+                "IBGDA: the WQE parser: 8 cycles a group (5 WQEBBs one a cycle, 2 for the inline data's "
+                "2nd and 3rd beats, 1 for the NOP): 62.5 M groups/s at most; wire limit "
                 f"{_fmt((co['ibgda'] or {}).get('wire_limit_elements_per_s', 0) / 1e6)} M"))
     ratios = []
     for size in sorted({x["size"] for x in _find(recs, workload="bw")}):

@@ -433,10 +433,15 @@ async def moe(dut, p):
             await pe.put_nbi(e_local, src, [(d, s_, csz)])
 
     def combine_pairs(i):
+        # the warps start source-rotated (PE i's first source is PE i + 1, as rank-rotated
+        # all-to-all kernels order peers): every PE runs the same program on the same costs
+        # here, so in ascending order PEs 1-3 would all begin with PE 0 in lockstep, an
+        # incast that real warps' timing does not repeat (it kept a 4-thread proxy's
+        # combine 10% behind the spread senders the cluster model assumes)
         pairs = {}
         for src, e_local, d, s_ in back[i]:
             pairs.setdefault((e_local, src), []).append((d, s_))
-        return sorted(pairs.items())
+        return sorted(pairs.items(), key=lambda kv: (kv[0][0], (kv[0][1] - i) % n))
 
     async def pe_prog(pe, w0):
         i = pe.index
