@@ -1,0 +1,531 @@
+"""The RTL engine against the real stack: Linux Soft-RoCE (rdma_rxe) in a qemu guest.
+
+One guest for the whole run (``tb.interop.rxe_env.shared_guest``); each test resets the
+engine, makes its own QPs and regions on both sides, and joins the engine's MAC TX/RX to
+the guest's wire (``RxeLink``: deterministic from the engine's side, every frame in
+``<test>.pcap`` / ``<test>.log`` of the run folder). Only deterministic facts are checked:
+bytes in memory on both sides, opcodes, PSNs, AETH syndromes and MSNs, the engine's CQEs
+(and that they equal the golden requester's for rxe's answers), rxe's completions
+(verbs_peer ``poll``), the engine's ACKs / READ responses / ATOMIC ACKs (equal to the
+golden responder's for rxe's requests). When the guest cannot start every test FAILS
+with the reason.
+
+Tests: ``engine_writes_to_rxe`` (engine requester: WRITE 256 B, 3 x MTU across the PSN
+wrap), ``rxe_writes_to_engine`` (engine responder: rxe's 4-packet WRITE across the PSN
+wrap, an 8-byte one), ``engine_reads_and_atomics_on_rxe`` (READ 1500 B, FETCH_ADD,
+COMPARE_SWAP hit and miss), ``rxe_reads_and_atomics_on_engine`` (READ 3000 B, FETCH_ADD,
+COMPARE_SWAP), ``odd_lengths_padded_by_rxe`` (rxe's padded WRITEs and READ RESPONSEs of
+203 and 1027 bytes into the engine, the engine's unpadded READ RESPONSE of 203 bytes to
+rxe), ``access_errors_both_ways`` (NAK remote access each way, the error completions).
+
+The engine's own WRITEs use lengths that are multiples of 4: the engine sends BTH PadCnt 0
+(as the golden model), and rxe NAKs (invalid request, QP to ERROR) a WRITE ONLY/LAST whose
+payload is not a multiple of 4 without the pad (interop/README.md, "Findings").
+"""
+import cocotb
+
+from model.cqe import CqContext
+from model.frames import Port, QpContext
+from model.memory import SparseMemory
+from model.mr import MemoryRegion
+from model.requester import RcRequester
+from model.responder import RcResponder
+from spec.formats import AETH, ATOMIC_ACK_ETH, BTH, OFF_BTH, OFF_EXT, Access, Aeth, CqeOp, Op, Syndrome, WqeOp, unpack
+from tb.env import NicEnv
+from tb.interop.guest import GuestError
+from tb.interop.rxe_env import (ENGINE_IP, ENGINE_MAC, GUEST_IP, GUEST_MAC, RxeLink, ip_int, mac_int,
+                                shared_guest)
+
+MTU = 1024
+PD = 5
+NEVER = 1 << 31                      # the engine's ACK timeout (cycles): no retransmission
+ENGINE_PORT = Port(smac=ENGINE_MAC, sip=ENGINE_IP)
+# the engine's memory region that rxe writes, reads and does atomics on
+DST = 0x2000_0000
+KEY = (0x12 << 8) | 0x34
+REGION = MemoryRegion(key=KEY, base=DST, length=1 << 20, pd=PD,
+                      access=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC)
+LOCAL = 0x0900_0000                  # where the engine's READ data and atomic originals land
+CQE_CYCLES = 60_000                  # bound on waiting for an engine CQE (simulated cycles)
+
+
+def pattern(n, seed):
+    return bytes((i * 29 + seed * 13 + (i >> 8)) & 0xFF for i in range(n))
+
+
+def bth(f):
+    return unpack(BTH, f, OFF_BTH)
+
+
+def aeth(f):
+    a = unpack(AETH, f, OFF_EXT)
+    return a["syndrome"], a["msn"]
+
+
+def summary(frames):
+    return " ".join(f"{bth(f)['opcode']:02x}:{bth(f)['psn']:06x}" for f in frames)
+
+
+async def _start(dut):
+    """Guest (booted once), engine (reset, port addresses, CQ 0) and the link."""
+    try:
+        g, br = shared_guest()
+    except GuestError as exc:
+        raise AssertionError(str(exc)) from None
+    env = await NicEnv(dut, port_mac=mac_int(ENGINE_MAC), port_ip=ip_int(ENGINE_IP)).start()
+    cq = await env.cq(0, 6)
+    return g, br, env, cq
+
+
+async def _connect(env, g, cq, *, engine_qpn, guest_qp, engine_psn, guest_psn, ack_every=16):
+    """An RC QP on each side, connected to each other (rxe: timeout 0, no retransmission)."""
+    gq = g.create_qp(guest_qp, mtu=MTU, psn=guest_psn)
+    qp = await env.qp(engine_qpn, cq, mtu=MTU, start_psn=engine_psn, remote_qpn=gq["qpn"],
+                      dmac=mac_int(GUEST_MAC), dip=ip_int(GUEST_IP), uc=False, rq_psn=guest_psn, pd=PD,
+                      ack_every=ack_every, timeout=NEVER)
+    r = g.connect(guest_qp, rqpn=engine_qpn, rpsn=engine_psn, ip=ENGINE_IP, mac=ENGINE_MAC, mtu=MTU, timeout=0)
+    assert r["state"] == "RTS", r
+    return qp, gq
+
+
+def _requester_model(env, cq, qp, writes):
+    """The golden requester of the engine's QP (``writes``: addr -> bytes it puts into GPU memory)."""
+    m = RcRequester(ENGINE_PORT, {cq.cqn: CqContext(cq.cqn, cq.log_depth, base=cq.base)}, env.mem.read,
+                    remote_ops=True, write_memory=lambda a, d: writes.__setitem__(a, bytes(d)))
+    m.add_qp(QpContext(qpn=qp.qpn, remote_qpn=qp.remote_qpn, dmac=qp.dmac, dip=qp.dip, start_psn=qp.start_psn,
+                       mtu=qp.mtu, cqn=cq.cqn, user_index=qp.user_index), timeout_ns=NEVER)
+    m.expect = []                    # the frames it sends (``_post``)
+    return m
+
+
+def _check_requester(env, link, model, cqes, writes, qp=None):
+    """The engine's frames are the golden requester's; given rxe's answers, so are its CQEs
+    and the bytes it wrote to GPU memory (``qp``: only that engine QP's frames)."""
+    got, answers = link.frames("tx"), link.frames("rx")
+    if qp is not None:
+        got = [f for f in got if bth(f)["dqpn"] == qp.remote_qpn]
+        answers = [f for f in answers if bth(f)["dqpn"] == qp.qpn]
+    want = model.expect
+    assert got == want, f"engine frames {summary(got)}; golden requester {summary(want)}"
+    for f in answers:
+        model.on_response(f, 0)
+    assert [c.raw for c in cqes] == [c.cqe for c in model.completions], (
+        f"engine CQEs {[(c.opcode, c.wqe_counter, c.byte_cnt, c.syndrome) for c in cqes]}; golden requester "
+        f"{[(c.opcode, c.wqe_counter, c.byte_cnt, c.syndrome) for c in model.completions]}")
+    for addr, data in writes.items():
+        assert env.mem.read(addr, len(data)) == data, f"GPU memory at {addr:#x}: engine wrote " \
+            f"{env.mem.read(addr, len(data)).hex()}, golden requester {data.hex()}"
+
+
+def _post(model, qp, w):
+    model.expect += [t.frame for t in model.post(qp.qpn, w.wqe)]
+    return w
+
+
+# rxe's error counters (hw_counters of Linux 6.1's rdma_rxe), none of which may move
+RXE_ERROR_COUNTERS = ("duplicate_request", "out_of_seq_request", "rcvd_rnr_err", "send_rnr_err", "rcvd_seq_err",
+                      "retry_exceeded_err", "retry_rnr_exceeded_err", "completer_retry_err", "send_err")
+
+
+def _check_rxe_counters(g, before, link):
+    """rxe received every frame the engine sent and sent every frame the engine got, and
+    counted no error."""
+    after = g.counters()
+    delta = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
+    bad = {k: delta[k] for k in RXE_ERROR_COUNTERS if delta.get(k)}
+    assert not bad, f"rxe error counters moved: {bad}"
+    got = (delta.get("rcvd_pkts"), delta.get("sent_pkts"))
+    assert got == (len(link.frames("tx")), len(link.frames("rx"))), \
+        f"rxe rcvd_pkts/sent_pkts {got}, the link carried {len(link.frames('tx'))}/{len(link.frames('rx'))}: {delta}"
+
+
+def _link_clean(link):
+    assert (link.missing, link.unexpected) == (0, 0), \
+        f"rxe: {link.missing} frames owed never came, {link.unexpected} came unasked (see the log)"
+
+
+@cocotb.test()
+async def engine_writes_to_rxe(dut):
+    """The engine as requester: RDMA WRITEs of 256 B (ONLY) and 3 x MTU (FIRST/MIDDLE/LAST,
+    across the PSN wrap) into rxe's registered buffer. rxe ACKs each message (syndrome 0x1F,
+    MSN counting messages, PSN of the AckReq packet); the engine's CQEs are the golden
+    requester's; the guest's buffer holds the bytes (and nothing around them); rxe counts
+    the packets and no error. (The engine's requester has no WRITE with immediate: its
+    WQE opcode 0x09 is an invalid WQE there, as in the golden model.)"""
+    g, br, env, cq = await _start(dut)
+    S, G = 0xFFFFFE, 0x000100                          # the engine's PSNs wrap in the second WRITE
+    qp, gq = await _connect(env, g, cq, engine_qpn=1, guest_qp=0, engine_psn=S, guest_psn=G)
+    m = g.reg_mr(0, 16384)
+    before = g.counters()
+    link = RxeLink(env, br, "engine_writes_to_rxe", {1: MTU})
+    writes = {}
+    model = _requester_model(env, cq, qp, writes)
+    try:
+        # WRITE ONLY, 256 bytes
+        src1, d1 = env.payload(256, seed=1)
+        _post(model, qp, qp.post_write(m["addr"] + 0x100, m["rkey"], local_addr=src1, length=256))
+        await qp.ring_rdma_core()
+        c1 = await cq.poll(1, CQE_CYCLES)
+        # WRITE of 3 x MTU: FIRST, MIDDLE, LAST
+        src2, d2 = env.payload(3 * MTU, seed=2)
+        _post(model, qp, qp.post_write(m["addr"] + 0x1000, m["rkey"], local_addr=src2, length=3 * MTU))
+        await qp.ring_rdma_core()
+        c2 = await cq.poll(1, CQE_CYCLES)
+        await link.settle()
+        _link_clean(link)
+        tx, rx = link.frames("tx"), link.frames("rx")
+        # the engine's frames, then rxe's answers
+        assert [(bth(f)["opcode"], bth(f)["psn"], bth(f)["ackreq"] >> 7) for f in tx] == [
+            (Op.WRITE_ONLY, 0xFFFFFE, 1), (Op.WRITE_FIRST, 0xFFFFFF, 0), (Op.WRITE_MIDDLE, 0, 0),
+            (Op.WRITE_LAST, 1, 1)], summary(tx)
+        assert [(bth(f)["opcode"], bth(f)["dqpn"], bth(f)["psn"], aeth(f)) for f in rx] == [
+            (Op.ACK, 1, 0xFFFFFE, (Aeth.ACK, 1)), (Op.ACK, 1, 1, (Aeth.ACK, 2))], summary(rx)
+        # the engine's completions
+        for c, w_index, n in ((c1[0], 0, 256), (c2[0], 1, 3 * MTU)):
+            assert (c.opcode, c.qpn, c.wqe_counter, c.byte_cnt, c.syndrome) == (CqeOp.REQ, 1, w_index, n, 0), c
+        _check_requester(env, link, model, c1 + c2, writes)
+        # the guest's side: bytes, nothing else written, nothing completed, counters, QP still RTS
+        assert g.read_mem(0, 0x100, 256) == d1
+        assert g.read_mem(0, 0x1000, 3 * MTU) == d2
+        assert g.read_mem(0, 0xFC, 4) == bytes(4) and g.read_mem(0, 0x200, 4) == bytes(4)
+        assert g.read_mem(0, 0x1000 + 3 * MTU, 4) == bytes(4)
+        assert g.poll_cq(0, ms=0) is None                  # (a WRITE completes nothing at its responder)
+        _check_rxe_counters(g, before, link)
+        assert g.qp_state(0) == 3                          # IBV_QPS_RTS
+    finally:
+        link.close()
+
+
+@cocotb.test()
+async def rxe_writes_to_engine(dut):
+    """The engine as responder: rxe posts an RDMA WRITE of 4096 bytes (4 packets at MTU
+    1024) and one of 8 bytes into the engine's region. The engine ACKs (its ACKs are the
+    golden responder's for rxe's frames), rxe reports success, and the engine's GPU memory
+    holds the bytes (and nothing around them)."""
+    g, br, env, cq = await _start(dut)
+    S, G = 0x000200, 0xFFFFFD                          # rxe's PSNs wrap inside its 4-packet WRITE
+    await env.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
+    qp, gq = await _connect(env, g, cq, engine_qpn=2, guest_qp=1, engine_psn=S, guest_psn=G)
+    m = g.reg_mr(1, 8192)
+    data = pattern(4096, 4)
+    g.write_mem(1, 0, data)
+    g.write_mem(1, 4096, pattern(8, 5))
+    before = g.counters()
+    link = RxeLink(env, br, "rxe_writes_to_engine", {2: MTU})
+    model = RcResponder(ENGINE_PORT)
+    model.add_qp(QpContext(qpn=2, remote_qpn=gq["qpn"], dmac=GUEST_MAC, dip=GUEST_IP, start_psn=G, mtu=MTU), PD,
+                 ack_every=16)
+    model.register(REGION)
+    try:
+        g.write(1, 1, 0, 4096, raddr=DST + 0x40, rkey=KEY, wr=21)
+        link.expect(4)
+        await link.wait_tx(1)
+        wc1 = g.poll_cq(1, ms=5000)
+        g.write(1, 1, 4096, 8, raddr=DST + 0x2000, rkey=KEY, wr=22)
+        link.expect(1)
+        await link.wait_tx(2)
+        wc2 = g.poll_cq(1, ms=5000)
+        await link.settle()
+        _link_clean(link)
+        tx, rx = link.frames("tx"), link.frames("rx")
+        assert [(bth(f)["opcode"], bth(f)["psn"], bth(f)["ackreq"] >> 7, (bth(f)["flags"] >> 4) & 3) for f in rx] == [
+            (Op.WRITE_FIRST, 0xFFFFFD, 0, 0), (Op.WRITE_MIDDLE, 0xFFFFFE, 0, 0), (Op.WRITE_MIDDLE, 0xFFFFFF, 0, 0),
+            (Op.WRITE_LAST, 0, 1, 0), (Op.WRITE_ONLY, 1, 1, 0)], summary(rx)
+        # the engine's ACKs are the golden responder's for rxe's frames
+        results = [model.receive(f) for f in rx]
+        assert all(r.accepted for r in results), [r.reason for r in results]
+        want = [r.response for r in results if r.response is not None]
+        assert tx == want, f"engine sends {summary(tx)}, golden responder {summary(want)}"
+        assert [(bth(f)["opcode"], bth(f)["dqpn"], bth(f)["psn"], aeth(f)) for f in tx] == [
+            (Op.ACK, gq["qpn"], 0, (Aeth.ACK, 1)), (Op.ACK, gq["qpn"], 1, (Aeth.ACK, 2))], summary(tx)
+        # rxe's completions
+        for wc, wr, n in ((wc1, 21, 4096), (wc2, 22, 8)):
+            assert wc is not None, f"rxe: no completion for wr {wr}"
+            assert {k: wc.get(k) for k in ("wr", "status_str", "opcode", "byte_len", "qp_num")} == {
+                "wr": wr, "status_str": "success", "opcode": "RDMA_WRITE", "byte_len": n, "qp_num": gq["qpn"]}, wc
+        # the engine's memory
+        assert env.mem.read(DST + 0x40, 4096) == data
+        assert env.mem.read(DST + 0x2000, 8) == pattern(8, 5)
+        assert env.mem.read(DST + 0x3C, 4) == bytes(4) and env.mem.read(DST + 0x40 + 4096, 4) == bytes(4)
+        c = await env.ctl.read_counters()
+        assert (c["rx_accepted"], c["acks_sent"], c["naks_sent"]) == (5, 2, 0), c
+        assert cq.try_poll() is None, "an engine CQE for a remote WRITE without immediate"
+        _check_rxe_counters(g, before, link)
+        assert g.qp_state(1) == 3
+    finally:
+        link.close()
+
+
+@cocotb.test()
+async def engine_reads_and_atomics_on_rxe(dut):
+    """The engine as requester of READ and 8-byte atomics: a READ of 1500 bytes (2 READ
+    RESPONSE packets), a FETCH_ADD and a COMPARE_SWAP that hits, then one that misses, on
+    rxe's buffer. The engine's frames and CQEs are the golden requester's; the READ data
+    and the originals land in the engine's GPU memory; the words in the guest change as
+    the arithmetic says."""
+    g, br, env, cq = await _start(dut)
+    S, G = 0x00ABC0, 0x000400
+    qp, gq = await _connect(env, g, cq, engine_qpn=3, guest_qp=2, engine_psn=S, guest_psn=G)
+    m = g.reg_mr(2, 8192)
+    rdata = pattern(1500, 6)
+    g.write_mem(2, 0x200, rdata)
+    orig = 0x1122_3344_5566_7788
+    g.write_mem(2, 0x1000, orig.to_bytes(8, "little"))     # the guest's word, host order
+    before = g.counters()
+    link = RxeLink(env, br, "engine_reads_and_atomics_on_rxe", {3: MTU})
+    writes = {}
+    model = _requester_model(env, cq, qp, writes)
+    swap = 0xDEAD_BEEF_CAFE_F00D
+    try:
+        _post(model, qp, qp.post_read(m["addr"] + 0x200, m["rkey"], LOCAL, 1500))
+        _post(model, qp, qp.post_atomic(WqeOp.ATOMIC_FA, m["addr"] + 0x1000, m["rkey"], 0x10, local_addr=LOCAL + 0x800))
+        _post(model, qp, qp.post_atomic(WqeOp.ATOMIC_CS, m["addr"] + 0x1000, m["rkey"], swap, orig + 0x10,
+                                        local_addr=LOCAL + 0x808))
+        _post(model, qp, qp.post_atomic(WqeOp.ATOMIC_CS, m["addr"] + 0x1000, m["rkey"], 5, 1,
+                                        local_addr=LOCAL + 0x810))
+        await qp.ring_rdma_core()
+        cqes = await cq.poll(4, CQE_CYCLES)
+        await link.settle()
+        _link_clean(link)
+        tx, rx = link.frames("tx"), link.frames("rx")
+        assert [(bth(f)["opcode"], bth(f)["psn"]) for f in tx] == [
+            (Op.READ_REQUEST, S), (Op.FETCH_ADD, S + 2), (Op.COMPARE_SWAP, S + 3), (Op.COMPARE_SWAP, S + 4)], summary(tx)
+        assert [(bth(f)["opcode"], bth(f)["psn"]) for f in rx] == [
+            (Op.READ_RESP_FIRST, S), (Op.READ_RESP_LAST, S + 1), (Op.ATOMIC_ACK, S + 2), (Op.ATOMIC_ACK, S + 3),
+            (Op.ATOMIC_ACK, S + 4)], summary(rx)
+        origs = [unpack(ATOMIC_ACK_ETH, f, OFF_EXT + 4)["orig"] for f in rx if bth(f)["opcode"] == Op.ATOMIC_ACK]
+        assert origs == [orig, orig + 0x10, swap], [hex(o) for o in origs]
+        for c, k in zip(cqes, range(4)):
+            assert (c.opcode, c.qpn, c.wqe_counter, c.syndrome) == (CqeOp.REQ, 3, k, 0), c
+        _check_requester(env, link, model, cqes, writes)
+        # plain numbers on both sides
+        assert env.mem.read(LOCAL, 1500) == rdata
+        assert env.mem.read(LOCAL + 0x800, 8) == orig.to_bytes(8, "little")
+        assert env.mem.read(LOCAL + 0x808, 8) == (orig + 0x10).to_bytes(8, "little")
+        assert env.mem.read(LOCAL + 0x810, 8) == swap.to_bytes(8, "little")
+        assert g.read_mem(2, 0x1000, 8) == swap.to_bytes(8, "little")
+        assert g.poll_cq(2, ms=0) is None
+        _check_rxe_counters(g, before, link)
+        assert g.qp_state(2) == 3
+    finally:
+        link.close()
+
+
+@cocotb.test()
+async def rxe_reads_and_atomics_on_engine(dut):
+    """The engine as responder of READ and 8-byte atomics: rxe READs 3000 bytes of the
+    engine's memory (3 READ RESPONSE packets), then a FETCH_ADD and a COMPARE_SWAP on a
+    word there. The engine's answers are the golden responder's for rxe's requests; rxe
+    reports success with the bytes and originals; the engine's word changes as said."""
+    g, br, env, cq = await _start(dut)
+    S, G = 0x000300, 0x7FFFFE
+    await env.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
+    qp, gq = await _connect(env, g, cq, engine_qpn=4, guest_qp=3, engine_psn=S, guest_psn=G)
+    m = g.reg_mr(3, 8192)
+    image = SparseMemory()
+    rdata = pattern(3000, 7)
+    word, orig = DST + 0x8000, 0x0102_0304_0506_0708
+    for addr, d in ((DST + 0x4000, rdata), (word, orig.to_bytes(8, "little"))):
+        env.mem.write(addr, d)
+        image.write(addr, d)
+    before = g.counters()
+    link = RxeLink(env, br, "rxe_reads_and_atomics_on_engine", {4: MTU})
+    model = RcResponder(ENGINE_PORT, remote_ops=True, read_memory=image.read)
+    model.add_qp(QpContext(qpn=4, remote_qpn=gq["qpn"], dmac=GUEST_MAC, dip=GUEST_IP, start_psn=G, mtu=MTU), PD,
+                 ack_every=16)
+    model.register(REGION)
+    swap = 0x0F0F_0F0F_F0F0_F0F0
+    try:
+        g.read(3, 3, 0, 3000, raddr=DST + 0x4000, rkey=KEY, wr=31)
+        link.expect(1)
+        await link.wait_tx(3)
+        wc_read = g.poll_cq(3, ms=5000)
+        g.fetch_add(3, 3, 0x1000, raddr=word, rkey=KEY, add=0x100, wr=32)
+        link.expect(1)
+        await link.wait_tx(4)
+        wc_fa = g.poll_cq(3, ms=5000)
+        g.compare_swap(3, 3, 0x1008, raddr=word, rkey=KEY, compare=orig + 0x100, swap=swap, wr=33)
+        link.expect(1)
+        await link.wait_tx(5)
+        wc_cs = g.poll_cq(3, ms=5000)
+        await link.settle()
+        _link_clean(link)
+        tx, rx = link.frames("tx"), link.frames("rx")
+        assert [(bth(f)["opcode"], bth(f)["psn"]) for f in rx] == [
+            (Op.READ_REQUEST, G), (Op.FETCH_ADD, G + 3), (Op.COMPARE_SWAP, G + 4)], summary(rx)
+        results = []
+        for f in rx:
+            r = model.receive(f)
+            for addr, d in r.writes:                   # in order: the compare-swap sees the add
+                image.write(addr, d)
+            results.append(r)
+        assert all(r.accepted for r in results), [r.reason for r in results]
+        want = [o for r in results for o in (r.read_responses or ([r.response] if r.response is not None else []))]
+        assert tx == want, f"engine sends {summary(tx)}, golden responder {summary(want)}"
+        assert [(bth(f)["opcode"], bth(f)["psn"]) for f in tx] == [
+            (Op.READ_RESP_FIRST, G), (Op.READ_RESP_MIDDLE, G + 1), (Op.READ_RESP_LAST, G + 2),
+            (Op.ATOMIC_ACK, G + 3), (Op.ATOMIC_ACK, G + 4)], summary(tx)
+        for wc, wr, op in ((wc_read, 31, "RDMA_READ"), (wc_fa, 32, "FETCH_ADD"), (wc_cs, 33, "COMP_SWAP")):
+            assert wc is not None, f"rxe: no completion for wr {wr}"
+            assert {k: wc.get(k) for k in ("wr", "status_str", "opcode", "qp_num")} == {
+                "wr": wr, "status_str": "success", "opcode": op, "qp_num": gq["qpn"]}, wc
+        assert g.read_mem(3, 0, 3000) == rdata
+        assert g.read_mem(3, 0x1000, 8) == orig.to_bytes(8, "little")
+        assert g.read_mem(3, 0x1008, 8) == (orig + 0x100).to_bytes(8, "little")
+        assert env.mem.read(word, 8) == swap.to_bytes(8, "little")
+        _check_rxe_counters(g, before, link)
+        assert g.qp_state(3) == 3
+    finally:
+        link.close()
+
+
+
+@cocotb.test()
+async def odd_lengths_padded_by_rxe(dut):
+    """Lengths that are not multiples of 4 where the engine takes rxe's padding or sends
+    a READ RESPONSE: rxe WRITEs 203 bytes (ONLY, PadCnt 1) and 1027 bytes (FIRST + LAST of
+    3 bytes, PadCnt 1) into the engine, READs 203 bytes of it, and the engine READs 203 and
+    1027 bytes of rxe's buffer (rxe's READ RESPONSE ONLY/LAST carry PadCnt 1). The engine
+    strips the pad: exactly the bytes land, not one more, on both sides; every completion
+    succeeds. The engine's READ RESPONSE ONLY of 203 bytes goes out with PadCnt 0 (as the
+    golden responder builds it) and rxe's requester takes it. (The engine's own WRITEs of
+    such lengths are not tried: rxe NAKs them, interop/README.md.)"""
+    g, br, env, cq = await _start(dut)
+    await env.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
+    qp, gq = await _connect(env, g, cq, engine_qpn=5, guest_qp=4, engine_psn=0x10, guest_psn=0x20)
+    qp2, gq2 = await _connect(env, g, cq, engine_qpn=6, guest_qp=5, engine_psn=0x30, guest_psn=0x40)
+    g.reg_mr(4, 8192)
+    m2 = g.reg_mr(5, 8192)
+    data = pattern(2048, 9)
+    g.write_mem(4, 0, data)
+    g.write_mem(5, 0, data)
+    fill = b"\xee" * 0x3000
+    env.mem.write(DST + 0x10000, fill)                # around what rxe writes
+    env.mem.write(DST + 0x12000, data)                # what rxe reads
+    env.mem.write(LOCAL + 0x4000, fill[:0x2000])      # where the engine's READs land
+    image = SparseMemory()
+    image.write(DST + 0x12000, data)
+    before = g.counters()
+    link = RxeLink(env, br, "odd_lengths_padded_by_rxe", {5: MTU, 6: MTU})
+    model = RcResponder(ENGINE_PORT, remote_ops=True, read_memory=image.read)
+    model.add_qp(QpContext(qpn=5, remote_qpn=gq["qpn"], dmac=GUEST_MAC, dip=GUEST_IP, start_psn=0x20, mtu=MTU), PD,
+                 ack_every=16)
+    model.register(REGION)
+    writes = {}
+    req = _requester_model(env, cq, qp2, writes)
+    try:
+        wcs = []
+        for n, at, wr in ((203, DST + 0x10000, 41), (1027, DST + 0x11000, 42)):
+            g.write(4, 4, 0, n, raddr=at, rkey=KEY, wr=wr)
+            link.expect(-(-n // MTU))
+            await link.wait_tx(len(link.frames("tx")) + 1)
+            wcs.append(g.poll_cq(4, ms=5000))
+        g.read(4, 4, 4096, 203, raddr=DST + 0x12000, rkey=KEY, wr=43)
+        link.expect(1)
+        await link.wait_tx(3)
+        wcs.append(g.poll_cq(4, ms=5000))
+        _post(req, qp2, qp2.post_read(m2["addr"], m2["rkey"], LOCAL + 0x4000, 203))
+        _post(req, qp2, qp2.post_read(m2["addr"] + 0x200, m2["rkey"], LOCAL + 0x5000, 1027))
+        await qp2.ring_rdma_core()
+        cqes = await cq.poll(2, CQE_CYCLES)
+        await link.settle()
+        _link_clean(link)
+        tx, rx = link.frames("tx"), link.frames("rx")
+        pad = lambda f: (bth(f)["flags"] >> 4) & 3
+        # rxe's requests to QP 5 and its READ RESPONSEs to QP 6, with their pad counts
+        assert [(bth(f)["opcode"], bth(f)["psn"], pad(f), len(f)) for f in rx] == [
+            (Op.WRITE_ONLY, 0x20, 1, 74 + 204), (Op.WRITE_FIRST, 0x21, 0, 74 + 1024), (Op.WRITE_LAST, 0x22, 1, 58 + 4),
+            (Op.READ_REQUEST, 0x23, 0, 74),
+            (Op.READ_RESP_ONLY, 0x30, 1, 62 + 204), (Op.READ_RESP_FIRST, 0x31, 0, 62 + 1024),
+            (Op.READ_RESP_LAST, 0x32, 1, 62 + 4)], summary(rx)
+        # the engine: ACKs and the READ RESPONSE as the golden responder, READ REQUESTs as the golden requester
+        to_rxe5 = [f for f in tx if bth(f)["dqpn"] == gq["qpn"]]
+        results = [model.receive(f) for f in rx if bth(f)["dqpn"] == 5]
+        assert all(r.accepted for r in results), [r.reason for r in results]
+        want = [o for r in results for o in (r.read_responses or ([r.response] if r.response is not None else []))]
+        assert to_rxe5 == want, f"engine sends {summary(to_rxe5)}, golden responder {summary(want)}"
+        assert [(bth(f)["opcode"], bth(f)["psn"], pad(f), len(f)) for f in to_rxe5] == [
+            (Op.ACK, 0x20, 0, 62), (Op.ACK, 0x22, 0, 62), (Op.READ_RESP_ONLY, 0x23, 0, 62 + 203)], summary(to_rxe5)
+        _check_requester(env, link, req, cqes, writes, qp=qp2)
+        assert [(c.opcode, c.wqe_counter, c.byte_cnt, c.syndrome) for c in cqes] == [
+            (CqeOp.REQ, 0, 203, 0), (CqeOp.REQ, 1, 1027, 0)], cqes
+        # rxe's completions
+        for wc, wr, op, n in zip(wcs, (41, 42, 43), ("RDMA_WRITE", "RDMA_WRITE", "RDMA_READ"), (203, 1027, 203)):
+            assert wc is not None, f"rxe: no completion for wr {wr}"
+            assert {k: wc.get(k) for k in ("wr", "status_str", "opcode", "byte_len")} == {
+                "wr": wr, "status_str": "success", "opcode": op, "byte_len": n}, wc
+        # exactly the bytes, on both sides
+        assert env.mem.read(DST + 0x10000, 208) == data[:203] + fill[:5]
+        assert env.mem.read(DST + 0x11000, 1032) == data[:1027] + fill[:5]
+        assert env.mem.read(LOCAL + 0x4000, 208) == data[:203] + fill[:5]
+        assert env.mem.read(LOCAL + 0x5000, 1032) == data[0x200:0x200 + 1027] + fill[:5]
+        assert g.read_mem(4, 4096, 208) == data[:203] + bytes(5)
+        _check_rxe_counters(g, before, link)
+        assert (g.qp_state(4), g.qp_state(5)) == (3, 3)
+    finally:
+        link.close()
+
+
+@cocotb.test()
+async def access_errors_both_ways(dut):
+    """A WRITE with a key the responder does not know, both ways. The engine's WRITE to an
+    rkey rxe never gave out: rxe answers NAK remote access error (AETH 0x62, MSN 0); the
+    engine completes the WQE with an error CQE (REMOTE_ACCESS_ERR), as the golden requester
+    says, and nothing lands. rxe's WRITE to a key the engine has no region under: the
+    engine answers the golden responder's NAK; rxe completes the work request with
+    'remote access error'; the engine's memory is untouched. Both of rxe's QPs end in ERROR."""
+    g, br, env, cq = await _start(dut)
+    await env.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
+    qp, gq = await _connect(env, g, cq, engine_qpn=7, guest_qp=6, engine_psn=0x500, guest_psn=0x600)
+    qp2, gq2 = await _connect(env, g, cq, engine_qpn=8, guest_qp=7, engine_psn=0x700, guest_psn=0x800)
+    m = g.reg_mr(6, 4096)
+    g.reg_mr(7, 4096)
+    g.write_mem(7, 0, pattern(64, 11))
+    bad_rkey = (m["rkey"] + 0x100) & 0xFFFF_FFFF           # another key index: no such MR in rxe
+    bad_key = ((KEY >> 8) + 1) << 8 | (KEY & 0xFF)         # no region in the engine's table
+    env.mem.write(DST + 0x6000, b"\xee" * 128)
+    before = g.counters()
+    link = RxeLink(env, br, "access_errors_both_ways", {7: MTU, 8: MTU})
+    writes = {}
+    req = _requester_model(env, cq, qp, writes)
+    rsp = RcResponder(ENGINE_PORT)
+    rsp.add_qp(QpContext(qpn=8, remote_qpn=gq2["qpn"], dmac=GUEST_MAC, dip=GUEST_IP, start_psn=0x800, mtu=MTU), PD,
+               ack_every=16)
+    rsp.register(REGION)
+    try:
+        src, d = env.payload(64, seed=12)
+        _post(req, qp, qp.post_write(m["addr"], bad_rkey, local_addr=src, length=64))
+        await qp.ring_rdma_core()
+        cqes = await cq.poll(1, CQE_CYCLES)
+        g.write(7, 7, 0, 64, raddr=DST + 0x6020, rkey=bad_key, wr=71)
+        link.expect(1)
+        await link.wait_tx(2)
+        wc = g.poll_cq(7, ms=5000)
+        await link.settle()
+        _link_clean(link)
+        tx, rx = link.frames("tx"), link.frames("rx")
+        assert [(bth(f)["opcode"], bth(f)["dqpn"], bth(f)["psn"]) for f in tx] == [
+            (Op.WRITE_ONLY, gq["qpn"], 0x500), (Op.ACK, gq2["qpn"], 0x800)], summary(tx)
+        assert [(bth(f)["opcode"], bth(f)["dqpn"], bth(f)["psn"]) for f in rx] == [
+            (Op.ACK, 7, 0x500), (Op.WRITE_ONLY, 8, 0x800)], summary(rx)
+        assert aeth(rx[0]) == (Aeth.NAK_REMOTE_ACCESS, 0), f"rxe answers AETH {aeth(rx[0])}"
+        # the engine as requester: its error CQE is the golden requester's for rxe's NAK
+        _check_requester(env, link, req, cqes, writes, qp=qp)
+        assert (cqes[0].opcode, cqes[0].qpn, cqes[0].wqe_counter, cqes[0].syndrome) == (
+            CqeOp.REQ_ERR, 7, 0, Syndrome.REMOTE_ACCESS_ERR), cqes[0]
+        assert g.read_mem(6, 0, 64) == bytes(64)
+        # the engine as responder: its NAK is the golden responder's
+        r = rsp.receive(rx[1])
+        assert (r.accepted, r.response_kind) == (False, "nak_remote_access"), (r.accepted, r.reason, r.response_kind)
+        assert tx[1] == r.response, f"engine NAK {tx[1].hex()}, golden responder {r.response.hex()}"
+        assert aeth(tx[1]) == (Aeth.NAK_REMOTE_ACCESS, 0)
+        assert wc is not None, "rxe: no completion for its WRITE"
+        # (verbs leaves a failed completion's opcode undefined: rxe reports 0, SEND; not checked)
+        assert {k: wc.get(k) for k in ("wr", "status", "status_str", "qp_num")} == {
+            "wr": 71, "status": 10, "status_str": "remote_access_error", "qp_num": gq2["qpn"]}, wc   # IBV_WC_REM_ACCESS_ERR
+        assert env.mem.read(DST + 0x6000, 128) == b"\xee" * 128
+        c = await env.ctl.read_counters()
+        assert (c["naks_sent"], c["naks_received"], c["error_cqes"]) == (1, 1, 1), c
+        assert (g.qp_state(6), g.qp_state(7)) == (6, 6)            # IBV_QPS_ERR both
+    finally:
+        link.close()
