@@ -11,7 +11,7 @@ TEST    ?=
 LINT_WAIVE := -Wno-WIDTHEXPAND -Wno-WIDTHTRUNC -Wno-PROCASSINIT -Wno-CASEINCOMPLETE -Wno-VARHIDDEN \
               -Wno-DECLFILENAME -Wno-UNUSEDSIGNAL -Wno-UNUSEDPARAM
 
-.PHONY: help setup test test-fast sim waves bench seeds fuzz verilog lint synth timing clean
+.PHONY: help setup test test-fast sim waves bench seeds interop fuzz verilog lint synth timing clean
 
 help:
 	@echo "make setup     install everything (Debian packages, Verilator >= 5.036, .venv)"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench     throughput and latency figures of the engine"
 	@echo "make seeds     IBGDA against IBRC on the RTL: the published table rerun (QUICK=1 a subset,"
 	@echo "               SCHEDULER=tcp://host:8786 a Dask cluster), build/seeds/"
+	@echo "make interop   the engine against Linux's Soft-RoCE (rxe) in a qemu guest, build/interop/wire.pcap"
 	@echo "make fuzz      100,000 bad inputs or more against the golden model (SEED=n, N=count)"
 	@echo "make verilog   generated Verilog in build/verilog/"
 	@echo "make lint      verilator --lint-only on the generated Verilog"
@@ -56,6 +57,9 @@ bench: $(PY)
 
 seeds: $(PY)
 	$(PY) -m scripts.run_seeds --jobs $(JOBS) $(if $(SCHEDULER),--scheduler $(SCHEDULER))
+
+interop: $(PY)
+	$(PY) -m scripts.run_interop
 
 verilog: $(PY)
 	$(PY) -m rtl.build build/verilog

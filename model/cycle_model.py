@@ -126,6 +126,9 @@ class EngineCycleModel:
                 last_beat[dest] = c
                 reads[dest].append((c, i))
 
+        # byte-bound bursts ahead of the parser (QpTable.turns_ahead, 0: no bound): registers
+        ahead = {"n": 0, "full": False, "out_q": False, "taken_q": False, "out": False, "taken": False}
+        self._ahead = ahead
         t = self.doorbells[0][0] if self.doorbells else 0
         while t < max_cycles:
             # --- start-of-cycle views -----------------------------------------------------
@@ -160,6 +163,7 @@ class EngineCycleModel:
                         and arg[1] == (q.fi + 1) & 0xFFFF and job_fifo.can_push() and bf_fifo.can_push():
                     # BlueFlame: the WQE is the QP's only work, it goes at once without a read
                     job_fifo.push(t, (arg[0], q.fi, 1, 1, True, q.byte_turn))
+                    ahead["out"] = bool(q.byte_turn)
                     bf_fifo.push(t, (arg[0], q.fi))
                     q.pi = q.fi = arg[1]
                 elif kind == "doorbell":
@@ -179,6 +183,7 @@ class EngineCycleModel:
                         own = min(pending, quantum)
                         over = min(pending - quantum, q.reach) if pending > quantum else 0
                         job_fifo.push(t, (arg[0], q.fi, own + over, own, False, q.byte_turn))
+                        ahead["out"] = bool(q.byte_turn)
                         q.fi = (q.fi + own) & 0xFFFF
                         if pending > quantum:
                             active.push(t, arg[0])
@@ -196,7 +201,7 @@ class EngineCycleModel:
                     qpt_state = "EXEC"
                 elif db_fifo.head(t) is not None:
                     qpt_op, qpt_state = ("doorbell", db_fifo.pop()), "EXEC"
-                elif active.head(t) is not None and job_fifo.can_push():
+                elif active.head(t) is not None and job_fifo.can_push() and not ahead["full"]:
                     qpt_op, qpt_state = ("schedule", (active.pop(),)), "EXEC"
 
             # --- WQE fetch -------------------------------------------------------------------
@@ -270,6 +275,9 @@ class EngineCycleModel:
             if trk_out.can_push() and cpl_fifo.head(t) is not None:
                 trk_out.push(t, cpl_fifo.pop())
 
+            n = ahead["n"] + ahead["out_q"] - ahead["taken_q"]
+            ahead.update(n=n, full=bool(P.TURNS_AHEAD) and n >= P.TURNS_AHEAD, out_q=ahead["out"], taken_q=ahead["taken"], out=False,
+                         taken=False)
             wf_credits += wqe_issued - wqe_pops
             pf_credits += issued - payload_pops
             if self._done(qpt_state, wf_left, ps, pf_bursts, builder, cw_state, reads, db_fifo, active,
@@ -313,6 +321,8 @@ class EngineCycleModel:
             job = bursts.head(t)
             if job is not None:
                 bursts.pop()
+                if job[5]:
+                    self._ahead["taken"] = True
                 ps.update(state="RUN", qpn=job[0], start=job[1], index=job[1], left=job[2], count=job[2], bf=job[4],
                           bound=job[5],
                           own=job[3], end=(job[1] + job[2]) & 0xFFFF, fresh=True, cut=False, stale=False,

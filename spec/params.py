@@ -46,6 +46,14 @@ FIRST_TURN_WQEBBS = 32
 # 128 of them (1.8 MB) to one peer in one turn, and senders' turns meet at a switch
 # output queue (MoE combine 5% slower than spread senders; issue 17).
 TURN_BYTES = 16384
+# Byte-bound bursts (a QP's turns cut by TURN_BYTES) the QP table may schedule ahead of the
+# parser; 0: no bound (the default). The WQE buffer lets the table commit up to 512 WQEBBs
+# ahead: for 14 KB tokens 7 MB, 148 us of wire, in the order the doorbells came rather than
+# in turns over every QP with work. A bound of 8 took a lined-up MoE combine from 257.4 to
+# 238.4 us but slowed the IBGDA dispatch from 124.8 to 128.4 us: while the table waits, work
+# piles up on QPs whose first turn (32 WQEBBs, no byte bound learnt yet) then sends 32
+# tokens to one peer. Off until first turns are byte-bound too (issue 17, docs/results.md).
+TURNS_AHEAD = 0
 # WQEBB buffer = WQE reads in flight. At one WQEBB per cycle, 1 us of latency (500
 # cycles) plus the pipeline needs about 510 reads in flight: 512 x 64 B = 32 KiB.
 WQE_BUFFER_WQEBBS = 512

@@ -133,6 +133,8 @@ class RequesterPath(WiringLevel):
         wiring.connect(m, b["bf_fifo"].o, wp.bf_wqebbs)
         wiring.connect(m, wp.updates, qpt.updates)
         wiring.connect(m, wp.turns, qpt.turns)
+        # the table's count of byte-bound bursts ahead of the parser (QpTable.turns_ahead)
+        m.d.comb += qpt.bounded_taken.eq(wp.bursts.valid & wp.bursts.ready & (wp.bursts.p.byte_turn != 0))
         wiring.connect(m, wp.messages, pf.messages_in)
         wiring.connect(m, wp.inline, b["inline_fifo"].i)
         wiring.connect(m, b["inline_fifo"].o, pb.inline)

@@ -5,7 +5,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
-from spec.params import FIRST_TURN_WQEBBS
+from spec.params import FIRST_TURN_WQEBBS, TURNS_AHEAD
 from spec.formats import QpState
 from rtl.common.contexts import QpConfig, QpEntry, qp_bits
 from rtl.common.records import DoorbellEvent
@@ -104,6 +104,14 @@ class QpTable(wiring.Component):
     must wait for its QP's READs and atomics (their limit, or a fence) parks the QP the
     same way: off the round robin, so other QPs' WQEs pass it, until the parser wakes it.
 
+    With ``turns_ahead`` not 0, bursts with a byte bound (``byte_turn`` not 0) that wait
+    between the table and the parser are counted (``bounded_taken``: the parser took one),
+    two cycles late: while the count is ``turns_ahead``, no QP is scheduled (so at most
+    ``turns_ahead + 1`` wait). The WQE fetch buffer holds hundreds of WQEBBs, so without it
+    a QP table that schedules as fast as doorbells come would fix the wire's order for
+    large messages far ahead (512 WQEBBs of 14 KB tokens: 148 us of wire) in the order
+    of their doorbells instead of in turns over every QP with work.
+
     Every operation takes two cycles (RAM read, then write); priority is commit,
     update, turn, doorbell, schedule.
 
@@ -117,6 +125,9 @@ class QpTable(wiring.Component):
         WQEBBs of a QP's first turn after its create at most (when under its quantum):
         a QP that posts READs or atomics fills its ring with them and parks at that
         turn's end, instead of a whole quantum being fetched to be dropped.
+    turns_ahead : int
+        Byte-bound bursts scheduled and not yet taken by the parser, at most (1..31; 0: no
+        bound, the default ``TURNS_AHEAD``).
 
     Members
     -------
@@ -125,6 +136,8 @@ class QpTable(wiring.Component):
     updates : In(stream.Signature(QpUpdate))
     turns : In(stream.Signature(QpTurn))
         The parser's bound on a QP's turns (a hint: it only shortens them).
+    bounded_taken : In(1)
+        Strobe: the parser took a burst whose ``byte_turn`` is not 0.
     jobs : Out(stream.Signature(FetchJob))
         Its consumer must keep ``ready`` high once high until it takes a job (a FIFO).
     bf_wqebbs : Out(stream.Signature(512))
@@ -143,7 +156,8 @@ class QpTable(wiring.Component):
     WQEBB goes to the parser: no read. Otherwise it counts as a plain doorbell (the
     WQE is in GPU memory too) and waits its turn.
     """
-    def __init__(self, *, num_qps, num_cqs, quantum=32, max_weight=15, first_turn=FIRST_TURN_WQEBBS):
+    def __init__(self, *, num_qps, num_cqs, quantum=32, max_weight=15, first_turn=FIRST_TURN_WQEBBS,
+                 turns_ahead=TURNS_AHEAD):
         if num_qps < 2:
             raise ValueError(f"num_qps must be at least 2, not {num_qps}")
         if not 1 <= quantum <= 256:
@@ -152,7 +166,9 @@ class QpTable(wiring.Component):
             raise ValueError(f"max_weight must be 1..15 (a 4-bit field), not {max_weight}")
         if not 1 <= first_turn <= 256:
             raise ValueError(f"first_turn must be 1..256 WQEBBs, not {first_turn}")
-        self.first_turn = first_turn
+        if not 0 <= turns_ahead <= 31:
+            raise ValueError(f"turns_ahead must be 0 (no bound) or 1..31 bursts, not {turns_ahead}")
+        self.first_turn, self.turns_ahead = first_turn, turns_ahead
         self.num_qps, self.num_cqs, self.quantum, self.max_weight = num_qps, num_cqs, quantum, max_weight
         self.max_burst = quantum * max_weight
         super().__init__({
@@ -160,6 +176,7 @@ class QpTable(wiring.Component):
             "doorbells": In(stream.Signature(DoorbellEvent(num_qps))),
             "updates": In(stream.Signature(QpUpdate(num_qps))),
             "turns": In(stream.Signature(QpTurn(num_qps))),
+            "bounded_taken": In(1),
             "jobs": Out(stream.Signature(FetchJob(num_qps, num_cqs, self.max_burst))),
             "bf_wqebbs": Out(stream.Signature(8 * F.WQEBB)),
             "db_accepted": Out(1),
@@ -207,6 +224,17 @@ class QpTable(wiring.Component):
         bound = entry.dyn.byte_turn
         m.d.comb += quantum.eq(Mux((bound != 0) & (bound < plain), bound, plain))
 
+        # Byte-bound bursts ahead of the parser: counted from registers only (a job out and
+        # a take, each a cycle late), so the count adds no logic to the table's paths
+        ahead_full = Signal()
+        if self.turns_ahead:
+            ahead = Signal(range(self.turns_ahead + 3))
+            out_q, taken_q = Signal(), Signal()
+            ahead_next = ahead + out_q - taken_q
+            m.d.sync += [out_q.eq(self.jobs.valid & self.jobs.ready & (self.jobs.p.byte_turn != 0)),
+                         taken_q.eq(self.bounded_taken), ahead.eq(ahead_next),
+                         ahead_full.eq(ahead_next >= self.turns_ahead)]
+
         def job(count, own, bf=0, hold=0):
             # a burst of this QP from its fetch index
             m.d.comb += [self.jobs.valid.eq(1), self.jobs.p.qpn.eq(qpn), self.jobs.p.cfg.eq(entry.cfg),
@@ -235,7 +263,7 @@ class QpTable(wiring.Component):
                     m.d.sync += [op.eq(QpOp.DOORBELL), qpn.eq(self.doorbells.p.qpn), limit.eq(self.doorbells.p.limit),
                                  bf.eq(self.doorbells.p.bf), bf_data.eq(self.doorbells.p.wqebb)]
                     m.next = "EXEC"
-                with m.Elif(active.r_rdy & self.jobs.ready):
+                with m.Elif(active.r_rdy & self.jobs.ready & ~ahead_full):
                     # Schedule only when the job can leave at once: the sequencer must never
                     # wait on the fetch side, which waits on our updates (deadlock otherwise).
                     m.d.comb += [active.r_en.eq(1), rd.addr.eq(active.r_data), rd.en.eq(1)]

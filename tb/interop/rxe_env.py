@@ -28,6 +28,19 @@ and to a text log (cycle, direction, opcode, QPN, PSN, pad count, length). The g
 other frames (IPv6 neighbour discovery, MLD: wall-clock timed) never reach the engine and
 are only counted (``dropped_non_roce``), so that the logs of two runs are identical.
 
+Dropping chosen frames (``drop=``, optional): a set of (direction, index) or a callable
+(direction, index, frame) -> bool, the index counted per direction from 0 over the RoCE
+frames the link sees ('tx' engine -> rxe, 'rx' rxe -> engine). A dropped frame is not
+delivered; it is logged ("DROPPED" in the text log, ``dropped`` list, ``<name>.dropped.pcap``)
+and absent from ``log``/``frames()``/``<name>.pcap`` (those hold what crossed the wire).
+With drops, what rxe owes is worked out from a small model of its PSN handling
+(Linux 6.1 rxe_resp.c check_psn/duplicate_request, rxe_comp.c NAK retry) instead of the
+plain count: a request ahead of rxe's expected PSN gets one NAK (0x60) until the expected
+PSN comes, later ones none; a duplicate WRITE/SEND packet gets one ACK, a duplicate atomic
+one ATOMIC ACK (replay), a duplicate READ its responses; the engine's NAK 0x60 to rxe's
+requests is owed rxe's retransmission of every request packet it had sent from that PSN.
+Retransmissions on rxe's own timer are owed by the test: ``expect(n)``.
+
 The guest itself: ``shared_guest()`` boots one ``RxeGuest`` per process (the cocotb
 simulation runs every test of the suite in one process: one boot) and keeps the error
 when it cannot start, so that every test fails with that reason.
@@ -41,7 +54,7 @@ from pathlib import Path
 import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
 
-from spec.formats import BTH, OFF_BTH, OFF_EXT, RETH, Op, unpack
+from spec.formats import AETH, BTH, OFF_BTH, OFF_EXT, RETH, Aeth, Op, unpack
 from spec.params import CLOCK_PERIOD_NS
 from tb.interop.bridge import UdpBridge, is_roce
 from tb.interop.guest import GuestError, RxeGuest
@@ -152,19 +165,37 @@ class RxeLink:
         bridge: the UdpBridge qemu's ``-netdev dgram`` talks to.
         name: file stem of this test's pcap and log in ``out_dir()``.
         mtus: {engine QPN: path MTU} (READ REQUESTs are owed one response per MTU).
+        drop: optional, frames not to deliver: a set of (direction, index) ('tx'/'rx', index
+            per direction from 0 over RoCE frames, dropped ones included) or a callable
+            (direction, index, frame) -> bool (see the module's doc).
+        track_psn: work out what rxe owes from its PSN model (default: when ``drop`` is given).
 
     Members:
         log: [(cycle, 'tx'|'rx', frame)] every frame both ways ('tx': engine -> guest).
         unexpected: frames from the guest that arrived while none was owed.
         missing: frames owed that did not come within HOLD_S.
+        dropped: [(cycle, direction, index, frame)] the frames the drop filter took.
+        seen: {'tx': n, 'rx': n} RoCE frames seen per direction, dropped ones included.
     """
 
-    def __init__(self, env, bridge, name, mtus):
+    def __init__(self, env, bridge, name, mtus, drop=None, track_psn=None):
         self.env, self.bridge, self.mtus = env, bridge, dict(mtus)
         d = out_dir()
         self.pcap = CyclePcap(d / f"{name}.pcap")
         self.text = open(d / f"{name}.log", "w", buffering=1)
         self.log = []
+        # optional drops (see the module's doc): None keeps the plain behaviour
+        if drop is None or callable(drop):
+            self._drop = drop
+        else:
+            chosen = {(dr, int(i)) for dr, i in drop}
+            self._drop = lambda direction, index, frame: (direction, index) in chosen
+        self.dropped = []                    # [(cycle, direction, index, frame)]
+        self.seen = {"tx": 0, "rx": 0}       # RoCE frames seen per direction, dropped ones included
+        self.track_psn = (drop is not None) if track_psn is None else track_psn
+        self._rsp = {}                       # rxe responder per engine QP's remote QPN: [epsn, nak_sent]
+        self._req = {}                       # rxe requester per engine QPN: [request PSNs it sent], last NAK
+        self._dpcap = CyclePcap(d / f"{name}.dropped.pcap") if drop is not None else None
         self.owed = 0
         self.unexpected = 0
         self.missing = 0
@@ -204,11 +235,83 @@ class RxeLink:
                 return q
         return None
 
+    def _is_dropped(self, direction, frame):
+        """Counts ``frame`` in its direction; True (and logged) when the drop filter takes it."""
+        if not is_roce(frame):
+            return False
+        index = self.seen[direction]
+        self.seen[direction] += 1
+        if self._drop is None or not self._drop(direction, index, bytes(frame)):
+            return False
+        self.dropped.append((self.now, direction, index, bytes(frame)))
+        if self._dpcap is not None:
+            self._dpcap.write(self.now, frame)
+        self.text.write(f"{self.now:8d} {'engine->rxe' if direction == 'tx' else 'rxe->engine'} DROPPED "
+                        f"#{index} {describe(frame)}\n")
+        return True
+
+    def _npsn(self, op, frame):
+        """PSNs a request packet takes (a READ REQUEST: one per response packet)."""
+        if op == Op.READ_REQUEST:
+            length = unpack(RETH, frame, OFF_EXT)["dma_len"]
+            mtu = self.mtus.get(self._local_qpn(unpack(BTH, frame, OFF_BTH)["dqpn"]), 1024)
+            return max(1, -(-length // mtu))
+        return 1
+
+    def _owed_tracked(self, frame):
+        """What rxe sends back for ``frame`` (delivered to it), from the PSN model."""
+        if not is_roce(frame):
+            return 0
+        b = unpack(BTH, frame, OFF_BTH)
+        op, psn = b["opcode"], b["psn"]
+        if op <= Op.READ_REQUEST or op in (Op.COMPARE_SWAP, Op.FETCH_ADD):      # a request to rxe's responder
+            st = self._rsp.setdefault(b["dqpn"], [psn, False])
+            diff = (psn - st[0]) & 0xFFFFFF
+            if diff == 0:                                   # the expected one
+                st[0], st[1] = (psn + self._npsn(op, frame)) & 0xFFFFFF, False
+                return self._owed_for(frame)
+            if diff < 0x800000:                             # ahead: one NAK, then silence
+                if st[1]:
+                    return 0
+                st[1] = True
+                return 1
+            if op <= Op.WRITE_ONLY_IMM or op in (Op.COMPARE_SWAP, Op.FETCH_ADD):   # duplicate: ACK / replay
+                return 1
+            return self._npsn(op, frame)                    # duplicate READ: its responses again
+        if op == Op.ACK:                                    # the engine's ACK/NAK to rxe's requests
+            syn = unpack(AETH, frame, OFF_EXT)["syndrome"]
+            st = self._req.get(self._local_qpn(b["dqpn"]))
+            if syn != Aeth.NAK_PSN_SEQ or st is None or st[1] == psn:
+                return 0
+            st[1] = psn
+            return len({p for p in st[0] if ((p - psn) & 0xFFFFFF) < 0x800000})
+        return 0
+
+    def _note_rx(self, frame):
+        """rxe's request PSNs per engine QP (for what the engine's NAK makes it resend)."""
+        if self.track_psn and is_roce(frame):
+            b = unpack(BTH, frame, OFF_BTH)
+            if b["opcode"] <= Op.READ_REQUEST or b["opcode"] in (Op.COMPARE_SWAP, Op.FETCH_ADD):
+                st = self._req.setdefault(b["dqpn"], [[], None])
+                st[0] = (st[0] + [b["psn"]])[-256:]
+                if b["psn"] == st[1]:
+                    st[1] = None                # rxe went back to the NAKed PSN: a new NAK counts again
+
+    def _note_tx(self, frame):
+        """rxe's expected PSN of a QP starts at the engine's first request (dropped or not)."""
+        if self.track_psn and is_roce(frame):
+            b = unpack(BTH, frame, OFF_BTH)
+            if b["opcode"] <= Op.READ_REQUEST or b["opcode"] in (Op.COMPARE_SWAP, Op.FETCH_ADD):
+                self._rsp.setdefault(b["dqpn"], [b["psn"], False])
+
     def expect(self, n):
         """The guest was just made to send ``n`` RoCE frames: hold the clock until they are in."""
         self.owed += n
 
     def _take(self, frame):
+        self._note_rx(frame)
+        if self._is_dropped("rx", frame):
+            return
         self._record("rx", frame)
         self.env.rx.send(frame)               # back to back at line rate from this cycle
 
@@ -220,9 +323,12 @@ class RxeLink:
             while self._seen < len(env.wire.frames):
                 f = env.wire.frames[self._seen].data
                 self._seen += 1
+                self._note_tx(f)
+                if self._is_dropped("tx", f):
+                    continue
                 self._record("tx", f)
                 br.send(f)
-                self.owed += self._owed_for(f)
+                self.owed += self._owed_tracked(f) if self.track_psn else self._owed_for(f)
             # guest -> engine: everything owed before the clock moves on, the rest as found
             if self.owed:
                 end = time.monotonic() + HOLD_S
@@ -266,7 +372,14 @@ class RxeLink:
         await self.env.wait_for(lambda: len(self.frames("tx")) >= n, timeout_cycles,
                                 lambda: f"{n} frames from the engine (got {len(self.frames('tx'))})")
 
+    async def wait_seen(self, direction, n, timeout_cycles=50_000):
+        """Until the link has seen ``n`` RoCE frames of ``direction`` in all, dropped ones included."""
+        await self.env.wait_for(lambda: self.seen[direction] >= n, timeout_cycles,
+                                lambda: f"{n} {direction} frames (seen {self.seen[direction]})")
+
     def close(self):
         self._task.cancel()
+        if self._dpcap is not None:
+            self._dpcap.close()
         self.pcap.close()
         self.text.close()

@@ -142,3 +142,39 @@ def test_qp_table_byte_turn():
         ("lifted, doorbell 50", [(10, 32, 32, 0), (42, 8, 8, 0)]),
         ("bound 5, created again, doorbell 20", [(0, 16, 16, 0), (16, 4, 4, 0)]),
     ], log
+
+
+def test_qp_table_turns_ahead():
+    """Byte-bound bursts ahead of the parser (``turns_ahead`` 2): QP 1 (bound 1) posts 10
+    WQEBBs and gets two one-WQEBB turns; QP 2 (no bound) then posts 5 and gets nothing while
+    nothing is taken; two takes (``bounded_taken``) let QP 1's next turn, QP 2's whole work
+    and QP 1's turn after out, in round-robin order (two bound turns again), then the table
+    waits again. With the bound off (``turns_ahead`` 0, the default) QP 1's 10 turns all go
+    at once."""
+    dut = QpTable(num_qps=4, num_cqs=4, first_turn=16, turns_ahead=2)
+    log = []
+
+    async def bench(ctx):
+        async def jobs():
+            return await _jobs(ctx, dut, ("qpn", "ci", "count", "own", "byte_turn"), 40)
+
+        cfg = {"log_depth": 8, "state": QpState.RTS, "weight": 1, "mtu": 3, "max_wqebbs": 1}
+        for q in (1, 2):
+            await put(ctx, dut.commit, qpn=q, reset=1, cfg=cfg)
+        await put(ctx, dut.turns, qpn=1, byte_turn=1)
+        await put(ctx, dut.doorbells, qpn=1, limit=10)
+        log.append(("QP 1 posts 10", await jobs()))
+        await put(ctx, dut.doorbells, qpn=2, limit=5)
+        log.append(("QP 2 posts 5, nothing taken", await jobs()))
+        for _ in range(2):
+            ctx.set(dut.bounded_taken, 1)
+            await ctx.tick()
+        ctx.set(dut.bounded_taken, 0)
+        log.append(("two taken", await jobs()))
+
+    _simulate(dut, bench)
+    assert log == [
+        ("QP 1 posts 10", [(1, 0, 1, 1, 1), (1, 1, 1, 1, 1)]),
+        ("QP 2 posts 5, nothing taken", []),
+        ("two taken", [(1, 2, 1, 1, 1), (2, 0, 5, 5, 0), (1, 3, 1, 1, 1)]),
+    ], log
