@@ -383,3 +383,56 @@ class RxeLink:
             self._dpcap.close()
         self.pcap.close()
         self.text.close()
+
+
+# ---- what every engine-against-rxe test starts with ------------------------------------------
+MTU = 1024                         # the path MTU of the suites (netdev MTU 9000 in the guest)
+PD = 5
+
+
+async def start(dut):
+    """(guest, bridge, env, cq): the guest (booted once a process), the engine reset with the
+    port's addresses, and its CQ 0. A guest that cannot start fails the test with the reason."""
+    from tb.env import NicEnv
+    try:
+        g, br = shared_guest()
+    except GuestError as exc:
+        raise AssertionError(str(exc)) from None
+    env = await NicEnv(dut, port_mac=mac_int(ENGINE_MAC), port_ip=ip_int(ENGINE_IP)).start()
+    cq = await env.cq(0, 6)
+    return g, br, env, cq
+
+
+async def connect_rc(env, g, cq, *, engine_qpn, guest_qp, engine_psn, guest_psn, engine_timeout, rxe_timeout=0,
+                     ack_every=16):
+    """An RC QP on each side, connected to each other: (the engine's QP, the guest's QP
+    record). ``engine_timeout``: the engine's ACK timeout in cycles; ``rxe_timeout``: rxe's
+    timer exponent (0: no retransmission)."""
+    gq = g.create_qp(guest_qp, mtu=MTU, psn=guest_psn)
+    qp = await env.qp(engine_qpn, cq, mtu=MTU, start_psn=engine_psn, remote_qpn=gq["qpn"],
+                      dmac=mac_int(GUEST_MAC), dip=ip_int(GUEST_IP), uc=False, rq_psn=guest_psn, pd=PD,
+                      ack_every=ack_every, timeout=engine_timeout)
+    r = g.connect(guest_qp, rqpn=engine_qpn, rpsn=engine_psn, ip=ENGINE_IP, mac=ENGINE_MAC, mtu=MTU,
+                  timeout=rxe_timeout)
+    assert r["state"] == "RTS", r
+    return qp, gq
+
+
+def pattern(n, seed):
+    """``n`` test bytes, different for each ``seed``."""
+    return bytes((i * 29 + seed * 13 + (i >> 8)) & 0xFF for i in range(n))
+
+
+def bth(f):
+    return unpack(BTH, f, OFF_BTH)
+
+
+def aeth(f):
+    """(syndrome, MSN) of an ACK frame."""
+    a = unpack(AETH, f, OFF_EXT)
+    return a["syndrome"], a["msn"]
+
+
+def summary(frames):
+    """'opcode:PSN ...' of ``frames``, for assertion messages."""
+    return " ".join(f"{bth(f)['opcode']:02x}:{bth(f)['psn']:06x}" for f in frames)

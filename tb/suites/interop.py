@@ -31,13 +31,9 @@ from model.mr import MemoryRegion
 from model.requester import RcRequester
 from model.responder import RcResponder
 from spec.formats import AETH, ATOMIC_ACK_ETH, BTH, OFF_BTH, OFF_EXT, Access, Aeth, CqeOp, Op, Syndrome, WqeOp, unpack
-from tb.env import NicEnv
-from tb.interop.guest import GuestError
-from tb.interop.rxe_env import (ENGINE_IP, ENGINE_MAC, GUEST_IP, GUEST_MAC, RxeLink, ip_int, mac_int,
-                                shared_guest)
+from tb.interop.rxe_env import (MTU, PD, ENGINE_IP, ENGINE_MAC, GUEST_IP, GUEST_MAC, RxeLink, aeth, bth,
+                                connect_rc, pattern, start, summary)
 
-MTU = 1024
-PD = 5
 NEVER = 1 << 31                      # the engine's ACK timeout (cycles): no retransmission
 ENGINE_PORT = Port(smac=ENGINE_MAC, sip=ENGINE_IP)
 # the engine's memory region that rxe writes, reads and does atomics on
@@ -49,43 +45,14 @@ LOCAL = 0x0900_0000                  # where the engine's READ data and atomic o
 CQE_CYCLES = 60_000                  # bound on waiting for an engine CQE (simulated cycles)
 
 
-def pattern(n, seed):
-    return bytes((i * 29 + seed * 13 + (i >> 8)) & 0xFF for i in range(n))
-
-
-def bth(f):
-    return unpack(BTH, f, OFF_BTH)
-
-
-def aeth(f):
-    a = unpack(AETH, f, OFF_EXT)
-    return a["syndrome"], a["msn"]
-
-
-def summary(frames):
-    return " ".join(f"{bth(f)['opcode']:02x}:{bth(f)['psn']:06x}" for f in frames)
-
-
 async def _start(dut):
-    """Guest (booted once), engine (reset, port addresses, CQ 0) and the link."""
-    try:
-        g, br = shared_guest()
-    except GuestError as exc:
-        raise AssertionError(str(exc)) from None
-    env = await NicEnv(dut, port_mac=mac_int(ENGINE_MAC), port_ip=ip_int(ENGINE_IP)).start()
-    cq = await env.cq(0, 6)
-    return g, br, env, cq
+    return await start(dut)
 
 
 async def _connect(env, g, cq, *, engine_qpn, guest_qp, engine_psn, guest_psn, ack_every=16):
-    """An RC QP on each side, connected to each other (rxe: timeout 0, no retransmission)."""
-    gq = g.create_qp(guest_qp, mtu=MTU, psn=guest_psn)
-    qp = await env.qp(engine_qpn, cq, mtu=MTU, start_psn=engine_psn, remote_qpn=gq["qpn"],
-                      dmac=mac_int(GUEST_MAC), dip=ip_int(GUEST_IP), uc=False, rq_psn=guest_psn, pd=PD,
-                      ack_every=ack_every, timeout=NEVER)
-    r = g.connect(guest_qp, rqpn=engine_qpn, rpsn=engine_psn, ip=ENGINE_IP, mac=ENGINE_MAC, mtu=MTU, timeout=0)
-    assert r["state"] == "RTS", r
-    return qp, gq
+    """An RC QP on each side, connected to each other (no retransmission on either side)."""
+    return await connect_rc(env, g, cq, engine_qpn=engine_qpn, guest_qp=guest_qp, engine_psn=engine_psn,
+                            guest_psn=guest_psn, engine_timeout=NEVER, ack_every=ack_every)
 
 
 def _requester_model(env, cq, qp, writes):
@@ -206,7 +173,7 @@ async def rxe_writes_to_engine(dut):
     S, G = 0x000200, 0xFFFFFD                          # rxe's PSNs wrap inside its 4-packet WRITE
     await env.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
     qp, gq = await _connect(env, g, cq, engine_qpn=2, guest_qp=1, engine_psn=S, guest_psn=G)
-    m = g.reg_mr(1, 8192)
+    g.reg_mr(1, 8192)
     data = pattern(4096, 4)
     g.write_mem(1, 0, data)
     g.write_mem(1, 4096, pattern(8, 5))
@@ -321,7 +288,7 @@ async def rxe_reads_and_atomics_on_engine(dut):
     S, G = 0x000300, 0x7FFFFE
     await env.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
     qp, gq = await _connect(env, g, cq, engine_qpn=4, guest_qp=3, engine_psn=S, guest_psn=G)
-    m = g.reg_mr(3, 8192)
+    g.reg_mr(3, 8192)
     image = SparseMemory()
     rdata = pattern(3000, 7)
     word, orig = DST + 0x8000, 0x0102_0304_0506_0708
@@ -484,7 +451,6 @@ async def access_errors_both_ways(dut):
     bad_rkey = (m["rkey"] + 0x100) & 0xFFFF_FFFF           # another key index: no such MR in rxe
     bad_key = ((KEY >> 8) + 1) << 8 | (KEY & 0xFF)         # no region in the engine's table
     env.mem.write(DST + 0x6000, b"\xee" * 128)
-    before = g.counters()
     link = RxeLink(env, br, "access_errors_both_ways", {7: MTU, 8: MTU})
     writes = {}
     req = _requester_model(env, cq, qp, writes)

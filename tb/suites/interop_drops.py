@@ -17,13 +17,10 @@ The engine's own WRITEs use lengths that are multiples of 4 (it sends no pad).
 import cocotb
 
 from spec.formats import AETH, ATOMIC_ACK_ETH, BTH, OFF_BTH, OFF_EXT, Access, Aeth, CqeOp, Op, WqeOp, unpack
-from tb.env import NicEnv
-from tb.interop.guest import GuestError
-from tb.interop.rxe_env import ENGINE_IP, ENGINE_MAC, GUEST_IP, GUEST_MAC, RxeLink, ip_int, mac_int, shared_guest
+from tb.interop.rxe_env import (MTU, PD, RxeLink, aeth, bth, connect_rc, pattern, start,
+                                summary)
 from model.mr import MemoryRegion
 
-MTU = 1024
-PD = 5
 ACK_TIMEOUT = 8_192                  # the engine's ACK timeout (cycles, 16 us): its timer retransmits soon
 RXE_TIMER = 16                       # rxe's timeout code where its timer must fire: 4.096 us * 2^16 = 268 ms
 DST = 0x2000_0000
@@ -34,25 +31,8 @@ LOCAL = 0x0900_0000
 CQE_CYCLES = 200_000
 
 
-def pattern(n, seed):
-    return bytes((i * 29 + seed * 13 + (i >> 8)) & 0xFF for i in range(n))
-
-
-def bth(f):
-    return unpack(BTH, f, OFF_BTH)
-
-
-def aeth(f):
-    a = unpack(AETH, f, OFF_EXT)
-    return a["syndrome"], a["msn"]
-
-
 def orig_of(f):
     return unpack(ATOMIC_ACK_ETH, f, OFF_EXT + 4)["orig"]
-
-
-def summary(frames):
-    return " ".join(f"{bth(f)['opcode']:02x}:{bth(f)['psn']:06x}" for f in frames)
 
 
 def ops(frames):
@@ -60,24 +40,12 @@ def ops(frames):
 
 
 async def _start(dut):
-    try:
-        g, br = shared_guest()
-    except GuestError as exc:
-        raise AssertionError(str(exc)) from None
-    env = await NicEnv(dut, port_mac=mac_int(ENGINE_MAC), port_ip=ip_int(ENGINE_IP)).start()
-    cq = await env.cq(0, 6)
-    return g, br, env, cq
+    return await start(dut)
 
 
 async def _connect(env, g, cq, *, engine_qpn, guest_qp, engine_psn, guest_psn, rxe_timeout=0):
-    gq = g.create_qp(guest_qp, mtu=MTU, psn=guest_psn)
-    qp = await env.qp(engine_qpn, cq, mtu=MTU, start_psn=engine_psn, remote_qpn=gq["qpn"],
-                      dmac=mac_int(GUEST_MAC), dip=ip_int(GUEST_IP), uc=False, rq_psn=guest_psn, pd=PD,
-                      ack_every=16, timeout=ACK_TIMEOUT)
-    r = g.connect(guest_qp, rqpn=engine_qpn, rpsn=engine_psn, ip=ENGINE_IP, mac=ENGINE_MAC, mtu=MTU,
-                  timeout=rxe_timeout)
-    assert r["state"] == "RTS", r
-    return qp, gq
+    return await connect_rc(env, g, cq, engine_qpn=engine_qpn, guest_qp=guest_qp, engine_psn=engine_psn,
+                            guest_psn=guest_psn, engine_timeout=ACK_TIMEOUT, rxe_timeout=rxe_timeout)
 
 
 def _link_clean(link, dropped):
