@@ -73,6 +73,16 @@ PSN_HALF = 1 << (PSN_BITS - 1)     # a PSN less than this behind another is olde
 MSN_MASK = PSN_MASK                # AETH MSN: 24 bits too
 IMMDT_LEN = 4                      # ImmDt extension header (SPEC section 5)
 ETH_MIN_FRAME = 60                 # shortest Ethernet frame without FCS; shorter ones are padded up to it
+# BTH flags byte: SE [7], MigReq [6], PadCnt [5:4], TVer [3:0]. PadCnt: the zero bytes after
+# the payload of a message's last packet that make it a multiple of 4 (IBTA 9.2: a packet's
+# payload, with its pad, is a whole number of 4-byte words).
+BTH_PADCNT_SHIFT = 4
+BTH_SE = 0x80
+
+
+def pad_count(payload_len):
+    """IBTA pad bytes after ``payload_len`` payload bytes (0..3)."""
+    return -payload_len & 3
 
 # Opcode classes of the RC opcodes the engine knows, each in ascending opcode order.
 WRITE_OPS = (Op.WRITE_FIRST, Op.WRITE_MIDDLE, Op.WRITE_LAST, Op.WRITE_LAST_IMM, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM)
@@ -171,6 +181,17 @@ WQE_INLINE_OFFSET = DS_UNIT + DS_UNIT + 4     # 36: ctrl (16) + raddr (16) + inl
 FM_CE_SE_CQ_UPDATE = 0x08
 FM_CE_SE_SOLICITED = 0x02
 
+# ---- mlx5 receive queue (rdma-core providers/mlx5/qp.c, mlx5_post_recv) ----------------
+# A ring of receive WQEs of ``1 << log_stride`` bytes (a power of two, >= 16), each a list of
+# 16-byte data segments (DATA_SEG: byte_count, lkey, addr; all big-endian). A WQE with fewer
+# segments than fit ends at one whose lkey is INVALID_LKEY (byte_count 0). The consumer
+# learns the producer's head from the QP's doorbell record: BE32(head & 0xffff) at offset
+# DBR_RECV_OFFSET (the send counter is at DBR_SEND_OFFSET).
+RECV_DATA_SEG = DATA_SEG
+INVALID_LKEY = 0x100               # MLX5_INVALID_LKEY: ends a receive WQE's scatter list
+DBR_RECV_OFFSET = 0                # MLX5_RCV_DBR
+DBR_SEND_OFFSET = 4                # MLX5_SND_DBR
+
 class WqeOp:
     NOP, RDMA_WRITE, RDMA_WRITE_IMM, SEND, SEND_IMM = 0x00, 0x08, 0x09, 0x0A, 0x0B
     RDMA_READ, ATOMIC_CS, ATOMIC_FA, ATOMIC_MASKED_CS, ATOMIC_MASKED_FA = 0x10, 0x11, 0x12, 0x14, 0x15
@@ -223,7 +244,7 @@ CQE64 = (("srqn_uidx", 32, 4), ("imm", 36, 4), ("byte_cnt", 44, 4), ("vendor_err
          ("sop_drop_qpn", 56, 4), ("wqe_counter", 60, 2), ("signature", 62, 1), ("op_own", 63, 1))
 
 class CqeOp:
-    REQ, RESP_WR_IMM, RESP_SEND, REQ_ERR, RESP_ERR, INVALID = 0, 1, 2, 13, 14, 15
+    REQ, RESP_WR_IMM, RESP_SEND, RESP_SEND_IMM, REQ_ERR, RESP_ERR, INVALID = 0, 1, 2, 3, 13, 14, 15
 
 class Syndrome:
     """mlx5 CQE error syndromes (``syndrome`` byte @55 of an error CQE).
@@ -260,6 +281,16 @@ class Aeth:
     NAK_REMOTE_ACCESS = 0x62
     NAK_REMOTE_OP = 0x63
     KIND_ACK, KIND_RNR, KIND_RESERVED, KIND_NAK = 0, 1, 2, 3   # syndrome >> 5
+
+
+# IBTA's RNR NAK timer field (AETH syndrome bits [4:0], ibv_qp_attr.min_rnr_timer): code ->
+# the time the requester waits before it sends again, in nanoseconds (code 0 is the longest,
+# 655.36 ms). rdma-core's ibv_modify_qp(3) man page lists the same table.
+RNR_TIMER_NS = (655_360_000, 10_000, 20_000, 30_000, 40_000, 60_000, 80_000, 120_000, 160_000, 240_000,
+                320_000, 480_000, 640_000, 960_000, 1_280_000, 1_920_000, 2_560_000, 3_840_000, 5_120_000,
+                7_680_000, 10_240_000, 15_360_000, 20_480_000, 30_720_000, 40_960_000, 61_440_000, 81_920_000,
+                122_880_000, 163_840_000, 245_760_000, 327_680_000, 491_520_000)
+RNR_RETRY_FOREVER = 7              # ibv_qp_attr.rnr_retry 7: retry without limit
 
 
 MKEY_VARIANT_BITS = 8              # mlx5 memory keys: index << 8 | variant byte (the slot is key >> 8)
