@@ -1,7 +1,7 @@
 """Golden model of mlx5 CQE64s and of a completion queue buffer (SPEC section 4).
 
 Contents:
-    build_cqe      64 bytes of one requester CQE (all unlisted bytes zero)
+    build_cqe      64 bytes of one CQE, requester or responder (all unlisted bytes zero)
     parse_cqe      the CQE64 fields of 64 bytes as a dict
     CqContext      plain dataclass of a CQ as created through the CSRs
     CqModel        producer count, slot, owner bit and buffer contents of a CQ
@@ -17,11 +17,12 @@ CQE_FILL = 0xFF                    # fresh CQ buffers are memset to 0xFF (op INV
 
 
 def build_cqe(opcode, qpn, wqe_counter, byte_cnt=0, owner=0, syndrome=0, vendor_err_synd=0, wqe_opcode=0,
-              user_index=0):
-    """Build a 64-byte requester CQE.
+              user_index=0, imm=0, se=0):
+    """Build a 64-byte CQE.
 
     Parameters:
-        opcode: CQE opcode (``CqeOp.REQ`` or ``CqeOp.REQ_ERR``), 4 bits.
+        opcode: CQE opcode (``CqeOp``: REQ / REQ_ERR for the send queue, RESP_SEND,
+            RESP_SEND_IMM, RESP_WR_IMM / RESP_ERR for the receive queue), 4 bits.
         qpn: local QP number (sop_drop_qpn low 24 bits).
         wqe_counter: WQE index being completed (16 bits).
         byte_cnt: message length (0 for NOP and error CQEs).
@@ -29,6 +30,8 @@ def build_cqe(opcode, qpn, wqe_counter, byte_cnt=0, owner=0, syndrome=0, vendor_
         syndrome, vendor_err_synd: error fields (0 for REQ).
         wqe_opcode: the completed WQE's ctrl opcode (sop_drop_qpn [31:24]).
         user_index: the QP's user index (srqn_uidx [23:0]).
+        imm: a responder CQE's immediate (@36, the ImmDt's 4 bytes as on the wire), u32.
+        se: op_own bit 1 (a responder CQE of a message whose last packet had BTH SE).
 
     Returns 64 bytes; all other bytes (including signature @62) are zero.
     """
@@ -44,20 +47,26 @@ def build_cqe(opcode, qpn, wqe_counter, byte_cnt=0, owner=0, syndrome=0, vendor_
         raise ValueError(f"wqe_opcode must fit in 8 bits, got {wqe_opcode}")
     if not 0 <= user_index < 1 << 24:
         raise ValueError(f"user_index must fit in 24 bits, got {user_index:#x}")
+    if not 0 <= imm < 1 << 32:
+        raise ValueError(f"imm must be a u32, got {imm!r}")
+    if se not in (0, 1, False, True):
+        raise ValueError(f"se must be 0 or 1, got {se!r}")
     b = bytearray(CQE_SIZE)
-    pack(CQE64, b, 0, srqn_uidx=user_index, byte_cnt=byte_cnt, vendor_err_synd=vendor_err_synd, syndrome=syndrome,
-         sop_drop_qpn=wqe_opcode << 24 | qpn, wqe_counter=wqe_counter, signature=0, op_own=(opcode << 4) | owner)
+    pack(CQE64, b, 0, srqn_uidx=user_index, imm=imm, byte_cnt=byte_cnt, vendor_err_synd=vendor_err_synd,
+         syndrome=syndrome, sop_drop_qpn=wqe_opcode << 24 | qpn, wqe_counter=wqe_counter, signature=0,
+         op_own=(opcode << 4) | (int(se) << 1) | owner)
     return bytes(b)
 
 
 def parse_cqe(cqe):
-    """Fields of a 64-byte CQE: the ``spec.formats.CQE64`` table plus opcode, owner, qpn,
-    wqe_opcode and user_index."""
+    """Fields of a 64-byte CQE: the ``spec.formats.CQE64`` table plus opcode, owner, se,
+    qpn, wqe_opcode and user_index."""
     if len(cqe) != CQE_SIZE:
         raise ValueError(f"CQE must be {CQE_SIZE} bytes, got {len(cqe)}")
     d = unpack(CQE64, cqe)
     d["opcode"] = d["op_own"] >> 4
     d["owner"] = d["op_own"] & 1
+    d["se"] = (d["op_own"] >> 1) & 1
     d["qpn"] = d["sop_drop_qpn"] & 0xFFFFFF
     d["wqe_opcode"] = d["sop_drop_qpn"] >> 24
     d["user_index"] = d["srqn_uidx"] & 0xFFFFFF
@@ -88,7 +97,8 @@ class CqContext:
 
 @dataclass
 class CqeRecord:
-    """One CQE as written: producer count ``k``, ``slot``, buffer ``address``, bytes and fields."""
+    """One CQE as written: producer count ``k``, ``slot``, buffer ``address``, bytes and fields
+    (``imm``: a responder CQE's immediate, else 0)."""
     cqn: int
     k: int
     slot: int
@@ -100,6 +110,7 @@ class CqeRecord:
     byte_cnt: int
     syndrome: int
     cqe: bytes
+    imm: int = 0
 
 
 class CqModel:
@@ -139,15 +150,17 @@ class CqModel:
         """Memory address of the k-th CQE."""
         return self.ctx.base + self.slot_of(k) * CQE_SIZE
 
-    def push(self, opcode, qpn, wqe_counter, byte_cnt=0, syndrome=0, vendor_err_synd=0, wqe_opcode=0, user_index=0):
+    def push(self, opcode, qpn, wqe_counter, byte_cnt=0, syndrome=0, vendor_err_synd=0, wqe_opcode=0, user_index=0,
+             imm=0, se=0):
         """Write the next CQE (arguments as ``build_cqe`` without owner); returns its CqeRecord."""
         k = self.k
         owner = self.owner_of(k)
-        cqe = build_cqe(opcode, qpn, wqe_counter, byte_cnt, owner, syndrome, vendor_err_synd, wqe_opcode, user_index)
+        cqe = build_cqe(opcode, qpn, wqe_counter, byte_cnt, owner, syndrome, vendor_err_synd, wqe_opcode, user_index,
+                        imm, se)
         slot = self.slot_of(k)
         self._buf[slot * CQE_SIZE:(slot + 1) * CQE_SIZE] = cqe
         rec = CqeRecord(self.ctx.cqn, k, slot, self.address_of(k), owner, opcode, qpn,
-                        wqe_counter, byte_cnt, syndrome, cqe)
+                        wqe_counter, byte_cnt, syndrome, cqe, imm)
         self.records.append(rec)
         self.k += 1
         return rec

@@ -15,6 +15,12 @@ Rules modelled (see the brief / SPEC):
     - RDMA_WRITE (one pointer or inline segment, or none with ds=2): packets per
       ``model.frames.split_message``, consecutive PSNs (24-bit wrap) from the QP's
       start_psn; CQE (REQ, byte_cnt = length) after the last packet if CQ_UPDATE.
+    - With ``two_sided``: SEND, SEND_IMM and RDMA_WRITE_IMM, and gather lists of any data
+      WQE, the same way (``model.frames.build_message_frames``: SEND FIRST/MIDDLE/LAST/ONLY,
+      the *_IMM forms with the ctrl's immediate, SE on the last packet when the WQE asks
+      for a solicited event; the payload of a gather list is its segments one after the
+      other). What the peer does with them (receive WQEs, RNR) is ``model.link.simulate``'s
+      with an ``RcRequester`` / ``RcResponder`` pair: this model sends every WQE once.
     - Anything else (``parse_wqe`` error): error CQE (REQ_ERR, LOCAL_QP_OP_ERR)
       regardless of CQ_UPDATE, nothing sent, the QP enters ERR: every later WQE of
       that QP completes with REQ_ERR / WR_FLUSH_ERR, signaled or not, and sends nothing
@@ -30,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from spec.formats import CqeOp, QpModify, QpState, Syndrome, WqeOp, qp_modify_action
 from spec.params import wire_bytes
 from model.cqe import CqContext, CqModel
-from model.frames import PSN_MASK, Port, QpContext, build_write_frames, parse_wqe, split_message
+from model.frames import PSN_MASK, Port, QpContext, build_message_frames, message_packets, parse_wqe
 
 __all__ = ["FrameRecord", "WqeResult", "Totals", "EngineResult", "EngineModel"]
 
@@ -121,9 +127,10 @@ class EngineModel:
         qps: {qpn: QpContext}; the model works on copies.
         cqs: {cqn: CqContext}.
         read_memory: callable(addr, n) -> bytes, the GPU memory read by pointer segments.
+        two_sided: execute SEND, SEND_IMM, RDMA_WRITE_IMM and gather lists (module docstring).
     """
 
-    def __init__(self, port, qps, cqs, read_memory):
+    def __init__(self, port, qps, cqs, read_memory, *, two_sided=False):
         if not isinstance(port, Port):
             raise ValueError("port must be a model.frames.Port")
         for qpn, ctx in qps.items():
@@ -135,6 +142,7 @@ class EngineModel:
         if not callable(read_memory):
             raise ValueError("read_memory must be callable(addr, n) -> bytes")
         self.port = port
+        self.two_sided = bool(two_sided)
         self.qps = {qpn: replace(ctx) for qpn, ctx in qps.items()}
         self.cq_ctx = dict(cqs)
         self.cqs = {cqn: CqModel(ctx) for cqn, ctx in cqs.items()}
@@ -181,7 +189,7 @@ class EngineModel:
         if qpn not in self.qps:
             raise ValueError(f"unknown QP {qpn}")
         qp = self.qps[qpn]
-        wqe = parse_wqe(wqe_bytes)
+        wqe = parse_wqe(wqe_bytes, self.two_sided)
         pos = self.ci[qpn]
         self.ci[qpn] = (pos + wqe.num_wqebbs) & 0xFFFF
         if self.failed[qpn]:
@@ -201,16 +209,13 @@ class EngineModel:
             self.totals.wqes_executed += 1
             cqe = self._complete(qp, CqeOp.REQ, pos, 0, 0, wqe) if wqe.cq_update else None
             res = WqeResult(qpn, wqe, "nop", cqe=cqe)
-        else:  # RDMA_WRITE
-            if wqe.kind == "pointer":
-                payload = b"" if wqe.length == 0 else bytes(self.read_memory(wqe.addr, wqe.length))
-                if len(payload) != wqe.length:
-                    raise ValueError(f"read_memory({wqe.addr:#x}, {wqe.length}) returned {len(payload)} bytes")
-            else:
-                payload = wqe.inline_data
+        else:  # a data WQE: RDMA_WRITE (two-sided: RDMA_WRITE_IMM, SEND, SEND_IMM)
+            payload = b"" if wqe.length == 0 else wqe.payload(self.read_memory)
             psn0 = self.next_psn[qpn]
-            raw = build_write_frames(qp, self.port, wqe.raddr, wqe.rkey, payload, psn0)
-            ops = split_message(len(payload), qp.mtu)
+            imm = wqe.imm if wqe.opcode in (WqeOp.SEND_IMM, WqeOp.RDMA_WRITE_IMM) else None
+            raw = build_message_frames(qp, self.port, wqe.opcode, payload, psn0, raddr=wqe.raddr, rkey=wqe.rkey,
+                                       imm=imm, se=wqe.solicited)
+            ops = message_packets(wqe.opcode, len(payload), qp.mtu)
             recs = [FrameRecord(qpn, (psn0 + i) & PSN_MASK, op, pos, f)
                     for i, ((op, _, _), f) in enumerate(zip(ops, raw))]
             self.next_psn[qpn] = (psn0 + len(raw)) & PSN_MASK

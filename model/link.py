@@ -141,7 +141,7 @@ class _Side:
 
 
 def simulate(requester, responder, posts, faults=(), response_faults=(), *, latency_ns=1000, delay_ns=None,
-             reorder_window_ns=None, memory=None, max_events=1_000_000, max_time_ns=10 ** 12):
+             reorder_window_ns=None, memory=None, max_events=1_000_000, max_time_ns=10 ** 12, recv_posts=()):
     """Run a requester and a responder back to back over a lossy link.
 
     The link is ``model.network.Link``, one per direction, with a
@@ -176,7 +176,13 @@ def simulate(requester, responder, posts, faults=(), response_faults=(), *, late
         reorder_window_ns: how long a "reorder" frame waits for its followers (default
             delay_ns; the Link's ``reorder_timeout_cycles`` = reorder_window_ns / 2).
         memory: object with ``write(addr, bytes)`` for the responder's writes (default a new
-            SparseMemory).
+            SparseMemory); with two-sided verbs the responder's ``read_memory`` must read
+            it (its receive queues and doorbell records are there).
+        recv_posts: receive WQEs posted on the responder's side, ``(time_ns, poster,
+            scatter_lists)`` each: ``poster`` a ``model.recv_queue.RecvPoster`` writing
+            into ``memory``, ``scatter_lists`` a list of WQEs' scatter lists, posted (WQEs
+            and then the doorbell record) at ``time_ns``, before the posts and frames of
+            that instant.
         max_events, max_time_ns: stop and report ``hung`` beyond these.
         latency_ns, delay_ns and reorder_window_ns must be even (whole 2 ns cycles).
 
@@ -212,6 +218,16 @@ def simulate(requester, responder, posts, faults=(), response_faults=(), *, late
             raise ValueError(f"{name}: {e}") from None
         sides[direction] = _Side(direction, Link(latency, spec, name=direction), records)
     fwd, rev = sides["req"], sides["resp"]
+    rposts = []
+    for seq, item in enumerate(recv_posts):
+        if not (isinstance(item, (tuple, list)) and len(item) == 3):
+            raise ValueError(f"a receive post must be (time_ns, poster, scatter_lists), got {item!r}")
+        t, poster, lists = item
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ValueError(f"receive post time must be an int >= 0, got {t!r}")
+        if poster.memory is not mem:
+            raise ValueError("a receive post's RecvPoster must write into the simulation's memory")
+        heapq.heappush(rposts, (t, seq, poster, list(lists)))
     pending = []
     for seq, item in enumerate(posts):
         if len(item) == 2:
@@ -228,10 +244,11 @@ def simulate(requester, responder, posts, faults=(), response_faults=(), *, late
     hung = False
     while True:
         t_post = pending[0][0] if pending else None
+        t_recv = rposts[0][0] if rposts else None
         cycles = [c for c in (fwd.link.next_event_cycle(), rev.link.next_event_cycle()) if c is not None]
         t_link = NS_PER_CYCLE * min(cycles) if cycles else None
         t_to = requester.next_deadline()
-        times = [t for t in (t_post, t_link, t_to) if t is not None]
+        times = [t for t in (t_recv, t_post, t_link, t_to) if t is not None]
         if not times:
             break
         t = min(times)
@@ -240,7 +257,10 @@ def simulate(requester, responder, posts, faults=(), response_faults=(), *, late
             break
         events += 1
         now = max(now, t)
-        if t_post == t:
+        if t_recv == t:
+            _, _, poster, lists = heapq.heappop(rposts)
+            poster.post(*lists)
+        elif t_post == t:
             _, _, qpn, wqe = heapq.heappop(pending)
             for pkt in requester.post(qpn, wqe, now):
                 fwd.send(now, pkt.frame)

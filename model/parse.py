@@ -27,7 +27,7 @@ from model.icrc import icrc, ipv4_checksum
 
 __all__ = [
     "CqeSyndrome", "Aeth", "DROP_REASONS", "IMMDT_LEN", "ETH_MIN_FRAME", "PSN_HALF", "MSN_MASK", "WRITE_OPCODES",
-    "MR_INDEX_SHIFT", "ParsedFrame", "parse_frame", "build_rc_packet", "build_response",
+    "MR_INDEX_SHIFT", "ParsedFrame", "parse_frame", "build_rc_packet", "build_response", "SEND_OPCODES",
 ]
 
 CqeSyndrome = F.Syndrome               # mlx5 CQE syndromes, defined once in spec/formats.py
@@ -43,6 +43,12 @@ WRITE_OPCODES = frozenset(F.WRITE_OPS)
 _FIRST_OPCODES = frozenset(F.FIRST_OPS)
 _LAST_OPCODES = frozenset(F.LAST_OPS)
 _IMM_BASE = {Op.WRITE_LAST_IMM: Op.WRITE_LAST, Op.WRITE_ONLY_IMM: Op.WRITE_ONLY}
+# SEND opcodes (the two-sided verbs): parsed only when the caller names them in ``opcodes``
+# (the engine's receive port takes them only with two-sided verbs); (RETH, ImmDt, AETH).
+_SEND_EXT = {Op.SEND_FIRST: (False, False, False), Op.SEND_MIDDLE: (False, False, False),
+             Op.SEND_LAST: (False, False, False), Op.SEND_LAST_IMM: (False, True, False),
+             Op.SEND_ONLY: (False, False, False), Op.SEND_ONLY_IMM: (False, True, False)}
+SEND_OPCODES = frozenset(_SEND_EXT)
 _NAK_NAMES = {0: "psn_seq", 1: "invalid_request", 2: "remote_access", 3: "remote_op"}
 _NAK_SYNDROMES = {1: CqeSyndrome.REMOTE_INVAL_REQ_ERR, 2: CqeSyndrome.REMOTE_ACCESS_ERR,
                   3: CqeSyndrome.REMOTE_OP_ERR}
@@ -61,7 +67,7 @@ class ParsedFrame:
     """The transport fields of a frame that passed every header check.
 
     Members:
-        opcode, padcnt, pkey, dqpn, ackreq (bool), psn: BTH.
+        opcode, padcnt, pkey, dqpn, ackreq (bool), psn, se (bool: the SE bit): BTH.
         reth: ``(va, rkey, dma_len)`` or None; imm: ImmDt (int) or None;
         aeth: ``(syndrome, msn)`` or None.
         payload: payload bytes (pad bytes and ICRC removed).
@@ -81,6 +87,7 @@ class ParsedFrame:
     sip: bytes = b""
     atomic: object = None      # an atomic request's AtomicETH or MaskedAtomicETH fields (dict)
     orig: object = None        # an ATOMIC ACKNOWLEDGE's original value
+    se: bool = False           # BTH SE (solicited event)
 
     def from_peer(self, ctx):
         """True when the frame comes from QP context ``ctx``'s peer (its ``dmac`` and ``dip``)."""
@@ -94,7 +101,8 @@ def parse_frame(frame, opcodes=None, port=None):
         frame: the frame bytes.
         opcodes: BTH opcodes the caller accepts (default: every opcode this model knows:
             RDMA WRITE FIRST/MIDDLE/LAST/ONLY with and without immediate, ACK and ATOMIC
-            ACKNOWLEDGE: what the engine's receive port takes).
+            ACKNOWLEDGE: what the engine's receive port takes). READ, atomic and SEND
+            opcodes are parsed only when named here.
         port: the receiving ``model.frames.Port``: a frame whose destination MAC or IPv4
             address is not the port's is dropped (bad_address); None: not checked.
 
@@ -143,9 +151,10 @@ def parse_frame(frame, opcodes=None, port=None):
     allowed = _EXT if opcodes is None else opcodes
     if op in _REMOTE_EXT and op in allowed:
         return _parse_remote_op(f, n, b, op)
-    if op not in _EXT or op not in allowed:
+    if (op not in _EXT and op not in _SEND_EXT) or op not in allowed:
         return None, "bad_opcode"
-    has_reth, has_imm, has_aeth = _EXT[op][:3]     # (the AtomicAckETH opcode is a _REMOTE_EXT one)
+    # (the AtomicAckETH opcode is a _REMOTE_EXT one)
+    has_reth, has_imm, has_aeth = (_EXT[op] if op in _EXT else _SEND_EXT[op])[:3]
     padcnt = (b["flags"] >> 4) & 3
     pos = OFF_EXT
     ext = RETH_LEN * has_reth + IMMDT_LEN * has_imm + AETH_LEN * has_aeth
@@ -153,7 +162,7 @@ def parse_frame(frame, opcodes=None, port=None):
     if pos + ext > end or (has_aeth and pos + ext != end):
         return None, "bad_length"
     p = ParsedFrame(opcode=op, padcnt=padcnt, pkey=b["pkey"], dqpn=b["dqpn"], ackreq=bool(b["ackreq"] & 0x80),
-                    psn=b["psn"], smac=f[6:12], sip=f[OFF_IP + 12:OFF_IP + 16])
+                    psn=b["psn"], smac=f[6:12], sip=f[OFF_IP + 12:OFF_IP + 16], se=bool(b["flags"] & F.BTH_SE))
     if has_reth:
         r = unpack(RETH, f, pos)
         p.reth = (r["va"], r["rkey"], r["dma_len"])

@@ -22,17 +22,35 @@ Decisions (the RTL must follow them; the tests hold the model to them):
     - On an error the failing WQE gets REQ_ERR with its syndrome, whether signalled or not,
       the QP goes to ERR and every later WQE (also those posted afterwards) completes with
       REQ_ERR / WR_FLUSH_ERR, as verbs flushes every outstanding work request.
+    - Two-sided verbs (``two_sided=True``): SEND, SEND_IMM and RDMA_WRITE_IMM WQEs and
+      gather lists are sent as ``model.frames.build_message_frames`` builds them (the
+      payload of a gather list is the concatenation of its segments, read again for a
+      retransmission); they complete as WRITEs do (REQ, byte_cnt = length, the WQE's
+      opcode in sop_drop_qpn [31:24]).
+    - RNR NAK (AETH 0x20 | timer code): like any NAK it first acknowledges every packet
+      before its PSN (and completes what that finishes); then, unless the QP's RNR retries
+      are used up, the QP waits ``spec.formats.RNR_TIMER_NS[code]`` (the ACK timer is off
+      meanwhile) and then resends every outstanding packet from the NAK's PSN (go-back-N),
+      restarting the ACK timer; this is not a transport retry (``retry_cnt`` untouched).
+      Each RNR NAK takes one of ``ctx.rnr_retry`` retries (7 = RNR_RETRY_FOREVER: never
+      used up, as verbs define); an RNR NAK that finds none left fails the WQE at its PSN
+      with RNR_RETRY_EXC_ERR and flushes the rest. Any acknowledgment of something new
+      gives back both retry budgets (rxe ``reset_retry_counters``). While the QP waits, a
+      second RNR NAK or a PSN-sequence NAK for the PSN it waits on is dropped as
+      ``duplicate_nak`` (Linux rxe answers the packet after an RNR-NAKed one with a
+      PSN-sequence NAK; the resend after the wait repairs both).
 """
 
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
-from spec.formats import CqeOp, Op, QpModify, QpState, WqeOp, qp_modify_action
+from spec.formats import RNR_RETRY_FOREVER, RNR_TIMER_NS, CqeOp, Op, QpModify, QpState, WqeOp, qp_modify_action
 from model.cqe import CqContext, CqModel
 from model.read_atomic import (build_atomic_request, build_masked_atomic_request, build_read_request,
                                parse_remote_wqe)
-from model.frames import (PSN_MASK, Port, QpContext, build_packet, build_write_frames, parse_wqe,
-                          split_message)
+from model.frames import (PSN_MASK, REQUEST_IMM_OPCODES, REQUEST_LAST_OPCODES, REQUEST_RETH_OPCODES, Port,
+                          QpContext, build_message_frames, build_request_packet, message_packets, parse_wqe,
+                          read_gather, split_message)
 from model.parse import MSN_MASK, PSN_HALF, Aeth, CqeSyndrome, _NAK_NAMES, _NAK_SYNDROMES, parse_frame
 
 __all__ = ["TxPacket", "ResponseOutcome", "RequesterCounters", "RcRequester", "ib_timeout_ns",
@@ -101,6 +119,7 @@ class RequesterCounters:
         an acknowledged PSN), duplicate_naks, dropped_responses (Counter by reason: every
         response dropped, frame-level or ``spec.formats.RESPONSE_DROP_NAMES``);
         msn_mismatches (AETH.MSN differing from the messages acknowledged), retry_exceeded;
+        rnr_resends (go-backs after an RNR wait), rnr_retry_exceeded;
         cqes, error_cqes, flushed_wqes.
     """
     posted_wqes: int = 0
@@ -123,6 +142,8 @@ class RequesterCounters:
     cqes: int = 0
     error_cqes: int = 0
     flushed_wqes: int = 0
+    rnr_resends: int = 0
+    rnr_retry_exceeded: int = 0
 
 
 @dataclass
@@ -141,6 +162,9 @@ class _ReqWqe:
     opcode: int = 0            # the WQE's ctrl opcode (its CQE's sop_drop_qpn [31:24])
     remote: object = None      # a READ's or atomic's fields (model.read_atomic.parse_remote_wqe)
     sent: bool = True          # False while held back behind the READ/atomic limit
+    segments: tuple = ()       # a pointer payload's gather list ((addr, length, lkey), ...)
+    imm: object = None         # SEND_IMM / WRITE_IMM: the immediate
+    se: bool = False           # the WQE asked for a solicited event
 
 
 _ENDS = (Op.READ_RESP_LAST, Op.READ_RESP_ONLY)
@@ -187,6 +211,8 @@ class _ReqQp:
     ctl_state: int = None      # the state the control path last set (a failure moves ``state`` only)
     max_rd_atomic: int = 16    # READs and atomics outstanding at most (the responder's resources)
     held: deque = field(default_factory=deque)          # _ReqWqe not yet sent (behind that limit), in order
+    rnr_retries: int = 0       # RNR NAKs since the last progress
+    rnr_wait: bool = False     # waiting out an RNR NAK's timer (``deadline`` is its end)
 
     @property
     def una(self):
@@ -194,13 +220,18 @@ class _ReqQp:
 
 
 class RcRequester:
-    """Send side of the RC transport for RDMA WRITE and NOP WQEs (golden model).
+    """Send side of the RC transport for RDMA WRITE and NOP WQEs, READ and atomics
+    (``remote_ops``), SEND / SEND_IMM / RDMA_WRITE_IMM and gather lists (``two_sided``)
+    (golden model).
 
     Parameters:
         port: the requester's ``model.frames.Port``.
         cqs: {cqn: ``model.cqe.CqContext``}.
         read_memory: callable(addr, n) -> bytes: GPU memory read for pointer payloads,
             at post time and again for every retransmission.
+        remote_ops, write_memory: READ and atomics (their results land through write_memory).
+        two_sided: take SEND, SEND_IMM, RDMA_WRITE_IMM and gather lists (module docstring).
+        A QP's RNR retry budget is its context's ``rnr_retry``.
 
     Members:
         port, read_memory.
@@ -218,12 +249,13 @@ class RcRequester:
     it completes with REQ_ERR / LOCAL_QP_OP_ERR and the QP goes to ERR (as ``EngineModel``).
     """
 
-    def __init__(self, port, cqs, read_memory, *, remote_ops=False, write_memory=None):
+    def __init__(self, port, cqs, read_memory, *, remote_ops=False, write_memory=None, two_sided=False):
         if not isinstance(port, Port):
             raise ValueError("port must be a model.frames.Port")
         if remote_ops and not callable(write_memory):
             raise ValueError("remote_ops needs write_memory(addr, bytes): READ data and atomic results land there")
         self.remote_ops, self.write_memory = remote_ops, write_memory
+        self.two_sided = bool(two_sided)
         for cqn, ctx in cqs.items():
             if not isinstance(ctx, CqContext) or ctx.cqn != cqn:
                 raise ValueError(f"cqs[{cqn}] must be a CqContext with cqn={cqn}")
@@ -272,7 +304,8 @@ class RcRequester:
         (number of packets), wqes (not completed), retries, deadline."""
         q = self._qp(qpn)
         return dict(state=q.state, next_psn=q.next_psn, una=q.una, outstanding=len(q.outstanding),
-                    wqes=len(q.wqes), retries=q.retries, deadline=q.deadline)
+                    wqes=len(q.wqes), retries=q.retries, deadline=q.deadline, rnr_retries=q.rnr_retries,
+                    rnr_wait=q.rnr_wait)
 
     def idle(self):
         """True when no QP in RTS has a WQE waiting for completion."""
@@ -328,18 +361,19 @@ class RcRequester:
         for _ in range(k):
             q.outstanding.popleft().wqe.pending -= 1
         if k:
-            # Forward progress: the retry budget and the timer start afresh.
-            q.retries = 0
+            # Forward progress: the retry budgets and the timer start afresh (an RNR wait
+            # keeps its end while packets are left to resend)
+            q.retries = q.rnr_retries = 0
             q.last_nak_psn = None
-            q.deadline = now + q.timeout if q.outstanding else None
+            if not (q.rnr_wait and q.outstanding):
+                q.rnr_wait = False
+                q.deadline = now + q.timeout if q.outstanding else None
         self._advance(q, out)
 
     # -- sending
     def _payload(self, w, off, n, reread):
         if w.src == "pointer" and n:
-            data = bytes(self.read_memory(w.addr + off, n))
-            if len(data) != n:
-                raise ValueError(f"read_memory({w.addr + off:#x}, {n}) returned {len(data)} bytes")
+            data = read_gather(self.read_memory, w.segments, off, n)
             if reread:
                 self.counters.payload_reread_bytes += n
             return data
@@ -352,7 +386,7 @@ class RcRequester:
         other state but RTS drops it (as ``EngineModel``; counted in dropped_posts).
         """
         q = self._qp(qpn)
-        w = parse_wqe(wqe_bytes)
+        w = parse_wqe(wqe_bytes, self.two_sided)
         w.index, q.ci = q.ci, (q.ci + w.num_wqebbs) & 0xFFFF     # mlx5 reports the position, not the field
         self.counters.posted_wqes += 1
         if q.state == QpState.ERR:
@@ -379,8 +413,10 @@ class RcRequester:
             if not q.blocked:
                 self._advance(q, out)
             return []
+        # a data WQE (WRITE; two-sided: WRITE_IMM, SEND, SEND_IMM): its message's packets
         rec = _ReqWqe(w.index, "write", w.cq_update, w.length, w.raddr, w.rkey, w.kind, w.addr, w.inline_data,
-                      opcode=w.opcode)
+                      opcode=w.opcode, segments=w.segments,
+                      imm=w.imm if w.opcode in (WqeOp.SEND_IMM, WqeOp.RDMA_WRITE_IMM) else None, se=w.solicited)
         return self._enqueue(q, rec, now)
 
     def _enqueue(self, q, rec, now):
@@ -418,9 +454,10 @@ class RcRequester:
         qpn = q.ctx.qpn
         payload = self._payload(rec, 0, rec.length, False)
         psn0 = q.next_psn
-        frames = build_write_frames(q.ctx, self.port, rec.raddr, rec.rkey, payload, psn0)
+        frames = build_message_frames(q.ctx, self.port, rec.opcode, payload, psn0, raddr=rec.raddr, rkey=rec.rkey,
+                                      imm=rec.imm, se=rec.se)
         tx = []
-        for i, ((op, off, n), f) in enumerate(zip(split_message(rec.length, q.ctx.mtu), frames)):
+        for i, ((op, off, n), f) in enumerate(zip(message_packets(rec.opcode, rec.length, q.ctx.mtu), frames)):
             psn = (psn0 + i) & PSN_MASK
             q.outstanding.append(_ReqPkt(rec, psn, op, off, n))
             tx.append(TxPacket(qpn, psn, op, rec.index, f))
@@ -484,8 +521,12 @@ class RcRequester:
             first = next(x for x in q.outstanding if x.wqe is m.wqe)
             return self._remote_request(q, m.wqe, m.psn, m.offset, True) if first is m else None
         w = m.wqe
-        reth = (w.raddr, w.rkey, w.length) if m.opcode in (Op.WRITE_FIRST, Op.WRITE_ONLY) else None
-        frame = build_packet(q.ctx, self.port, m.opcode, m.psn, self._payload(w, m.offset, m.length, True), reth)
+        # the same packet as the first time: RETH, ImmDt and SE where that one had them
+        frame = build_request_packet(
+            q.ctx, self.port, m.opcode, m.psn, self._payload(w, m.offset, m.length, True),
+            reth=(w.raddr, w.rkey, w.length) if m.opcode in REQUEST_RETH_OPCODES else None,
+            imm=w.imm if m.opcode in REQUEST_IMM_OPCODES else None,
+            se=w.se and w.opcode != WqeOp.RDMA_WRITE and m.opcode in REQUEST_LAST_OPCODES)
         return TxPacket(q.ctx.qpn, m.psn, m.opcode, w.index, frame, True)
 
     def _retry(self, q, now, out):
@@ -495,18 +536,44 @@ class RcRequester:
             self.counters.retry_exceeded += 1
             self._fail(q, CqeSyndrome.TRANSPORT_RETRY_EXC_ERR, out)
             return []
+        return self._resend(q, now)
+
+    def _resend(self, q, now):
+        """Every outstanding packet again, from the oldest unacknowledged PSN; the ACK timer restarts."""
         tx = [t for t in (self._rebuild(q, m) for m in q.outstanding) if t is not None]
         self.counters.go_back_n += 1
         self.counters.retransmitted_packets += len(tx)
+        q.rnr_wait = False
         q.deadline = now + q.timeout
         return tx
 
+    def _rnr(self, q, code, now, res):
+        """An RNR NAK for the oldest unacknowledged PSN: wait, or fail when the QP's RNR
+        retries are used up (rnr_retry 7: never)."""
+        if q.state != QpState.RTS:          # what the NAK acknowledged failed the QP first
+            return res
+        limit = q.ctx.rnr_retry
+        if limit != RNR_RETRY_FOREVER and q.rnr_retries >= limit:
+            self.counters.rnr_retry_exceeded += 1
+            self._fail(q, CqeSyndrome.RNR_RETRY_EXC_ERR, res.cqes)
+            return res
+        if limit != RNR_RETRY_FOREVER:
+            q.rnr_retries += 1
+        q.rnr_wait = True
+        q.deadline = now + RNR_TIMER_NS[code]
+        return res
+
     def on_timeout(self, now):
-        """Fire every ACK timer due at ``now`` (ns); returns (TxPackets, CqeRecords)."""
+        """Fire every timer due at ``now`` (ns): an ACK timeout (a transport retry) or
+        the end of an RNR wait (the resend). Returns (TxPackets, CqeRecords)."""
         tx, cqes = [], []
         for qpn in sorted(self.qps):
             q = self.qps[qpn]
             if q.deadline is None or q.deadline > now or q.state != QpState.RTS:
+                continue
+            if q.rnr_wait:
+                self.counters.rnr_resends += 1
+                tx += self._resend(q, now)
                 continue
             self.counters.timeouts += 1
             tx += self._retry(q, now, cqes)
@@ -574,8 +641,9 @@ class RcRequester:
         ACK: acknowledges every outstanding packet through its PSN. NAK: acknowledges every
         packet before its PSN, then PSN sequence error -> go-back-N from that PSN; invalid
         request / remote access / remote operational error -> REQ_ERR with 0x12 / 0x13 /
-        0x14 (another code: BAD_RESP_ERR 0x10), QP to ERR, the rest flushed. RNR NAKs are
-        counted and ignored (this responder never sends one; the timer recovers).
+        0x14 (another code: BAD_RESP_ERR 0x10), QP to ERR, the rest flushed. RNR NAK:
+        acknowledges every packet before its PSN, then the RNR wait or failure (module
+        docstring).
         """
         c = self.counters
         res = ResponseOutcome()
@@ -614,13 +682,22 @@ class RcRequester:
             self._check_msn(q, msn)
             return res
         if cls == Aeth.KIND_RNR:
-            # This responder has no receive queue and never sends RNR; the timer recovers.
+            if q.rnr_wait and p.psn == q.una:          # the same RNR NAK again while waiting
+                c.duplicate_naks += 1
+                return self._drop_response(res, "duplicate_nak")
             c.naks_received["rnr"] += 1
             res.kind = "rnr"
-            return res
+            # every packet before its PSN is acknowledged (a READ's or atomic's only by
+            # its response: one missing there was lost, go back to it)
+            if p.psn != q.una and self._stops_at_response(q, (p.psn - 1) & PSN_MASK, now, res):
+                return self._implied_nak(q, now, res)
+            if p.psn != q.una:
+                self._ack_through(q, (p.psn - 1) & PSN_MASK, now, res.cqes)
+            self._check_msn(q, msn)
+            return self._rnr(q, syndrome & 0x1F, now, res)
         code = syndrome & 0x1F
         name = _NAK_NAMES.get(code, f"nak_code_{code}")
-        if code == 0 and p.psn == q.una and q.last_nak_psn == p.psn:
+        if code == 0 and p.psn == q.una and (q.last_nak_psn == p.psn or q.rnr_wait):
             c.duplicate_naks += 1
             return self._drop_response(res, "duplicate_nak")
         c.naks_received[name] += 1

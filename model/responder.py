@@ -52,20 +52,83 @@ Decisions (the RTL must follow them; the tests hold the model to them):
       leaves it; the model, whose answers leave at once, holds them only when built with
       ``answer_at_once=False``, until the caller says the answers have left
       (``answers_sent``): a test of the rule sends its burst faster than any answer.
+
+Decisions of the two-sided verbs (``two_sided=True``; the RTL must follow them; sources:
+Linux rxe, drivers/infiniband/sw/rxe/rxe_resp.c ``check_resource``, ``execute``,
+``do_complete``, ``duplicate_request`` and the RXE_RWR_MASK / RXE_COMP_MASK columns of
+rxe_opcode.c; rdma-core providers/mlx5 for the memory forms):
+    - The QP's receive queue is ``ctx.rq`` (``model.recv_queue.RecvQueue``); its CQEs go
+      to CQ ``ctx.rcqn``. The packets that consume a receive WQE are those rxe marks
+      RXE_RWR_MASK: SEND FIRST, SEND ONLY, SEND ONLY_IMM, WRITE ONLY_IMM and WRITE
+      LAST_IMM (a multi-packet WRITE with immediate takes its WQE on its last packet: its
+      FIRST and MIDDLE packets are WRITEs and are executed without one). SEND MIDDLE /
+      LAST fill the WQE their FIRST took.
+    - Order of the checks, as rxe's: PSN, opcode sequence, then the receive WQE (RNR),
+      then lengths and the memory key. The consumer knows what is posted from the
+      doorbell record (BE32 counter at ``rq.dbr + DBR_RECV_OFFSET``), read when a packet
+      needs a WQE: one is posted when ``(counter - consumed) mod 2^16`` is not 0. The WQE
+      is read (``rq.stride`` bytes at ``rq.slot_address(consumed)``) and parsed by
+      ``model.recv_queue.parse_recv_wqe`` when it is taken; the model reads both at that
+      moment, so an engine that prefetches WQEs must give the same answer as reading
+      them then (it may fetch a WQE early only once the counter says it is posted).
+    - No WQE posted: RNR NAK (AETH 0x20 | ctx.min_rnr_timer, BTH.PSN = the packet's,
+      MSN the current), nothing executed, the expected PSN unchanged (rxe RESPST_ERR_RNR,
+      class B). Later packets ahead of the expected PSN are dropped silently until it
+      arrives again, as after a PSN-sequence NAK (one NAK per gap; rxe instead NAKs the
+      next one with a PSN-sequence NAK, which ``RcRequester`` ignores while it waits). A
+      QP without a receive queue has none posted: every such packet gets an RNR NAK.
+    - SEND payload is scattered in order over the WQE's segments (packet after packet,
+      continuing where the last one ended; a segment of length 0 takes nothing). A packet
+      that does not fit in what is left: nothing of it is written, NAK invalid request,
+      the WQE completes with RESP_ERR / LOCAL_LENGTH_ERR (mlx5's verdict for a receive
+      overrun: IBV_WC_LOC_LEN_ERR; rxe reports REM_INV_REQ_ERR) and the QP goes to ERR.
+      Packet lengths as for WRITE: FIRST / MIDDLE exactly one MTU, LAST 1..MTU, ONLY at
+      most one MTU.
+    - WRITE with immediate: written at the RETH address as a WRITE is (same checks); its
+      last packet takes a receive WQE (RNR if none, before the key check) that holds no
+      data.
+    - Completion on the message's last packet, for every message (no "signaled" for
+      receives): RESP_SEND / RESP_SEND_IMM / RESP_WR_IMM, byte_cnt = bytes received (a
+      WRITE with immediate: its RETH length), imm = the ImmDt as on the wire (0 without),
+      SE bit = the last packet's BTH SE, qpn = the local QPN, wqe_counter = the receive
+      WQE's number mod 2^16, srqn_uidx = the QP's user index, owner bit per CQ wrap
+      (``model.cqe.CqModel``). The receive CQ is a ring CQ like any other; the model writes
+      CQEs in completion order.
+    - Any error that moves the QP to ERR (access, invalid request, length) completes the
+      WQE the message holds, if any, with RESP_ERR (LOCAL_LENGTH_ERR for a scatter
+      overrun, REMOTE_ACCESS_ERR for an access error, REMOTE_INVAL_REQ_ERR otherwise, as
+      rxe's statuses), then every WQE the doorbell record says is posted with RESP_ERR /
+      WR_FLUSH_ERR, in order; ``modify`` to ERR flushes the same way (the held WQE with
+      WR_FLUSH_ERR), and ``flush_receives`` flushes those posted later while in ERR.
+    - Duplicates (a retransmitted SEND, any packet of it) are not executed and consume
+      no WQE: an ACK as for a duplicate WRITE (rxe ``duplicate_request``: C9-105).
 """
 
 from collections import Counter
 from dataclasses import dataclass, field
 
-from spec.formats import Access, MrCheck, Op, QpState
+from spec.formats import Access, CqeOp, MrCheck, Op, QpState, Syndrome
+from model.cqe import CqContext, CqModel
 from model.frames import PSN_MASK, Port, QpContext
+from model.recv_queue import parse_recv_wqe, posted_count
 from model.mr import MemoryRegion, check as mr_check
 from model.parse import (ATOMIC_OPCODES, MR_INDEX_SHIFT, MSN_MASK, PSN_HALF, WRITE_OPCODES, Aeth, _FIRST_OPCODES,
-                         _LAST_OPCODES, build_response, parse_frame)
+                         _LAST_OPCODES, SEND_OPCODES, build_response, parse_frame)
 from model.read_atomic import (build_atomic_ack, build_read_responses, compare_swap, fetch_add, masked_compare_swap,
                                masked_fetch_add)
 
-__all__ = ["RxResult", "ResponderCounters", "RcResponder"]
+__all__ = ["RxResult", "ResponderCounters", "RcResponder", "RWR_OPCODES"]
+
+# Packets that start a message (also for SENDs) and that end one
+_FIRST_ALL = frozenset(_FIRST_OPCODES | {Op.SEND_FIRST, Op.SEND_ONLY, Op.SEND_ONLY_IMM})
+_LAST_ALL = frozenset(_LAST_OPCODES | {Op.SEND_LAST, Op.SEND_LAST_IMM, Op.SEND_ONLY, Op.SEND_ONLY_IMM})
+# Packets that consume a receive WQE (rxe's RXE_RWR_MASK)
+RWR_OPCODES = frozenset((Op.SEND_FIRST, Op.SEND_ONLY, Op.SEND_ONLY_IMM, Op.WRITE_ONLY_IMM, Op.WRITE_LAST_IMM))
+_RECV_CQE_OP = {Op.SEND_LAST: CqeOp.RESP_SEND, Op.SEND_ONLY: CqeOp.RESP_SEND, Op.SEND_LAST_IMM: CqeOp.RESP_SEND_IMM,
+                Op.SEND_ONLY_IMM: CqeOp.RESP_SEND_IMM, Op.WRITE_LAST_IMM: CqeOp.RESP_WR_IMM,
+                Op.WRITE_ONLY_IMM: CqeOp.RESP_WR_IMM}
+# The syndrome of the receive WQE a message holds when a NAK moves the QP to ERR
+_RECV_ERR = {"nak_remote_access": Syndrome.REMOTE_ACCESS_ERR, "nak_invalid_request": Syndrome.REMOTE_INVAL_REQ_ERR}
 
 
 @dataclass
@@ -80,10 +143,11 @@ class RxResult:
         response: ACK/NAK frame to send, or None.
         response_kind: "ack", "nak_psn_seq", "nak_invalid_request", "nak_remote_access" or None.
         message_done: the packet ended a message (MSN advanced).
-        imm: the immediate of a completed *_IMM message (no receive queue is modelled:
-            the caller sees it here), else None.
+        imm: the immediate of a completed *_IMM message, else None (with two-sided verbs
+            it is in the receive CQE too; without, the caller sees it only here).
         mr_status: ``spec.formats.MrCheck`` outcome of an access error, else None.
         read_responses: a READ's RESPONSE frames, in order (``response`` is None then).
+        cqes: the receive CqeRecords written while handling it (two-sided verbs), in order.
     """
     accepted: bool
     reason: object = None
@@ -97,6 +161,7 @@ class RxResult:
     imm: object = None
     mr_status: object = None
     read_responses: list = field(default_factory=list)
+    cqes: list = field(default_factory=list)
 
     @property
     def frames_out(self):
@@ -122,7 +187,10 @@ class ResponderCounters:
         messages: messages completed; bytes_written: payload bytes handed out as writes;
         imm_messages: messages with an immediate; acks_sent;
         naks_sent: Counter by response kind ("nak_psn_seq", ...);
-        dropped: Counter by reason (``DROP_REASONS``).
+        dropped: Counter by reason (``DROP_REASONS``, and "rnr": a packet answered by an
+            RNR NAK; spec.formats.RX_VERDICTS has no verdict for it yet).
+        rnr_naks: RNR NAKs sent; recv_wqes: receive WQEs taken; recv_cqes, recv_error_cqes:
+        receive CQEs written (all, RESP_ERR); recv_flushed: receive WQEs flushed.
     """
     rx_frames: int = 0
     accepted: int = 0
@@ -132,6 +200,11 @@ class ResponderCounters:
     acks_sent: int = 0
     naks_sent: Counter = field(default_factory=Counter)
     dropped: Counter = field(default_factory=Counter)
+    rnr_naks: int = 0
+    recv_wqes: int = 0
+    recv_cqes: int = 0
+    recv_error_cqes: int = 0
+    recv_flushed: int = 0
 
 
 @dataclass
@@ -151,19 +224,55 @@ class _RespQp:
     resources: list = field(default_factory=list)     # _Resource, oldest first
     max_dest_rd_atomic: int = 16   # responder resources: new READs and atomics unanswered at most
     unanswered: int = 0            # new READs and atomics whose answer has not left
+    msg_send: bool = False         # the message in progress is a SEND (else a WRITE)
+    rq_ci: int = 0                 # receive WQEs consumed (free-running)
+    recv: object = None            # the receive WQE the message holds: _RecvWqe
+
+
+@dataclass
+class _RecvWqe:
+    """A receive WQE taken by a message: its number, scatter list and bytes received."""
+    n: int
+    segments: list
+    received: int = 0
+
+    @property
+    def capacity(self):
+        return sum(length for _, length, _ in self.segments)
+
+    def scatter(self, payload):
+        """``[(addr, bytes)]`` that put ``payload`` after the bytes already received."""
+        out, pos, off = [], 0, self.received
+        data = memoryview(bytes(payload))
+        for addr, length, _ in self.segments:
+            lo, hi = max(off, pos), min(off + len(data), pos + length)
+            if lo < hi:
+                out.append((addr + lo - pos, bytes(data[lo - off:hi - off])))
+            pos += length
+        self.received += len(data)
+        return out
 
 
 class RcResponder:
-    """Receive side of the RC transport for RDMA WRITE (golden model).
+    """Receive side of the RC transport: RDMA WRITE, READ and atomics, and with
+    ``two_sided`` SENDs and receive queues (golden model).
 
     Parameters:
         port: the responder's ``model.frames.Port`` (source of ACK/NAK frames).
         ack_every: default ACK coalescing count (>= 1) for QPs added without one.
+        remote_ops, atomics, read_memory, responder_resources, answer_at_once: READ and
+            atomics (module docstring).
+        two_sided: take SENDs and give WRITEs with immediate a receive WQE (module
+            docstring); needs ``read_memory`` (receive queues and doorbell records are read
+            from it) and ``cqs``.
+        cqs: {cqn: ``model.cqe.CqContext`` or ``CqModel``}: the receive CQs (a CqModel is
+            used as it is: pass ``RcRequester.cqs[n]`` when one CQ takes both sides' CQEs).
 
     Members:
-        port, ack_every.
+        port, ack_every, two_sided.
         qps: {qpn: per-QP state} (``qp_info`` gives a read-only view).
         regions: {key index: ``model.mr.MemoryRegion``}.
+        cqs: {cqn: ``model.cqe.CqModel``}; completions: every receive CqeRecord in write order.
         counters: ResponderCounters.
 
     A QP accepts packets in RTR or RTS, from its peer only (source IPv4 and MAC address
@@ -175,13 +284,23 @@ class RcResponder:
     """
 
     def __init__(self, port, ack_every=1, *, remote_ops=False, atomics=False, read_memory=None,
-                 responder_resources=16, answer_at_once=True):
+                 responder_resources=16, answer_at_once=True, two_sided=False, cqs=None):
         if not isinstance(port, Port):
             raise ValueError("port must be a model.frames.Port")
         if not isinstance(ack_every, int) or ack_every < 1:
             raise ValueError(f"ack_every must be an int >= 1, got {ack_every!r}")
-        if (remote_ops or atomics) and not callable(read_memory):
-            raise ValueError("remote_ops and atomics need read_memory(addr, n) -> bytes")
+        if (remote_ops or atomics or two_sided) and not callable(read_memory):
+            raise ValueError("remote_ops, atomics and two_sided need read_memory(addr, n) -> bytes")
+        self.cqs = {}
+        for cqn, c in (cqs or {}).items():
+            if isinstance(c, CqContext) and c.cqn == cqn:
+                self.cqs[cqn] = CqModel(c)
+            elif isinstance(c, CqModel) and c.ctx.cqn == cqn:
+                self.cqs[cqn] = c
+            else:
+                raise ValueError(f"cqs[{cqn}] must be a CqContext or CqModel with cqn={cqn}")
+        self.completions = []
+        self.two_sided = bool(two_sided)
         if not isinstance(responder_resources, int) or not 1 <= responder_resources <= 255:
             raise ValueError(f"responder_resources must be 1..255, got {responder_resources!r}")
         self.port = port
@@ -190,7 +309,7 @@ class RcResponder:
         self.answer_at_once = bool(answer_at_once)
         self.atomics = bool(remote_ops or atomics)
         self._opcodes = (WRITE_OPCODES | (ATOMIC_OPCODES if self.atomics else set())
-                         | ({Op.READ_REQUEST} if remote_ops else set()))
+                         | ({Op.READ_REQUEST} if remote_ops else set()) | (SEND_OPCODES if two_sided else set()))
         self.qps = {}
         self.regions = {}
         self.counters = ResponderCounters()
@@ -219,6 +338,8 @@ class RcResponder:
         max_dest_rd_atomic = self.responder_resources if max_dest_rd_atomic is None else max_dest_rd_atomic
         if not isinstance(max_dest_rd_atomic, int) or not 1 <= max_dest_rd_atomic <= self.responder_resources:
             raise ValueError(f"max_dest_rd_atomic must be 1..{self.responder_resources}, got {max_dest_rd_atomic!r}")
+        if self.two_sided and ctx.rq is not None and ctx.rcqn not in self.cqs:
+            raise ValueError(f"QP {ctx.qpn:#x} completes receives to CQ {ctx.rcqn}, which is not in cqs")
         self.qps[ctx.qpn] = _RespQp(ctx=ctx, pd=pd, ack_every=every, epsn=ctx.start_psn, state=ctx.state,
                                     max_dest_rd_atomic=max_dest_rd_atomic)
 
@@ -241,16 +362,91 @@ class RcResponder:
 
     def modify(self, qpn, state):
         """Move QP ``qpn`` to ``state`` (``spec.formats.QpState``) through the control path
-        (QP_MODIFY): outside RTR and RTS it takes no request, from the next frame on."""
+        (QP_MODIFY): outside RTR and RTS it takes no request, from the next frame on. A
+        move to ERR flushes the QP's receive WQEs (two-sided verbs: the one a message
+        holds and every one posted, RESP_ERR / WR_FLUSH_ERR). Returns the CqeRecords
+        written."""
         if state not in range(QpState.ERR + 1):
             raise ValueError(f"unknown QP state {state!r}")
-        self._qp(qpn).state = state
+        q = self._qp(qpn)
+        out = []
+        if state == QpState.ERR and q.state != QpState.ERR:
+            out = self._error_receives(q, Syndrome.WR_FLUSH_ERR)
+        q.state = state
+        if state == QpState.ERR:
+            q.in_msg = False
+        return out
+
+    # -- receive queue
+    def _read_u32(self, addr):
+        data = bytes(self.read_memory(addr, 4))
+        if len(data) != 4:
+            raise ValueError(f"read_memory({addr:#x}, 4) returned {len(data)} bytes")
+        return int.from_bytes(data, "big")
+
+    def recv_posted(self, qpn):
+        """Receive WQEs of QP ``qpn`` posted (its doorbell record, read now) and not consumed."""
+        q = self._qp(qpn)
+        return self._posted(q)
+
+    def _posted(self, q):
+        if q.ctx.rq is None:
+            return 0
+        return posted_count(self._read_u32(q.ctx.rq.counter_address), q.rq_ci)
+
+    def _take_recv(self, q):
+        """The next receive WQE, read from memory and consumed (one must be posted)."""
+        rq = q.ctx.rq
+        data = bytes(self.read_memory(rq.slot_address(q.rq_ci), rq.stride))
+        if len(data) != rq.stride:
+            raise ValueError(f"read_memory returned {len(data)} bytes of a {rq.stride}-byte receive WQE")
+        q.recv = _RecvWqe(q.rq_ci, parse_recv_wqe(data))
+        q.rq_ci += 1
+        self.counters.recv_wqes += 1
+        return q.recv
+
+    def _recv_cqe(self, q, opcode, n, byte_cnt=0, syndrome=0, imm=0, se=False):
+        rec = self.cqs[q.ctx.rcqn].push(opcode, q.ctx.qpn, n & 0xFFFF, byte_cnt, syndrome,
+                                         user_index=q.ctx.user_index, imm=imm, se=int(se))
+        self.completions.append(rec)
+        c = self.counters
+        c.recv_cqes += 1
+        c.recv_error_cqes += opcode == CqeOp.RESP_ERR
+        return rec
+
+    def _error_receives(self, q, syndrome):
+        """The QP goes to ERR: the WQE its message holds completes with ``syndrome``, every
+        posted one with WR_FLUSH_ERR. Returns the CqeRecords."""
+        if not self.two_sided or q.ctx.rq is None:
+            return []
+        out = []
+        if q.recv is not None:
+            out.append(self._recv_cqe(q, CqeOp.RESP_ERR, q.recv.n, syndrome=syndrome))
+            q.recv = None
+        return out + self._flush(q)
+
+    def _flush(self, q):
+        out = []
+        for _ in range(self._posted(q)):
+            out.append(self._recv_cqe(q, CqeOp.RESP_ERR, q.rq_ci, syndrome=Syndrome.WR_FLUSH_ERR))
+            q.rq_ci += 1
+            self.counters.recv_flushed += 1
+        return out
+
+    def flush_receives(self, qpn):
+        """QP ``qpn`` in ERR: complete the receive WQEs posted since it was flushed last
+        (RESP_ERR / WR_FLUSH_ERR; the doorbell record read now). Returns the CqeRecords."""
+        q = self._qp(qpn)
+        if q.state != QpState.ERR or not self.two_sided:
+            return []
+        return self._flush(q)
 
     def qp_info(self, qpn):
-        """Dict of QP ``qpn``'s state: epsn, msn, state, unacked, nak_sent, in_msg."""
+        """Dict of QP ``qpn``'s state: epsn, msn, state, unacked, nak_sent, in_msg, rq_ci
+        (receive WQEs consumed)."""
         q = self._qp(qpn)
         return dict(epsn=q.epsn, msn=q.msn, state=q.state, unacked=q.unacked, nak_sent=q.nak_sent,
-                    in_msg=q.in_msg)
+                    in_msg=q.in_msg, rq_ci=q.rq_ci)
 
     def register(self, region):
         """Register (or replace) a memory region; its slot is ``region.key >> 8``."""
@@ -285,11 +481,22 @@ class RcResponder:
     def _respond(self, q, psn, syndrome):
         return build_response(q.ctx, self.port, psn, syndrome, q.msn)
 
-    def _fatal(self, q, p, reason, syndrome, kind, **kw):
-        # Class C error: NAK with the offending PSN, nothing executed, QP to ERR.
+    def _fatal(self, q, p, reason, syndrome, kind, recv_syndrome=None, **kw):
+        # Class C error: NAK with the offending PSN, nothing executed, QP to ERR (and its
+        # receive WQEs completed in error)
         q.state = QpState.ERR
         q.in_msg = False
-        return self._drop(reason, p, self._respond(q, p.psn, syndrome), kind, **kw)
+        cqes = self._error_receives(q, recv_syndrome or _RECV_ERR.get(kind, Syndrome.REMOTE_INVAL_REQ_ERR))
+        return self._drop(reason, p, self._respond(q, p.psn, syndrome), kind, cqes=cqes, **kw)
+
+    def _rnr(self, q, p):
+        # No receive WQE: RNR NAK at the packet's PSN, nothing executed. Like a sequence
+        # NAK it acknowledges every earlier PSN, and later packets are dropped silently
+        # until the NAKed one comes again.
+        q.nak_sent = True
+        q.unacked = 0
+        self.counters.rnr_naks += 1
+        return self._drop("rnr", p, self._respond(q, p.psn, Aeth.RNR_NAK | q.ctx.min_rnr_timer), "nak_rnr")
 
     def receive(self, frame):
         """Process one received frame; returns an RxResult (the caller performs its writes
@@ -297,7 +504,8 @@ class RcResponder:
         self.counters.rx_frames += 1
         # Frame-level checks as the NIC's receive port makes them, for every opcode it
         # knows (an ACK too: its length rules come before the opcode is refused here)
-        p, reason = parse_frame(frame, (self._opcodes | {Op.ACK}) if self.remote_ops else None, self.port)
+        p, reason = parse_frame(frame, (self._opcodes | {Op.ACK}) if self.remote_ops or self.two_sided else None,
+                                self.port)
         if p is None:
             return self._drop(reason)
         if p.opcode not in self._opcodes:
@@ -308,7 +516,7 @@ class RcResponder:
         if not p.from_peer(q.ctx):
             return self._drop("wrong_peer", p)     # an RC QP takes requests from its peer only
         d = (p.psn - q.epsn) & PSN_MASK
-        if d >= PSN_HALF and p.opcode not in WRITE_OPCODES:
+        if d >= PSN_HALF and p.opcode not in WRITE_OPCODES and p.opcode not in SEND_OPCODES:
             return self._duplicate_remote_op(q, p)
         if d >= PSN_HALF:
             # Duplicate: not executed again; the ACK names the last accepted PSN.
@@ -321,13 +529,21 @@ class RcResponder:
             q.unacked = 0      # the NAK acknowledges every PSN before the expected one
             return self._drop("psn_out_of_order", p, self._respond(q, q.epsn, Aeth.NAK_PSN_SEQ), "nak_psn_seq")
         q.nak_sent = False
-        if p.opcode not in WRITE_OPCODES:
+        send = p.opcode in SEND_OPCODES
+        if p.opcode not in WRITE_OPCODES and not send:
             if q.in_msg:       # a READ or atomic between a WRITE's FIRST and LAST
                 return self._fatal(q, p, "invalid_request", Aeth.NAK_INVALID_REQ, "nak_invalid_request")
             return self._read(q, p) if p.opcode == Op.READ_REQUEST else self._atomic(q, p)
-        first, last = p.opcode in _FIRST_OPCODES, p.opcode in _LAST_OPCODES
-        if first == q.in_msg:  # FIRST/ONLY inside a message, or MIDDLE/LAST outside one
+        first, last = p.opcode in _FIRST_ALL, p.opcode in _LAST_ALL
+        # FIRST/ONLY inside a message, MIDDLE/LAST outside one or of the other kind
+        if first == q.in_msg or (q.in_msg and q.msg_send != send):
             return self._fatal(q, p, "invalid_request", Aeth.NAK_INVALID_REQ, "nak_invalid_request")
+        if self.two_sided and p.opcode in RWR_OPCODES:
+            if not self._posted(q):
+                return self._rnr(q, p)
+            self._take_recv(q)
+        if send:
+            return self._send_packet(q, p, first, last)
         if first:
             va, rkey, total = p.reth
             status = mr_check(self.regions.get(rkey >> MR_INDEX_SHIFT), rkey, va, total, Access.REMOTE_WRITE, q.pd)
@@ -347,7 +563,7 @@ class RcResponder:
             return self._fatal(q, p, "invalid_request", Aeth.NAK_INVALID_REQ, "nak_invalid_request")
         writes = [(va + off, p.payload)] if n else []
         q.epsn = (q.epsn + 1) & PSN_MASK
-        q.in_msg = not last
+        q.in_msg, q.msg_send = not last, False
         if last:
             q.msn = (q.msn + 1) & MSN_MASK
         else:
@@ -359,12 +575,50 @@ class RcResponder:
         c.messages += last
         imm = p.imm if last else None
         c.imm_messages += imm is not None
+        cqes = []
+        if self.two_sided and p.opcode in RWR_OPCODES:      # a WRITE with immediate completes its WQE
+            cqes.append(self._recv_cqe(q, _RECV_CQE_OP[p.opcode], q.recv.n, total, imm=p.imm, se=p.se))
+            q.recv = None
+        return self._accepted(q, p, writes, last, imm, cqes)
+
+    def _accepted(self, q, p, writes, last, imm, cqes):
+        """The ACK rule for an accepted packet, and its RxResult."""
         response = kind = None
         if p.ackreq or last or q.unacked >= q.ack_every:
             q.unacked = 0
             response, kind = self._respond(q, p.psn, Aeth.ACK), "ack"
             self._count_response(kind)
-        return RxResult(True, None, p.dqpn, p.psn, p.opcode, writes, response, kind, last, imm)
+        return RxResult(True, None, p.dqpn, p.psn, p.opcode, writes, response, kind, last, imm, cqes=cqes)
+
+    def _send_packet(self, q, p, first, last):
+        """A SEND packet in sequence, its receive WQE taken (FIRST/ONLY) or held."""
+        n = len(p.payload)
+        # Length rules (rxe check_length): FIRST/MIDDLE one MTU, LAST 1..MTU, ONLY 0..MTU
+        ok = n <= q.ctx.mtu and (n >= 1 or first) if last else n == q.ctx.mtu
+        if not ok:
+            return self._fatal(q, p, "invalid_request", Aeth.NAK_INVALID_REQ, "nak_invalid_request")
+        r = q.recv
+        if r.received + n > r.capacity:
+            return self._fatal(q, p, "invalid_request", Aeth.NAK_INVALID_REQ, "nak_invalid_request",
+                               recv_syndrome=Syndrome.LOCAL_LENGTH_ERR)
+        writes = r.scatter(p.payload)
+        q.epsn = (q.epsn + 1) & PSN_MASK
+        q.in_msg, q.msg_send = not last, not last
+        q.unacked += 1
+        c = self.counters
+        c.accepted += 1
+        c.bytes_written += n
+        cqes = []
+        imm = None
+        if last:
+            q.msn = (q.msn + 1) & MSN_MASK
+            c.messages += 1
+            imm = p.imm
+            c.imm_messages += imm is not None
+            cqes.append(self._recv_cqe(q, _RECV_CQE_OP[p.opcode], r.n, r.received,
+                                       imm=0 if imm is None else imm, se=p.se))
+            q.recv = None
+        return self._accepted(q, p, writes, last, imm, cqes)
 
 
     # -- READ and atomics
