@@ -1,0 +1,557 @@
+"""Receive queues: mlx5 receive WQEs in GPU memory, the producer count read from each QP's
+doorbell record, WQEs prefetched and handed on in consume order."""
+from amaranth.hdl import *
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from spec import formats as F
+from spec.params import DATA_BYTES, DMA_ADDR_WIDTH
+from rtl.common.axi import AxiReadSignature, Burst, Cache
+from rtl.common.contexts import qp_bits
+from rtl.common.stream import StreamFifo
+
+__all__ = ["RecvQueue", "RecvCreate", "RecvQuery", "RecvAnswer", "RecvConsume", "RecvSge", "RecvWqe",
+           "EPOCH_BITS"]
+
+COUNT_BITS = 16          # mlx5 receive counters (the doorbell record holds head & 0xffff)
+EPOCH_BITS = 8           # creates of a QP told apart (stale reads and slots of an earlier create)
+SEG_BYTES = 16           # one data segment (F.RECV_DATA_SEG)
+LINE_SEGS = DATA_BYTES // SEG_BYTES     # 8 segments per 128-byte beat
+_ANSWER_DEPTH = 8
+_DBR_QUEUE = 4           # doorbell-record reads waiting for the AR channel
+_JOB_QUEUE = 4
+_HINT_QUEUE = 4
+
+RecvSge = data.StructLayout({"addr": unsigned(64), "length": unsigned(32), "lkey": unsigned(32)})
+
+
+def RecvCreate(num_qps):
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "base": unsigned(DMA_ADDR_WIDTH),
+                              "log_size": unsigned(4), "log_stride": unsigned(4),
+                              "dbr": unsigned(DMA_ADDR_WIDTH), "enable": unsigned(1)})
+
+
+def RecvQuery(num_qps):
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps))})
+
+
+def RecvAnswer(num_qps):
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "available": unsigned(1)})
+
+
+def RecvConsume(num_qps):
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "ok": unsigned(1)})
+
+
+def RecvWqe(num_qps, max_sge):
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "index": unsigned(COUNT_BITS),
+                              "nsge": range(max_sge + 1), "sge": data.ArrayLayout(RecvSge, max_sge),
+                              "bad": unsigned(1)})
+
+
+def _be(value, nbytes):
+    """The big-endian number in the first ``nbytes`` little-endian lanes of ``value``."""
+    return Cat(*(value.word_select(nbytes - 1 - k, 8) for k in range(nbytes)))
+
+
+class RecvQueue(wiring.Component):
+    """The receive queues of every QP: whether a message finds a receive WQE, and the WQE.
+
+    mlx5 receive queue (rdma-core ``mlx5_post_recv``): a ring of ``1 << log_size`` WQEs of
+    ``1 << log_stride`` bytes at ``base``, each a list of 16-byte data segments (byte count,
+    lkey, address, big-endian) ended early by a segment whose lkey is ``INVALID_LKEY``. The
+    producer writes WQEs, then ``BE32(head & 0xffff)`` at ``dbr + DBR_RECV_OFFSET``; no
+    register is written, so the block reads the doorbell record itself.
+
+    Per QP the block counts ``known`` (the head last read), ``answered`` (queries answered
+    available, less the consumes with ``ok`` = 0: consumed + reserved) and ``consumed``.
+    **Rule**: a query is answered ``available`` iff the doorbell record, read no earlier than
+    the query, says a WQE beyond those already answered is posted. When ``known`` is
+    already beyond ``answered`` the answer is given at once (the producer only moves its head
+    forward, so a fresh read would say the same); otherwise the query waits for a read of
+    the record issued after it, and later queries wait behind it (answers stay in query
+    order). A QP without a receive queue (``enable`` = 0, or never created) answers 0.
+
+    A consume with ``ok`` = 1 hands on the QP's WQE number ``consumed`` (counting from the
+    create) on ``wqe``, in consume order, once its bytes are on chip; ``ok`` = 0 gives an
+    answered WQE back for the next query. Consumes count WQEs whatever was answered: the
+    responder consumes only what it was told is available.
+
+    Two pipelines own the per-QP state, each one RAM row per QP written by one stage, so
+    that a query and a consume are taken in the same cycle:
+
+    * the query side (``known``, ``answered``, a background read in flight, the doorbell
+      record's address): doorbell-record answers, creates, ``ok`` = 0 consumes and queries,
+      one a cycle; a RAM read, then a decision that writes the row back (a transparent read
+      port: the next cycle's read sees it). When an available answer leaves at most
+      ``max(depth, 1)`` known WQEs unanswered and no background read of the QP is in flight,
+      the record is read again in the background, so posts become known before a query
+      needs them; a read's answer that moves ``known`` hints the fetch side.
+    * the fetch side (``consumed``, ``fetched``, the ring): creates, consumes with ``ok`` = 1
+      and hints. It keeps the WQEs ``consumed .. fetched`` in ``max(depth, 1)`` slots per QP
+      (a RAM) and fetches ahead up to ``min(known, consumed + depth)``; a consumed WQE not
+      yet fetched is fetched at once (``depth`` = 0: only then). The WQE being handed on
+      holds its slot until it has its bytes, so a slot is fetched again only after its
+      WQE left: the slots need no credits.
+
+    Reads: one AR at a time is chosen, doorbell records first (queries wait on them); each
+    is one beat. A WQE read is a run of consecutive WQEs within one 128-byte line (up to
+    ``128 >> log_stride`` WQEs; a WQE of 128 bytes or more: its first line, which holds all
+    a WQE can hand on as ``max_sge`` <= 7). Fetch jobs are at most ``depth`` WQEs, so longer
+    bursts would seldom form, and one beat per read takes one AR per R beat. Every read has
+    a tag in a FIFO of ``max_reads`` (its credit), so R is never held back by anything but
+    the R side's own WQE rate (one WQE per cycle; a line with several WQEs of one run takes
+    as many cycles). R data are parsed as they arrive: segments up to the first invalid lkey
+    or the end of the WQE; more than ``max_sge`` is ``bad``; each slot keeps the WQE's number
+    and the QP's create epoch, which the hand-on stage compares (nothing of an earlier
+    create, or an older lap of the ring, is taken for the WQE it waits on).
+
+    Parameters
+    ----------
+    num_qps : int
+        QPs (a power of two >= 2).
+    max_sge : int
+        Data segments handed on per WQE (1..7: a WQE's segments and the one after them lie
+        in its first 128-byte line).
+    depth : int
+        WQEs fetched ahead per QP (0, or a power of two up to 64); 0: fetched on consume.
+    data_width : int
+        AXI data width (1024).
+    max_reads : int
+        Reads in flight at most (tag FIFO depth; 512 covers 1 us at one read a cycle).
+    axi_id : int
+        ARID of every read.
+
+    Members
+    -------
+    create : In(stream.Signature(RecvCreate(num_qps)))
+        ``qpn``, ``base``, ``log_size`` (0..15), ``log_stride`` (4..9), ``dbr`` (the doorbell
+        record), ``enable``: the QP's receive queue is (re)created empty (every count 0,
+        nothing fetched); ``enable`` = 0: no receive queue.
+    query : In(stream.Signature(RecvQuery(num_qps)))
+        Is there a receive WQE for the QP's next message?
+    answer : Out(stream.Signature(RecvAnswer(num_qps)))
+        ``qpn``, ``available``: one per query, in query order.
+    consume : In(stream.Signature(RecvConsume(num_qps)))
+        ``qpn``, ``ok``: the decision on the oldest query of the QP answered available and
+        not yet consumed.
+    wqe : Out(stream.Signature(RecvWqe(num_qps, max_sge)))
+        One per consume with ``ok`` = 1, in consume order: ``qpn``, ``index`` (the WQE's
+        counter mod 2^16), ``nsge`` and ``sge[0 .. nsge - 1]`` (``addr``, ``length`` =
+        byte_count, ``lkey``), ``bad`` (more than ``max_sge`` segments; or the QP has no
+        receive queue: then ``nsge`` = 0).
+    m_axi : Out(AxiReadSignature(addr_width=64, data_width=data_width))
+        Doorbell-record reads (4 bytes, ``arsize`` 2) and WQE reads (one 128-byte beat).
+    """
+    def __init__(self, *, num_qps, max_sge=4, depth=4, data_width=1024, max_reads=512, axi_id=0,
+                 id_width=4):
+        if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
+            raise ValueError(f"num_qps must be a power of two >= 2, not {num_qps!r}")
+        if not isinstance(max_sge, int) or not 1 <= max_sge < LINE_SEGS:
+            raise ValueError(f"max_sge must be 1..{LINE_SEGS - 1} (a WQE's segments and its end marker "
+                             f"in one 128-byte line), not {max_sge!r}")
+        if not isinstance(depth, int) or depth < 0 or depth > 64 or depth & (depth - 1):
+            raise ValueError(f"depth must be 0 or a power of two up to 64, not {depth!r}")
+        if data_width != 8 * DATA_BYTES:
+            raise ValueError(f"data_width must be {8 * DATA_BYTES} (one 128-byte line a beat), not {data_width!r}")
+        if not isinstance(max_reads, int) or max_reads < 2 or max_reads & (max_reads - 1):
+            raise ValueError(f"max_reads must be a power of two >= 2, not {max_reads!r}")
+        if not isinstance(axi_id, int) or not 0 <= axi_id < 1 << id_width:
+            raise ValueError(f"axi_id must fit {id_width} bits, not {axi_id!r}")
+        self.num_qps, self.max_sge, self.depth = num_qps, max_sge, depth
+        self.slots = max(depth, 1)
+        self.data_width, self.max_reads, self.axi_id = data_width, max_reads, axi_id
+        super().__init__({
+            "create": In(stream.Signature(RecvCreate(num_qps))),
+            "query": In(stream.Signature(RecvQuery(num_qps))),
+            "answer": Out(stream.Signature(RecvAnswer(num_qps))),
+            "consume": In(stream.Signature(RecvConsume(num_qps))),
+            "wqe": Out(stream.Signature(RecvWqe(num_qps, max_sge))),
+            "m_axi": Out(AxiReadSignature(addr_width=DMA_ADDR_WIDTH, data_width=data_width, id_width=id_width)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        qb = qp_bits(self.num_qps)
+        S = self.slots
+        sb = (S - 1).bit_length()              # slot-number bits
+        wb = S.bit_length() + 1                 # small counts 0..S (and a sign)
+        thr = max(self.depth, 1)                # background read below this many known-unanswered
+        axi = self.m_axi
+
+        # ---- layouts ---------------------------------------------------------------------
+        QRow = data.StructLayout({"known": unsigned(COUNT_BITS), "answered": unsigned(COUNT_BITS),
+                                  "bg": unsigned(1), "epoch": unsigned(EPOCH_BITS), "enable": unsigned(1),
+                                  "dbr": unsigned(DMA_ADDR_WIDTH)})
+        FRow = data.StructLayout({"consumed": unsigned(COUNT_BITS), "fetched": unsigned(COUNT_BITS),
+                                  "epoch": unsigned(EPOCH_BITS), "enable": unsigned(1),
+                                  "base": unsigned(DMA_ADDR_WIDTH), "log_size": unsigned(4),
+                                  "log_stride": unsigned(4)})
+        Slot = data.StructLayout({"index": unsigned(COUNT_BITS), "epoch": unsigned(EPOCH_BITS),
+                                  "nsge": range(self.max_sge + 1), "bad": unsigned(1),
+                                  "sge": data.ArrayLayout(RecvSge, self.max_sge)})
+        # A fetch job: WQEs x .. x + left - 1 of one QP (base_hi1: base[24:] + 1, for the carry).
+        Job = data.StructLayout({"qpn": unsigned(qb), "epoch": unsigned(EPOCH_BITS), "x": unsigned(COUNT_BITS),
+                                 "left": unsigned(wb), "base": unsigned(DMA_ADDR_WIDTH),
+                                 "base_hi1": unsigned(DMA_ADDR_WIDTH - 24), "log_size": unsigned(4),
+                                 "log_stride": unsigned(4)})
+        DbrReq = data.StructLayout({"qpn": unsigned(qb), "epoch": unsigned(EPOCH_BITS), "query": unsigned(1),
+                                    "addr": unsigned(DMA_ADDR_WIDTH)})
+        # What a read in flight is, for its R beat: a doorbell record (its 32-bit lane) or a
+        # run of n WQEs from x starting at 16-byte unit p of the line.
+        Tag = data.StructLayout({"dbr": unsigned(1), "qpn": unsigned(qb), "epoch": unsigned(EPOCH_BITS),
+                                 "query": unsigned(1), "word": unsigned(5), "x": unsigned(COUNT_BITS),
+                                 "n": unsigned(4), "p": unsigned(3), "ushift": unsigned(3)})
+
+        m.submodules.qram = qram = Memory(shape=QRow, depth=self.num_qps, init=[])
+        m.submodules.fram = fram = Memory(shape=FRow, depth=self.num_qps, init=[])
+        m.submodules.slots = slots = Memory(shape=Slot, depth=S * self.num_qps, init=[])
+        q_wr = qram.write_port()
+        q_rd = qram.read_port(transparent_for=(q_wr,))
+        k_rd = qram.read_port(transparent_for=(q_wr,))          # the fetch side's view of `known`
+        f_wr = fram.write_port()
+        f_rd = fram.read_port(transparent_for=(f_wr,))
+        s_wr = slots.write_port()
+        s_rd = slots.read_port(transparent_for=(s_wr,))
+
+        m.submodules.answers = answers = StreamFifo(RecvAnswer(self.num_qps), _ANSWER_DEPTH)
+        m.submodules.dbr_reqs = dbr_reqs = StreamFifo(DbrReq, _DBR_QUEUE)
+        m.submodules.jobs = jobs = StreamFifo(Job, _JOB_QUEUE)
+        m.submodules.hints = hints = StreamFifo(unsigned(qb), _HINT_QUEUE)
+        m.submodules.tags = tags = StreamFifo(Tag, self.max_reads)
+        wiring.connect(m, answers.o, wiring.flipped(self.answer))
+
+        # ---- R side: doorbell-record beats to the query side, WQE beats into the slots ----
+        tag = tags.o.p
+        k = Signal(4)                           # WQEs of the head run already written
+        dbr_in = Signal()                       # a doorbell-record beat, taken this cycle
+        dbr_head = Signal(COUNT_BITS)
+        word = axi.rdata.word_select(tag.word, 32)
+        m.d.comb += [dbr_in.eq(axi.rvalid & tags.o.valid & tag.dbr), dbr_head.eq(_be(word, 4)[:COUNT_BITS])]
+        wqe_beat = Signal()
+        m.d.comb += wqe_beat.eq(axi.rvalid & tags.o.valid & ~tag.dbr)
+        p_cur = Signal(3)
+        m.d.comb += p_cur.eq(tag.p + (k << tag.ushift))
+        x_cur = Signal(COUNT_BITS)
+        m.d.comb += x_cur.eq(tag.x + k)
+        last = Signal()
+        m.d.comb += last.eq(k + 1 == tag.n)
+        # segment j of the WQE at unit p_cur; it belongs to the WQE iff j < 16 << ushift bytes / 16
+        segs, valid = [], []
+        ok_so_far = C(1, 1)
+        for j in range(self.max_sge + 1):
+            unit = Signal(4, name=f"unit{j}")
+            m.d.comb += unit.eq(p_cur + j)
+            raw = axi.rdata.word_select(unit[:3], 8 * SEG_BYTES)
+            fits = (tag.ushift >= j.bit_length()) & ~unit[3]
+            lkey = _be(raw[32:64], 4)
+            seg = Signal(RecvSge, name=f"seg{j}")
+            m.d.comb += seg.eq(Cat(_be(raw[64:128], 8), _be(raw[0:32], 4), lkey))
+            v = Signal(name=f"valid{j}")
+            m.d.comb += v.eq(ok_so_far & fits & (lkey != F.INVALID_LKEY))
+            ok_so_far = v
+            segs.append(seg)
+            valid.append(v)
+        nsge = Signal(range(self.max_sge + 1))
+        m.d.comb += nsge.eq(sum(valid[:self.max_sge]))      # valid[] is a prefix: its count
+        m.d.comb += [
+            s_wr.en.eq(wqe_beat), s_wr.addr.eq(Cat(x_cur[:sb], tag.qpn)),
+            s_wr.data.index.eq(x_cur), s_wr.data.epoch.eq(tag.epoch), s_wr.data.nsge.eq(nsge),
+            s_wr.data.bad.eq(valid[self.max_sge]),
+        ]
+        for j in range(self.max_sge):
+            m.d.comb += s_wr.data.sge[j].eq(Mux(valid[j], segs[j], 0))
+        with m.If(wqe_beat):
+            m.d.sync += k.eq(Mux(last, 0, k + 1))
+        m.d.comb += [axi.rready.eq(dbr_in | (wqe_beat & last)), tags.o.ready.eq(axi.rready)]
+
+        # ---- query side ---------------------------------------------------------------------
+        # Ops, one a cycle, by priority: a doorbell-record beat (never held: R must flow),
+        # create, consume ok = 0 (NACK), the query bounced while another waited, a new query.
+        OP_DBR, OP_CREATE, OP_NACK, OP_QUERY = range(4)
+        qs1_valid = Signal()
+        qs1_op = Signal(2)
+        qs1_qpn = Signal(qb)
+        qs1_tag_epoch = Signal(EPOCH_BITS)
+        qs1_query = Signal()                    # OP_DBR: the waiting query's read
+        qs1_value = Signal(COUNT_BITS)
+        qs1_create = Signal(RecvCreate(self.num_qps))
+        waiting = Signal()                      # a query waits for its doorbell-record read
+        replay = Signal()                       # a query taken behind it, to be taken again
+        replay_qpn = Signal(qb)
+        pending = Signal(range(_ANSWER_DEPTH + 1))      # queries taken, not yet answered
+
+        take_create = Signal()
+        fs1_free = Signal()                     # the fetch side takes an op this cycle
+        # a query taken may push a read (its S1 op after the one there now) and an answer
+        dbr_room = Signal()
+        ans_room = Signal()
+        m.d.comb += [dbr_room.eq(dbr_reqs.level <= _DBR_QUEUE - 2),
+                     ans_room.eq(answers.level + pending < _ANSWER_DEPTH)]
+        qu_create_ok = ~waiting & ~replay & ~(qs1_valid & (qs1_op == OP_QUERY))
+        m.d.comb += take_create.eq(self.create.valid & ~dbr_in & qu_create_ok & fs1_free)
+        take_nack = Signal()
+        take_replay = Signal()
+        take_query = Signal()
+        nack = self.consume.valid & ~self.consume.p.ok
+        m.d.comb += [
+            take_nack.eq(nack & ~dbr_in & ~take_create),
+            take_replay.eq(replay & ~waiting & dbr_room & ~dbr_in & ~take_create & ~nack),
+            take_query.eq(self.query.valid & ~replay & ~waiting & dbr_room & ans_room & ~dbr_in & ~take_create & ~nack),
+            self.create.ready.eq(take_create),
+            self.query.ready.eq(take_query),
+        ]
+        q0_qpn = Signal(qb)
+        with m.If(dbr_in):
+            m.d.comb += q0_qpn.eq(tag.qpn)
+        with m.Elif(take_create):
+            m.d.comb += q0_qpn.eq(self.create.p.qpn)
+        with m.Elif(take_nack):
+            m.d.comb += q0_qpn.eq(self.consume.p.qpn)
+        with m.Elif(take_replay):
+            m.d.comb += q0_qpn.eq(replay_qpn)
+        with m.Else():
+            m.d.comb += q0_qpn.eq(self.query.p.qpn)
+        m.d.comb += q_rd.addr.eq(q0_qpn)
+        m.d.sync += [
+            qs1_valid.eq(dbr_in | take_create | take_nack | take_replay | take_query),
+            qs1_op.eq(Mux(dbr_in, OP_DBR, Mux(take_create, OP_CREATE, Mux(take_nack, OP_NACK, OP_QUERY)))),
+            qs1_qpn.eq(q0_qpn), qs1_tag_epoch.eq(tag.epoch), qs1_query.eq(tag.query), qs1_value.eq(dbr_head),
+            qs1_create.eq(self.create.p),
+        ]
+        with m.If(take_replay):
+            m.d.sync += replay.eq(0)
+
+        row = q_rd.data
+        new = Signal(QRow)
+        m.d.comb += new.eq(row)
+        ans_valid = Signal()
+        ans_avail = Signal()
+        push_dbr = Signal()
+        push_query = Signal()
+        push_hint = Signal()
+        avail_now = Signal()
+        m.d.comb += avail_now.eq(row.enable & (row.known != row.answered))
+        # known - answered (before this answer) <= thr: after it fewer than thr are left
+        unanswered = Signal(COUNT_BITS)
+        m.d.comb += unanswered.eq(row.known - row.answered)
+        low = Signal()
+        m.d.comb += low.eq((unanswered[thr.bit_length():] == 0) & (unanswered[:thr.bit_length()] <= thr))
+        with m.If(qs1_valid):
+            with m.Switch(qs1_op):
+                with m.Case(OP_DBR):
+                    match = qs1_tag_epoch == row.epoch
+                    with m.If(match):
+                        m.d.comb += new.known.eq(qs1_value)
+                        with m.If(~qs1_query):
+                            m.d.comb += new.bg.eq(0)
+                        m.d.comb += push_hint.eq(row.enable & (qs1_value != row.known))
+                    with m.If(qs1_query):
+                        m.d.comb += [ans_valid.eq(1), ans_avail.eq(row.enable & (qs1_value != row.answered))]
+                        m.d.comb += new.answered.eq(row.answered + ans_avail)
+                        m.d.sync += waiting.eq(0)
+                with m.Case(OP_CREATE):
+                    m.d.comb += [new.known.eq(0), new.answered.eq(0), new.bg.eq(0), new.epoch.eq(row.epoch + 1),
+                                 new.enable.eq(qs1_create.enable),
+                                 new.dbr.eq(qs1_create.dbr + F.DBR_RECV_OFFSET)]
+                with m.Case(OP_NACK):
+                    m.d.comb += new.answered.eq(row.answered - 1)
+                with m.Case(OP_QUERY):
+                    with m.If(waiting):
+                        m.d.sync += [replay.eq(1), replay_qpn.eq(qs1_qpn)]
+                    with m.Elif(~row.enable | avail_now):
+                        m.d.comb += [ans_valid.eq(1), ans_avail.eq(avail_now),
+                                     new.answered.eq(row.answered + avail_now)]
+                        with m.If(avail_now & low & ~row.bg & dbr_reqs.i.ready):
+                            m.d.comb += [push_dbr.eq(1), new.bg.eq(1)]
+                    with m.Else():
+                        # room was checked when the query was taken
+                        m.d.comb += [push_dbr.eq(1), push_query.eq(1)]
+                        m.d.sync += waiting.eq(1)
+        m.d.comb += [
+            q_wr.en.eq(qs1_valid), q_wr.addr.eq(qs1_qpn), q_wr.data.eq(new),
+            answers.i.valid.eq(ans_valid), answers.i.p.qpn.eq(qs1_qpn), answers.i.p.available.eq(ans_avail),
+            dbr_reqs.i.valid.eq(push_dbr), dbr_reqs.i.p.qpn.eq(qs1_qpn), dbr_reqs.i.p.epoch.eq(row.epoch),
+            dbr_reqs.i.p.query.eq(push_query), dbr_reqs.i.p.addr.eq(row.dbr),
+            hints.i.valid.eq(push_hint), hints.i.p.eq(qs1_qpn),     # dropped when full: a hint only
+        ]
+        m.d.sync += pending.eq(pending + take_query - ans_valid)
+
+        # ---- fetch side: consumes with ok = 1, creates, hints --------------------------------
+        fs1_valid = Signal()
+        fs1_commit = Signal()
+        m.d.comb += fs1_free.eq(~fs1_valid | fs1_commit)
+        F_CREATE, F_CONSUME, F_HINT = range(3)
+        take_consume = Signal()
+        take_hint = Signal()
+        m.d.comb += [
+            take_consume.eq(self.consume.valid & self.consume.p.ok & fs1_free & ~take_create),
+            take_hint.eq(hints.o.valid & fs1_free & ~take_create & ~(self.consume.valid & self.consume.p.ok)),
+            self.consume.ready.eq(Mux(self.consume.p.ok, take_consume, take_nack)),
+            hints.o.ready.eq(take_hint),
+        ]
+        f0_qpn = Mux(take_create, self.create.p.qpn, Mux(take_consume, self.consume.p.qpn, hints.o.p))
+        fs1_op = Signal(2)
+        fs1_qpn = Signal(qb)
+        fs1_create = Signal(RecvCreate(self.num_qps))
+        # the RAM outputs hold while the op waits (en low)
+        m.d.comb += [f_rd.addr.eq(f0_qpn), f_rd.en.eq(fs1_free), k_rd.addr.eq(f0_qpn), k_rd.en.eq(fs1_free)]
+        with m.If(fs1_free):
+            m.d.sync += [fs1_valid.eq(take_create | take_consume | take_hint),
+                         fs1_op.eq(Mux(take_create, F_CREATE, Mux(take_consume, F_CONSUME, F_HINT))),
+                         fs1_qpn.eq(f0_qpn), fs1_create.eq(self.create.p)]
+
+        frow = f_rd.data
+        known = k_rd.data.known
+        fnew = Signal(FRow)
+        m.d.comb += fnew.eq(frow)
+        d_fetched = Signal(wb)                  # fetched - consumed: 0..S
+        m.d.comb += d_fetched.eq(frow.fetched - frow.consumed)
+        d_known = Signal(COUNT_BITS)
+        m.d.comb += d_known.eq(known - frow.consumed)
+        ahead = Signal(wb)                      # min(known - consumed, depth), 0 when behind
+        with m.If(d_known[-1]):
+            m.d.comb += ahead.eq(0)
+        with m.Elif((d_known[wb - 1:] != 0) | (d_known[:wb - 1] >= self.depth)):
+            m.d.comb += ahead.eq(self.depth)
+        with m.Else():
+            m.d.comb += ahead.eq(d_known[:wb - 1])
+        end = Signal(wb)                        # fetch up to consumed + end
+        m.d.comb += end.eq(Mux((fs1_op == F_CONSUME) & (ahead == 0), 1, ahead))
+        n = Signal(wb)
+        m.d.comb += n.eq(Mux(frow.enable & (end > d_fetched), end - d_fetched, 0))
+        is_consume = Signal()
+        m.d.comb += is_consume.eq(fs1_valid & (fs1_op == F_CONSUME))
+        need_job = Signal()
+        m.d.comb += need_job.eq(fs1_valid & (fs1_op != F_CREATE) & (n != 0))
+
+        s2_valid = Signal()
+        s2_leave = Signal()
+        s2_free = Signal()
+        m.d.comb += s2_free.eq(~s2_valid | s2_leave)
+        m.d.comb += fs1_commit.eq(fs1_valid & (~is_consume | s2_free) & (~need_job | jobs.i.ready))
+        with m.If(fs1_op == F_CREATE):
+            m.d.comb += [fnew.consumed.eq(0), fnew.fetched.eq(0), fnew.epoch.eq(frow.epoch + 1),
+                         fnew.enable.eq(fs1_create.enable), fnew.base.eq(fs1_create.base),
+                         fnew.log_size.eq(fs1_create.log_size), fnew.log_stride.eq(fs1_create.log_stride)]
+        with m.Else():
+            m.d.comb += fnew.fetched.eq(frow.fetched + n)
+            with m.If((fs1_op == F_CONSUME) & frow.enable):
+                m.d.comb += fnew.consumed.eq(frow.consumed + 1)
+        m.d.comb += [
+            f_wr.en.eq(fs1_commit), f_wr.addr.eq(fs1_qpn), f_wr.data.eq(fnew),
+            jobs.i.valid.eq(fs1_commit & need_job), jobs.i.p.qpn.eq(fs1_qpn), jobs.i.p.epoch.eq(frow.epoch),
+            jobs.i.p.x.eq(frow.fetched), jobs.i.p.left.eq(n), jobs.i.p.base.eq(frow.base),
+            jobs.i.p.base_hi1.eq(frow.base[24:] + 1), jobs.i.p.log_size.eq(frow.log_size),
+            jobs.i.p.log_stride.eq(frow.log_stride),
+        ]
+
+        # ---- hand-on stage: the consumed WQE, once its slot holds it -------------------------
+        s2_qpn = Signal(qb)
+        s2_index = Signal(COUNT_BITS)
+        s2_epoch = Signal(EPOCH_BITS)
+        s2_none = Signal()                      # the QP has no receive queue
+        s2_have = Signal()                      # s2_cap holds the WQE
+        s2_cap = Signal(Slot)
+        s2_load = Signal()
+        m.d.comb += s2_load.eq(fs1_commit & is_consume)
+        m.d.comb += s_rd.addr.eq(Mux(s2_load, Cat(frow.consumed[:sb], fs1_qpn), Cat(s2_index[:sb], s2_qpn)))
+        arrived = Signal()
+        m.d.comb += arrived.eq((s_rd.data.index == s2_index) & (s_rd.data.epoch == s2_epoch))
+        got = Signal(Slot)
+        m.d.comb += got.eq(Mux(s2_have, s2_cap, s_rd.data))
+        out = self.wqe
+        m.d.comb += [
+            out.valid.eq(s2_valid & (s2_none | s2_have | arrived)),
+            out.p.qpn.eq(s2_qpn), out.p.index.eq(s2_index),
+            out.p.nsge.eq(Mux(s2_none, 0, got.nsge)), out.p.bad.eq(s2_none | got.bad),
+            s2_leave.eq(out.valid & out.ready),
+        ]
+        for j in range(self.max_sge):
+            m.d.comb += out.p.sge[j].eq(Mux(s2_none, 0, got.sge[j]))
+        with m.If(s2_valid & ~s2_have & arrived & ~s2_leave):
+            # kept: the slot may be fetched again once this WQE is consumed
+            m.d.sync += [s2_cap.eq(s_rd.data), s2_have.eq(1)]
+        with m.If(s2_load):
+            m.d.sync += [s2_valid.eq(1), s2_qpn.eq(fs1_qpn), s2_index.eq(frow.consumed), s2_epoch.eq(frow.epoch),
+                         s2_none.eq(~frow.enable), s2_have.eq(0)]
+        with m.Elif(s2_leave):
+            m.d.sync += s2_valid.eq(0)
+
+        # ---- fetch runs: jobs split at the ring end and the 128-byte line ----------------------
+        # P1 (address): a job, or the rest of the last one; P2 (run): its first run.
+        cont_valid = Signal()
+        cont = Signal(Job)
+        p1 = Signal(Job)
+        m.d.comb += p1.eq(Mux(cont_valid, cont, jobs.o.p))
+        p1_valid = cont_valid | jobs.o.valid
+        size = Signal(COUNT_BITS + 1)
+        m.d.comb += size.eq(1 << p1.log_size)
+        slot = Signal(COUNT_BITS)
+        m.d.comb += slot.eq(p1.x & (size - 1))
+        to_ring = Signal(COUNT_BITS + 1)
+        m.d.comb += to_ring.eq(size - slot)
+        off = Signal(24)
+        m.d.comb += off.eq(slot << p1.log_stride)
+        low24 = Signal(25)
+        m.d.comb += low24.eq(p1.base[:24] + off)
+
+        p2_valid = Signal()
+        p2 = Signal(Job)
+        p2_addr = Signal(DMA_ADDR_WIDTH)
+        p2_ring = Signal(4)                     # WQEs to the ring end, at most 8
+        p2_take = Signal()
+        p2_rest = Signal()
+        p2_free = Signal()
+        m.d.comb += p2_free.eq(~p2_valid | p2_take)
+        p1_take = Signal()
+        m.d.comb += p1_take.eq(p1_valid & p2_free & ~(p2_take & p2_rest))
+        m.d.comb += jobs.o.ready.eq(p1_take & ~cont_valid)
+        with m.If(p1_take):
+            m.d.sync += [p2.eq(p1), p2_addr.eq(Cat(low24[:24], Mux(low24[24], p1.base_hi1, p1.base[24:]))),
+                         p2_ring.eq(Mux(to_ring > 8, 8, to_ring)), cont_valid.eq(0)]
+        with m.If(p2_free):
+            m.d.sync += p2_valid.eq(p1_take)
+
+        p = p2_addr[4:7]                         # 16-byte unit of the first WQE in its line
+        ushift = Signal(3)
+        m.d.comb += ushift.eq(p2.log_stride - 4)
+        to_line = Signal(4)
+        m.d.comb += to_line.eq(Mux(p2.log_stride >= 7, 1, (8 - p) >> ushift))
+        run = Signal(4)
+        r1 = Mux(p2.left < to_line, p2.left, to_line)
+        m.d.comb += run.eq(Mux(p2_ring < r1, p2_ring, r1))
+        m.d.comb += p2_rest.eq(p2.left != run)
+        with m.If(p2_take & p2_rest):
+            m.d.sync += [cont.eq(p2), cont.x.eq(p2.x + run), cont.left.eq(p2.left - run), cont_valid.eq(1)]
+
+        # ---- AR: one register, doorbell records first; each read's tag pushed as it loads ----
+        ar_valid = Signal()
+        ar_load = Signal()
+        m.d.comb += ar_load.eq((~ar_valid | axi.arready) & tags.i.ready)
+        take_dbr_req = Signal()
+        m.d.comb += [take_dbr_req.eq(ar_load & dbr_reqs.o.valid), dbr_reqs.o.ready.eq(take_dbr_req),
+                     p2_take.eq(ar_load & ~dbr_reqs.o.valid & p2_valid)]
+        req = dbr_reqs.o.p
+        m.d.comb += [
+            tags.i.valid.eq(take_dbr_req | p2_take),
+            tags.i.p.dbr.eq(take_dbr_req), tags.i.p.qpn.eq(Mux(take_dbr_req, req.qpn, p2.qpn)),
+            tags.i.p.epoch.eq(Mux(take_dbr_req, req.epoch, p2.epoch)), tags.i.p.query.eq(req.query),
+            tags.i.p.word.eq(req.addr[2:7]), tags.i.p.x.eq(p2.x), tags.i.p.n.eq(run), tags.i.p.p.eq(p),
+            tags.i.p.ushift.eq(ushift),
+        ]
+        araddr = Signal(DMA_ADDR_WIDTH)
+        arsize = Signal(3)
+        with m.If(ar_load):
+            m.d.sync += ar_valid.eq(take_dbr_req | p2_take)
+            with m.If(take_dbr_req):
+                m.d.sync += [araddr.eq(Cat(C(0, 2), req.addr[2:])), arsize.eq(2)]
+            with m.Else():
+                m.d.sync += [araddr.eq(Cat(C(0, 7), p2_addr[7:])), arsize.eq(7)]
+        m.d.comb += [
+            axi.arvalid.eq(ar_valid), axi.araddr.eq(araddr), axi.arsize.eq(arsize), axi.arlen.eq(0),
+            axi.arid.eq(self.axi_id), axi.arburst.eq(Burst.INCR),
+            axi.arcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE),
+        ]
+        return m

@@ -1,0 +1,547 @@
+"""cocotb testbench of the RecvQueue block (rtl/responder/recv_queue.py), run by
+tests/blocks/test_recv_queue.py on Icarus and Verilator.
+
+The top (``recv_queue_pair``, built by the test) holds two RecvQueues of ``NUM_QPS`` QPs:
+``a`` prefetches (depth ``DEPTH_A``), ``b`` does not (depth 0: each WQE fetched on its
+consume). Each has its own GPU memory (an in-order AXI read slave with a random latency per
+read, sampling memory at the AR) and its own GPU producer and responder agents. Everything
+is stepped from one coroutine, one call per clock edge: at the edge the handshakes of the
+cycle before are sampled (valid and ready both high), then the next values are driven.
+
+Reference, computed from what the testbench itself posted and issued (not from the RTL):
+* answers in query order; ``available`` = 1 only if the head the GPU had written by the
+  answer's cycle is beyond the QP's answered count (answered 1, less the consumes with
+  ok = 0), ``available`` = 0 only if the head written by the query's cycle was not. While
+  the head does not move between a query and its answer this is exactly one value.
+* every WQE handed on: the QP's next counter since its create, its segments as posted (up
+  to the first of INVALID_LKEY or the stride's end), ``bad`` iff more than max_sge.
+"""
+import bisect
+import random
+from collections import deque
+
+import cocotb
+from cocotb.triggers import RisingEdge
+from cocotb.clock import Clock
+
+from spec import formats as F
+from rtl.responder.recv_queue import RecvConsume, RecvCreate, RecvQuery, RecvWqe, RecvSge, RecvAnswer
+
+NUM_QPS = 8
+MAX_SGE = 4
+DEPTH_A = 8
+PAGE = 4096
+LINE = 128
+
+
+def _fields(layout):
+    return {name: (f.offset, f.width) for name, f in layout}
+
+
+def pack(layout, **values):
+    fields = _fields(layout)
+    out = 0
+    for name, value in values.items():
+        off, width = fields[name]
+        out |= (value & ((1 << width) - 1)) << off
+    return out
+
+
+def unpack(layout, value):
+    return {name: (value >> off) & ((1 << width) - 1) for name, (off, width) in _fields(layout).items()}
+
+
+class Memory:
+    """Sparse byte store in 4 KiB pages."""
+    def __init__(self):
+        self.pages = {}
+
+    def write(self, addr, data):
+        for i, b in enumerate(data):
+            a = addr + i
+            self.pages.setdefault(a // PAGE, bytearray(PAGE))[a % PAGE] = b
+
+    def read(self, addr, n):
+        return bytes(self.pages.get((addr + i) // PAGE, bytes(PAGE))[(addr + i) % PAGE] for i in range(n))
+
+
+class ReadSlave:
+    """AXI4 read slave: AR always ready, data sampled at the AR handshake, R beats in AR
+    order one a cycle, each at least ``latency()`` cycles after its AR."""
+    def __init__(self, dut, prefix, mem, latency):
+        self.s = {n: getattr(dut, f"{prefix}__m_axi__{n}") for n in
+                  ("arvalid", "arready", "araddr", "arlen", "arsize", "arburst", "rvalid", "rready", "rdata",
+                   "rlast", "rid", "rresp", "arid")}
+        self.mem, self.latency = mem, latency
+        self.q = deque()
+        self.r_on = False
+        self.reads = []                 # (cycle, addr, size)
+        self.in_flight_max = 0
+        self.s["arready"].value = 1
+        self.s["rvalid"].value = 0
+
+    def step(self, c):
+        s = self.s
+        if self.r_on and s["rready"].value == 1:
+            self.q.popleft()
+            self.r_on = False
+        if s["arvalid"].value == 1:
+            addr, size, alen = int(s["araddr"].value), int(s["arsize"].value), int(s["arlen"].value)
+            assert alen == 0, f"a {alen + 1}-beat read"
+            assert int(s["arburst"].value) == 1
+            assert addr % (1 << size) == 0, f"unaligned read {addr:#x} size {1 << size}"
+            assert size in (2, 7), f"arsize {size}"
+            line = addr & ~(LINE - 1)
+            ready = max(c + self.latency(), self.q[-1][0] if self.q else 0)
+            self.q.append((ready, int.from_bytes(self.mem.read(line, LINE), "little")))
+            self.reads.append((c, addr, 1 << size))
+            self.in_flight_max = max(self.in_flight_max, len(self.q))
+        if not self.r_on and self.q and self.q[0][0] <= c + 1:
+            s["rdata"].value = self.q[0][1]
+            s["rlast"].value = 1
+            s["rid"].value = 0
+            s["rresp"].value = 0
+            s["rvalid"].value = 1
+            self.r_on = True
+        elif not self.r_on:
+            s["rvalid"].value = 0
+
+
+class Ring:
+    """One incarnation of a QP's receive queue as the GPU sees it."""
+    def __init__(self, base, log_size, log_stride, dbr):
+        self.base, self.log_size, self.log_stride, self.dbr = base, log_size, log_stride, dbr
+        self.size, self.stride = 1 << log_size, 1 << log_stride
+        self.head = 0                   # WQEs written (GPU's counter)
+        self.published = 0             # head written into the doorbell record
+        self.history = [(-1, 0)]        # (cycle, doorbell record value) as written
+        self.wqes = {}                  # counter -> list of (addr, length, lkey)
+        self.answered = 0               # answered 1, less consumes with ok = 0
+        self.consumed = 0
+        self.handed = 0
+        self.reserved = 0               # answered 1, not yet consumed
+
+    def head_at(self, cycle):
+        """The doorbell record's value at the end of ``cycle``."""
+        if self.history[-1][0] <= cycle:
+            return self.history[-1][1]
+        return self.history[bisect.bisect_right(self.history, (cycle, 1 << 17)) - 1][1]
+
+
+class Env:
+    """One RecvQueue instance, its memory, GPU and responder agents, and the reference."""
+    def __init__(self, dut, prefix, rnd=None, latency=lambda: 100, max_sge=MAX_SGE):
+        self.dut, self.prefix, self.rnd, self.max_sge = dut, prefix, rnd, max_sge
+        self.mem = Memory()
+        self.axi = ReadSlave(dut, prefix, self.mem, latency)
+        g = lambda n: getattr(dut, f"{prefix}__{n}")
+        self.sig = {n: g(n) for n in ("create__valid", "create__ready", "create__payload", "query__valid",
+                                      "query__ready", "query__payload", "answer__valid", "answer__ready",
+                                      "answer__payload", "consume__valid", "consume__ready", "consume__payload",
+                                      "wqe__valid", "wqe__ready", "wqe__payload")}
+        for n in ("create__valid", "query__valid", "consume__valid"):
+            self.sig[n].value = 0
+        self.sig["answer__ready"].value = 1
+        self.sig["wqe__ready"].value = 1
+        self.rings = {}                 # qpn -> Ring (None: no receive queue)
+        self.blocked = set()            # QPs whose create is queued: left alone until it is taken
+        self.queries = deque()          # (qpn, cycle taken)
+        self.expect = deque()           # (qpn, index, sges, bad) in consume order
+        self.create_q, self.query_q, self.consume_q = deque(), deque(), deque()
+        self.cur = {"create": None, "query": None, "consume": None}
+        self.answers, self.rnr, self.handed, self.revealed = [], 0, [], 0
+        self.answer_cycles, self.wqe_cycles, self.consume_cycles = [], [], []
+        self.wqe_ready_p = 1.0
+        self.next_base = 0x7F00_00FF_E000 if prefix == "a" else 0x7E00_00FF_E000   # rings cross 16 MiB
+        self.next_dbr = 0x6000_0000_0040
+
+    # ---- the GPU -------------------------------------------------------------------------
+    def new_ring(self, log_size, log_stride, same_dbr_as=None):
+        stride, size = 1 << log_stride, 1 << log_size
+        base = -(-self.next_base // stride) * stride
+        self.next_base = base + size * stride + self.rnd.choice([0, stride, 4096])
+        dbr = same_dbr_as.dbr if same_dbr_as is not None else self.next_dbr
+        if same_dbr_as is None:
+            self.next_dbr += self.rnd.choice([4, 8, 64, 124, 132])
+        return Ring(base, log_size, log_stride, dbr)
+
+    def create(self, qpn, ring, enable=1):
+        """Queue a create; the doorbell record of the new ring reads 0 from now on."""
+        if ring is not None:
+            self.mem.write(ring.dbr + F.DBR_RECV_OFFSET, (0).to_bytes(4, "big"))
+        self.create_q.append((qpn, ring, enable))
+
+    def post(self, qpn, sges=None, publish=True, cycle=0):
+        """Write the QP's next WQE (random segments unless given); publish: write the
+        doorbell record too. False when the ring is full (the producer waits)."""
+        r = self.rings[qpn]
+        if r.head - r.handed >= r.size:
+            return False
+        fit = r.stride // 16
+        if sges is None:
+            n = self.rnd.choice([0, 1, 1, 2, 3, 4, 4, 5, 7, fit])
+            n = min(n, fit)
+            sges = [(self.rnd.getrandbits(64), self.rnd.getrandbits(32),
+                     self.rnd.choice([self.rnd.getrandbits(32) | 0x200, 0, 0xFFFFFFFF, 0x1FF, 0x101]))
+                    for _ in range(n)]
+        wqe = bytearray()
+        for addr, length, lkey in sges:
+            wqe += length.to_bytes(4, "big") + lkey.to_bytes(4, "big") + addr.to_bytes(8, "big")
+        if len(sges) < fit:             # the end marker; the rest is left as it was (garbage)
+            wqe += (0).to_bytes(4, "big") + F.INVALID_LKEY.to_bytes(4, "big") + bytes(8)
+        addr = r.base + (r.head % r.size) * r.stride
+        garbage = bytes(self.rnd.getrandbits(8) for _ in range(r.stride - len(wqe)))
+        self.mem.write(addr, bytes(wqe) + garbage)
+        r.wqes[r.head] = sges
+        r.head += 1
+        if publish:
+            self.publish(qpn, cycle)
+        return True
+
+    def publish(self, qpn, cycle):
+        r = self.rings[qpn]
+        if r.published != r.head:
+            r.published = r.head
+            self.mem.write(r.dbr + F.DBR_RECV_OFFSET, (r.head & 0xFFFF).to_bytes(4, "big"))
+            r.history.append((cycle, r.head & 0xFFFF))
+
+    # ---- the responder ---------------------------------------------------------------------
+    def outstanding(self, qpn):
+        return sum(1 for q, _ in self.queries if q == qpn) + sum(1 for q in self.query_q if q == qpn) \
+            + (self.cur["query"] == qpn)
+
+    def idle(self, qpn):
+        r = self.rings.get(qpn)
+        return self.outstanding(qpn) == 0 and (r is None or (r.reserved == 0 and r.handed == r.consumed)) \
+            and all(c[0] != qpn for c in self.consume_q) and (self.cur["consume"] or (None,))[0] != qpn
+
+    # ---- one clock edge -----------------------------------------------------------------------
+    def step(self, c):
+        """``c``: the cycle that just ended (its handshakes are sampled now)."""
+        s, now = self.sig, c + 1
+        self.axi.step(c)
+        # creates
+        if self.cur["create"] is not None and s["create__ready"].value == 1:
+            qpn, ring, enable = self.cur["create"]
+            self.rings[qpn] = ring if enable else None
+            self.blocked.discard(qpn)
+            self.cur["create"] = None
+        if self.cur["create"] is None and self.create_q:
+            qpn, ring, enable = self.cur["create"] = self.create_q.popleft()
+            r = ring or Ring(0, 0, 4, 0)
+            s["create__payload"].value = pack(RecvCreate(NUM_QPS), qpn=qpn, base=r.base, log_size=r.log_size,
+                                              log_stride=r.log_stride, dbr=r.dbr, enable=enable)
+        s["create__valid"].value = int(self.cur["create"] is not None)
+        # queries
+        if self.cur["query"] is not None and s["query__ready"].value == 1:
+            self.queries.append((self.cur["query"], c))
+            self.cur["query"] = None
+        # a consume with ok = 0 is never in flight with a query of its QP (which of the two
+        # counts first is not part of the rule): queries wait behind it, it becomes ok = 1
+        # when the QP has a query outstanding
+        nack = self.cur["consume"] is not None and not self.cur["consume"][1]
+        if self.cur["query"] is None and self.query_q and not (nack and self.cur["consume"][0] == self.query_q[0]):
+            self.cur["query"] = self.query_q.popleft()
+            s["query__payload"].value = pack(RecvQuery(NUM_QPS), qpn=self.cur["query"])
+        s["query__valid"].value = int(self.cur["query"] is not None)
+        # answers
+        if s["answer__valid"].value == 1 and s["answer__ready"].value == 1:
+            a = unpack(RecvAnswer(NUM_QPS), int(s["answer__payload"].value))
+            assert self.queries, f"{self.prefix}: an answer without a query: {a}"
+            qpn, taken = self.queries.popleft()
+            assert a["qpn"] == qpn, f"{self.prefix}: answer for QP {a['qpn']}, expected {qpn}"
+            self.check_answer(qpn, taken, c, a["available"])
+            self.answer_cycles.append(c)
+        # consumes
+        if self.cur["consume"] is not None and s["consume__ready"].value == 1:
+            qpn, ok = self.cur["consume"]
+            r = self.rings[qpn]
+            r.reserved -= 1
+            if ok:
+                sges = r.wqes[r.consumed]
+                bad = len(sges) > self.max_sge        # the first max_sge are handed on all the same
+                self.expect.append((qpn, r.consumed & 0xFFFF, sges[:self.max_sge], bad, r))
+                r.consumed += 1
+            else:
+                r.answered -= 1
+            self.consume_cycles.append(c)
+            self.cur["consume"] = None
+        if self.cur["consume"] is None and self.consume_q:
+            qpn, ok = self.consume_q.popleft()
+            ok = int(ok or self.outstanding(qpn) > 0)
+            self.cur["consume"] = (qpn, ok)
+            s["consume__payload"].value = pack(RecvConsume(NUM_QPS), qpn=qpn, ok=ok)
+        s["consume__valid"].value = int(self.cur["consume"] is not None)
+        # WQEs handed on
+        if s["wqe__valid"].value == 1 and s["wqe__ready"].value == 1:
+            w = unpack(RecvWqe(NUM_QPS, self.max_sge), int(s["wqe__payload"].value))
+            assert self.expect, f"{self.prefix}: a WQE handed on without a consume: {w}"
+            qpn, index, sges, bad, r = self.expect.popleft()
+            got = [unpack(RecvSge, w["sge"] >> (128 * j)) for j in range(w["nsge"])]
+            got = [(g["addr"], g["length"], g["lkey"]) for g in got]
+            assert (w["qpn"], w["index"], w["bad"], got) == (qpn, index, int(bad), sges), \
+                f"{self.prefix} cycle {c}: WQE {w['qpn'], w['index'], w['bad'], got}, expected {qpn, index, bad, sges}"
+            rest = w["sge"] >> (128 * w["nsge"])
+            assert rest == 0, f"{self.prefix}: segments beyond nsge not zero"
+            r.handed += 1
+            self.handed.append(c)
+            self.wqe_cycles.append(c)
+        s["wqe__ready"].value = int(self.rnd.random() < self.wqe_ready_p)
+
+    def check_answer(self, qpn, taken, c, available):
+        r = self.rings.get(qpn)
+        if r is None:
+            assert available == 0, f"{self.prefix}: QP {qpn} has no receive queue but answered available"
+            self.answers.append((qpn, 0))
+            self.rnr += 1
+            return
+        ahead_now = (r.head_at(c) - r.answered) & 0xFFFF
+        ahead_then = (r.head_at(taken) - r.answered) & 0xFFFF
+        if available:
+            assert 0 < ahead_now < 0x8000, \
+                f"{self.prefix} cycle {c}: QP {qpn} answered available, head {r.head_at(c)} answered {r.answered}"
+            if ahead_then == 0:
+                self.revealed += 1      # posted after the query was taken: a fresh read found it
+            r.answered += 1
+            r.reserved += 1
+        else:
+            assert ahead_then == 0, \
+                f"{self.prefix} cycle {c}: QP {qpn} answered RNR, head at the query {r.head_at(taken)} > answered {r.answered}"
+            self.rnr += 1
+        self.answers.append((qpn, available))
+
+
+async def start(dut, seed=0):
+    """Clock, reset, and the two instances' environments (every input driven)."""
+    envs = {p: Env(dut, p, random.Random(seed + k)) for k, p in enumerate("ab")}
+    cocotb.start_soon(Clock(dut.clk, 2, unit="ns").start())
+    dut.rst.value = 1
+    for _ in range(3):
+        await RisingEdge(dut.clk)
+    dut.rst.value = 0
+    return envs
+
+
+async def run_cycles(envs, counter, n, until=None):
+    """Step ``envs`` for up to ``n`` edges (stop early once ``until()`` is true)."""
+    clk = envs[0].dut.clk
+    for _ in range(n):
+        await RisingEdge(clk)
+        for e in envs:
+            e.step(counter[0])
+        counter[0] += 1
+        if until is not None and until():
+            return True
+    return until is None
+
+
+def quiet(env):
+    return not (env.query_q or env.consume_q or env.create_q or env.queries or env.expect
+                or any(env.cur.values()))
+
+
+# ---- tests ----------------------------------------------------------------------------------
+
+@cocotb.test()
+async def random_traffic(dut):
+    """Both instances: random posts (batched doorbells), queries of every QP (one never
+    created, one created without a receive queue), consumes with ok = 1 and 0, wqe ready at
+    random, 100-500 cycles of read latency; two QPs re-created midway (one on its old
+    doorbell record). Every answer and WQE checked."""
+    envs = list((await start(dut, 1)).values())
+    rnd = random.Random(11)
+    envs[0].axi.latency = lambda: rnd.randint(100, 500)
+    envs[1].axi.latency = lambda: rnd.randint(10, 60)     # b waits a read per WQE: kept short
+    counter = [0]
+    for e in envs:
+        e.wqe_ready_p = 0.8
+        e.create(6, None, enable=0)                     # 7 never created
+        for qpn in range(6):
+            e.create(qpn, e.new_ring(rnd.choice([0, 1, 3, 5, 6, 6]), rnd.choice([4, 5, 6, 7, 8, 9])))
+        e.recreate = []
+    await run_cycles(envs, counter, 20)
+    for step in range(8000):
+        for e in envs:
+            er = e.rnd
+            live = [q for q in range(NUM_QPS) if e.rings.get(q) is not None and q not in e.blocked]
+            # the GPU: posts, doorbell records written now or a little later
+            if er.random() < 0.2:
+                q = er.choice(live)
+                for _ in range(er.randint(1, 6)):
+                    e.post(q, publish=er.random() < 0.7, cycle=counter[0])
+            if er.random() < 0.05:
+                e.publish(er.choice(live), counter[0])
+            # the responder: queries (any QP but those being re-created) and consumes
+            if len(e.query_q) < 2 and er.random() < 0.5:
+                # mostly QPs with a WQE posted beyond those answered: an RNR answer waits for a
+                # read of the doorbell record (100-500 cycles), and queries behind it wait too
+                posted = [x for x in live if e.rings[x].head_at(counter[0]) - e.rings[x].answered > 0]
+                q = er.choice(posted) if posted and er.random() < 0.9 else er.randrange(NUM_QPS)
+                if q not in e.blocked and q not in e.recreate:
+                    e.query_q.append(q)
+            if not e.consume_q and er.random() < 0.5:
+                cands = [q for q in live if e.rings[q].reserved
+                         - (e.cur["consume"] is not None and e.cur["consume"][0] == q) > 0]
+                if cands:
+                    q = er.choice(cands)
+                    ok = er.random() < 0.85 or e.outstanding(q) > 0
+                    e.consume_q.append((q, int(ok)))
+            if step in (3000, 5500):
+                e.recreate += [0, 1] if step == 3000 else [2]
+            for q in list(e.recreate):
+                # re-created once idle (QP 0 on its old doorbell record), queries held back meanwhile
+                if e.idle(q):
+                    old = e.rings[q]
+                    e.blocked.add(q)
+                    e.create(q, e.new_ring(er.choice([1, 2, 4]), er.choice([4, 6, 7]),
+                                           same_dbr_as=old if q == 0 else None))
+                    e.recreate.remove(q)
+        await run_cycles(envs, counter, 1)
+    # drain: every reserved WQE consumed
+    for e in envs:
+        e.query_q.clear()
+    for _ in range(1000):
+        for e in envs:
+            for q, r in e.rings.items():
+                if r is not None:
+                    left = r.reserved - sum(1 for x in e.consume_q if x[0] == q) - \
+                        (e.cur["consume"] is not None and e.cur["consume"][0] == q)
+                    e.consume_q.extend([(q, 1)] * max(left, 0))
+        if await run_cycles(envs, counter, 100, until=lambda: all(quiet(e) for e in envs)):
+            break
+    for e in envs:
+        assert quiet(e), f"{e.prefix}: not drained: {len(e.queries)} queries, {list(e.expect)[:3]} WQEs owed, {counter[0]}"
+        n1 = sum(a for _, a in e.answers)
+        dut._log.info(f"{e.prefix}: {len(e.answers)} answers ({n1} available, {e.rnr} RNR, {e.revealed} found "
+                      f"by a fresh read), {len(e.handed)} WQEs handed on, {len(e.axi.reads)} reads, "
+                      f"{e.axi.in_flight_max} in flight at most, {counter[0]} cycles")
+    for e in envs:
+        n1 = sum(a for _, a in e.answers)
+        # b (no prefetch) waits a read per WQE: fewer of its answers are consumed in the time
+        assert n1 > 100 and e.rnr > 10 and len(e.handed) > 100, "too little traffic"   # fresh reads: post_seen_by_later_query
+
+
+@cocotb.test()
+async def post_seen_by_later_query(dut):
+    """Nothing posted: RNR (after a read of the doorbell record); one WQE posted: the next
+    query finds it (the record is read again), the one after is RNR; a QP whose head sits
+    at the ring size answers 1 four times."""
+    e = (await start(dut, 3))["a"]
+    e.axi.latency = lambda: 150
+    counter = [0]
+    ring = e.new_ring(2, 6)
+    e.create(3, ring)
+    await run_cycles([e], counter, 10)
+
+    async def ask(q):
+        n = len(e.answers)
+        e.query_q.append(q)
+        assert await run_cycles([e], counter, 2000, until=lambda: len(e.answers) > n)
+        return e.answers[-1][1]
+
+    assert await ask(3) == 0
+    t0 = counter[0]
+    assert await ask(3) == 0
+    assert counter[0] - t0 >= 150, "an RNR answer without reading the doorbell record"
+    e.post(3, cycle=counter[0])
+    assert await ask(3) == 1
+    assert await ask(3) == 0
+    for _ in range(3):
+        e.post(3, cycle=counter[0])
+    assert [await ask(3) for _ in range(4)] == [1, 1, 1, 0]
+    e.consume_q.extend([(3, 1), (3, 0), (3, 1), (3, 1)])
+    assert await run_cycles([e], counter, 3000, until=lambda: quiet(e))
+    assert await ask(3) == 1                          # the one given back
+    e.consume_q.append((3, 1))
+    assert await run_cycles([e], counter, 3000, until=lambda: quiet(e))
+    assert len(e.handed) == 4
+    # a recreate clears everything: the old record reads 0 again
+    e.create(3, e.new_ring(1, 4, same_dbr_as=ring))
+    await run_cycles([e], counter, 10)
+    assert await ask(3) == 0
+    e.post(3, [(0x1234, 8, 0x77)], cycle=counter[0])
+    assert await ask(3) == 1
+    e.consume_q.append((3, 1))
+    assert await run_cycles([e], counter, 3000, until=lambda: quiet(e))
+    assert e.rings[3].handed == 1
+
+
+async def _throughput(dut, e, depth, n_per_qp, latency):
+    prefix = e.prefix
+    e.axi.latency = lambda: latency
+    counter = [0]
+    qps = list(range(NUM_QPS))
+    for q in qps:
+        e.create(q, e.new_ring(4, 5))
+    await run_cycles([e], counter, 12)
+    for q in qps:
+        for _ in range(16):
+            e.post(q, cycle=counter[0])
+    # one query per QP: each reads its record (16 known), the hint prefetches depth WQEs
+    e.query_q.extend(qps)
+    assert await run_cycles([e], counter, 5000, until=lambda: len(e.answers) == len(qps) and not e.queries)
+    await run_cycles([e], counter, 3 * latency)
+    reads0 = len(e.axi.reads)
+    # queries back to back: all answered from what is known
+    e.query_q.extend(q for _ in range(n_per_qp - 1) for q in qps)
+    n = len(e.query_q)
+    t0 = counter[0]
+    assert await run_cycles([e], counter, 100_000, until=lambda: not e.query_q and not e.queries and not e.cur["query"])
+    q_cycles = e.answer_cycles[-1] - e.answer_cycles[-n] + 1
+    assert all(a for _, a in e.answers)
+    # consumes back to back
+    e.consume_q.extend((q, 1) for _ in range(n_per_qp) for q in qps)
+    m = len(e.consume_q)
+    assert await run_cycles([e], counter, 200_000, until=lambda: quiet(e))
+    c_cycles = e.wqe_cycles[-1] - e.consume_cycles[-m] + 1
+    dut._log.info(f"{prefix} (depth {depth}): {n} queries answered in {q_cycles} cycles, {m} WQEs handed on "
+                  f"in {c_cycles} cycles from the first consume ({len(e.axi.reads) - reads0} reads meanwhile)")
+    return n, q_cycles, m, c_cycles
+
+
+@cocotb.test()
+async def throughput(dut):
+    """8 QPs, 16 WQEs posted each. After one query per QP (its record read, the WQEs known)
+    and time to prefetch: 56 queries back to back are answered one a cycle, and 64 consumes
+    back to back hand on 64 WQEs in 64 + 6 cycles with prefetch (depth 8: all on chip). The
+    same without prefetch (depth 0) waits a read (100 cycles here) per WQE."""
+    envs = await start(dut, 5)
+    latency = 100
+    n, qa, m, ca = await _throughput(dut, envs["a"], DEPTH_A, DEPTH_A, latency)
+    assert qa <= n + 4, f"{n} queries took {qa} cycles"
+    assert ca <= m + 6, f"{m} prefetched WQEs took {ca} cycles"
+    n, qb, m, cb = await _throughput(dut, envs["b"], 0, DEPTH_A, latency)
+    assert qb <= n + 4
+    assert cb >= m * latency, f"without prefetch {m} WQEs took only {cb} cycles"
+    dut._log.info(f"prefetch saves {cb - ca} cycles on {m} WQEs")
+
+
+@cocotb.test()
+async def counter_wrap(dut):
+    """One QP, a 32-WQE ring of 16-byte WQEs, 66,000 WQEs posted in batches, queried and
+    consumed: the 16-bit counters (and the doorbell record's head) wrap past 2^16."""
+    e = (await start(dut, 9))["a"]
+    e.axi.latency = lambda: 6
+    counter = [0]
+    e.create(2, e.new_ring(5, 4))
+    await run_cycles([e], counter, 10)
+    total = 66_000
+    r = None
+    while True:
+        r = e.rings.get(2)
+        if r is not None:
+            break
+        await run_cycles([e], counter, 1)
+    while r.handed < total:
+        if r.head < total and r.head - r.handed < r.size - 4:
+            while r.head < total and e.post(2, [(r.head, 1, 0x1000 + (r.head & 0xFF))] if r.head % 3 else [],
+                                            publish=False):
+                pass
+            e.publish(2, counter[0])
+        if len(e.query_q) < 2 and e.outstanding(2) < 4 and r.answered < total:
+            e.query_q.append(2)
+        if not e.consume_q and r.reserved - (e.cur["consume"] is not None) > 0:
+            e.consume_q.append((2, 1))
+        await run_cycles([e], counter, 1)
+    assert r.handed == total and r.consumed == total
+    dut._log.info(f"{total} WQEs in {counter[0]} cycles, {e.rnr} RNR answers")
