@@ -1,8 +1,11 @@
 """`make interop`: the RTL engine and the golden model's frames against Linux's Soft-RoCE
-(rdma_rxe) in a qemu guest (tests/interop), then every frame both ways of the engine's
-tests in one capture, build/interop/wire.pcap (each test's own stays beside the run:
+(rdma_rxe) in a qemu guest (tests/interop, the full suite: IBGDA_INTEROP_FULL=1 adds the
+path-MTU matrix at 1024 and 4096, tests/interop/conftest.py; ``make test`` runs the short
+one), then every frame both ways of the engine's tests in one capture,
+build/interop/wire.pcap (each test's own stays beside the run:
 build/sim_verilator/runs/interop*/<test>.pcap; the frames the bridge dropped on purpose are
 in <test>.dropped.pcap there, not in wire.pcap)."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main():
     rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/interop"],
-                         cwd=ROOT)
+                         cwd=ROOT, env={**os.environ, "IBGDA_INTEROP_FULL": "1"})
     runs = ROOT / "build" / "sim_verilator" / "runs"
-    files = [f for d in ("interop", "interop_drops") for f in sorted((runs / d).glob("*.pcap"))
+    files = [f for d in ("interop", "interop_drops", "interop_mtu") for f in sorted((runs / d).glob("*.pcap"))
              if not f.name.endswith(".dropped.pcap")]     # (frames the bridge dropped: beside, not on the wire)
     out = ROOT / "build" / "interop"
     out.mkdir(parents=True, exist_ok=True)

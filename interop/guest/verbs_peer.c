@@ -5,24 +5,33 @@
  * "ready dev=rxe0 gid=... gid_index=N ip=... mac=... port_mtu=N" (or "fatal <message>").
  *
  *   info                                   device, GID (IPv4-mapped, looked up), IP, MAC
- *   qp id=Q [mtu=1024] [psn=0] [sq=64] [rq=64] [cqe=256]
+ *   qp id=Q [mtu=1024] [psn=0] [sq=64] [rq=64] [cqe=256] [sge=8]
  *                                          RC QP with its own CQ, moved to INIT with remote
- *                                          write/read/atomic access -> qpn= psn=
+ *                                          write/read/atomic access (sge: max send and
+ *                                          receive SGEs a WQE) -> qpn= psn=
  *   mr id=M size=N                         zeroed buffer, registered local write + remote
  *                                          write/read/atomic -> addr= rkey= lkey= size=
  *   connect qp=Q rqpn=N rpsn=N ip=A.B.C.D [mac=aa:..] [mtu=] [timeout=0] [retry=7]
  *           [rnr_retry=7] [min_rnr=1] [rd_atomic=16]
  *                                          INIT->RTR->RTS; mac= adds a permanent neighbour
  *                                          entry (the peer answers no ARP); timeout 0 = no
- *                                          retransmission
+ *                                          retransmission; the reply echoes what
+ *                                          ibv_query_qp reads back (timeout retry rnr_retry
+ *                                          min_rnr mtu)
  *   write  qp=Q mr=M off=O len=L raddr=A rkey=K [imm=I] [wr=W] [signaled=1]
+ *   write_imm qp=Q mr=M off=O len=L raddr=A rkey=K imm=I [wr=W]   RDMA WRITE with immediate
  *   read   qp=Q mr=M off=O len=L raddr=A rkey=K [wr=W]
  *   fadd   qp=Q mr=M off=O raddr=A rkey=K add=V [wr=W]       8-byte FETCH_ADD (old -> mr+off)
  *   cswap  qp=Q mr=M off=O raddr=A rkey=K cmp=C swap=S [wr=W] 8-byte COMPARE_SWAP
  *   send   qp=Q mr=M off=O len=L [imm=I] [wr=W]
+ *   send_imm qp=Q mr=M off=O len=L imm=I [wr=W]              SEND with immediate
  *   recv   qp=Q mr=M off=O len=L [wr=W]
- *   poll   qp=Q [ms=1000]                  one completion: wr= status= status_str= opcode=
- *                                          byte_len= qp_num= [imm=] ; "ok empty" after ms
+ *          write, write_imm, send, send_imm and recv take a scatter/gather list on the one MR
+ *          instead of off= len=: sge=OFF:LEN,OFF:LEN,... (up to 16 entries, qp sge= bounds it)
+ *   poll   qp=Q [ms=1000]                  one completion: wr= status= status_str= status_name=
+ *                                          opcode= opcode_num= byte_len= qp_num= src_qp=
+ *                                          wc_flags= with_imm=0|1 [imm=] (imm in host order,
+ *                                          ntohl of the wire's) ; "ok empty" after ms
  *   wmem   mr=M off=O hex=0011..           write bytes into the local buffer
  *   rmem   mr=M off=O len=L                -> hex=...
  *   state  qp=Q                            -> state= (ibv_qp_state number)
@@ -39,8 +48,9 @@
 #include <dirent.h>
 #include <time.h>
 
-#define MAXOBJ 16
+#define MAXOBJ 64
 #define MAXARG 24
+#define MAXSGE 16
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
@@ -127,7 +137,7 @@ static void cmd_qp(void) {
     struct ibv_qp_init_attr ia = {
         .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
         .cap = { .max_send_wr = (uint32_t)num("sq", 64), .max_recv_wr = (uint32_t)num("rq", 64),
-                 .max_send_sge = 1, .max_recv_sge = 1 },
+                 .max_send_sge = (uint32_t)num("sge", 8), .max_recv_sge = (uint32_t)num("sge", 8) },
     };
     struct ibv_qp *qp = ibv_create_qp(pd, &ia);
     if (!qp) { ibv_destroy_cq(cq); ERR("ibv_create_qp: %s", strerror(errno)); }
@@ -194,32 +204,84 @@ static void cmd_connect(void) {
     rc = ibv_modify_qp(qps[q].qp, &b, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                        IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
     if (rc) ERR("modify RTS: %s", strerror(rc));
-    printf("ok qp=%d state=RTS qpn=0x%x psn=0x%x rqpn=0x%x rpsn=0x%x mtu=%d\n", q, qps[q].qp->qp_num,
-           qps[q].psn, a.dest_qp_num, a.rq_psn, 128 << mtu);
+    /* read back what the QP holds: the attributes really reached ibv_modify_qp */
+    struct ibv_qp_attr r;
+    struct ibv_qp_init_attr ri;
+    rc = ibv_query_qp(qps[q].qp, &r, IBV_QP_STATE | IBV_QP_PATH_MTU | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                      IBV_QP_RNR_RETRY | IBV_QP_MIN_RNR_TIMER | IBV_QP_SQ_PSN | IBV_QP_RQ_PSN |
+                      IBV_QP_DEST_QPN, &ri);
+    if (rc) ERR("ibv_query_qp: %s", strerror(rc));
+    printf("ok qp=%d state=RTS qpn=0x%x psn=0x%x rqpn=0x%x rpsn=0x%x mtu=%d timeout=%u retry=%u rnr_retry=%u "
+           "min_rnr=%u qp_state=%d\n", q, qps[q].qp->qp_num, r.sq_psn, r.dest_qp_num, r.rq_psn,
+           128 << r.path_mtu, r.timeout, r.retry_cnt, r.rnr_retry, r.min_rnr_timer, r.qp_state);
 }
 
-/* write/read/fadd/cswap/send: one work request with one SGE in the MR */
+/* The scatter/gather list of a command on its MR: sge=OFF:LEN,OFF:LEN,... or off= len=
+ * (one entry). Returns NULL (and fills sg, n, total) or an error message. */
+static const char *get_sges(int *m, struct ibv_sge *sg, int *n, uint64_t *total) {
+    *m = (int)num("mr", 0);
+    if (*m < 0 || *m >= MAXOBJ || !mrs[*m].mr) return "bad mr";
+    *n = 0; *total = 0;
+    if (!has("sge")) {
+        uint64_t off = num("off", 0), len = num("len", 0);
+        if (!get_mr(m, off, len)) return "bad mr or range";
+        sg[0] = (struct ibv_sge){ .addr = (uintptr_t)mrs[*m].buf + off, .length = (uint32_t)len,
+                                  .lkey = mrs[*m].mr->lkey };
+        *n = 1; *total = len;
+        return NULL;
+    }
+    const char *p = arg("sge");
+    while (*p) {
+        char *end;
+        uint64_t off = strtoull(p, &end, 0), len;
+        if (end == p || *end != ':') return "bad sge= (OFF:LEN,...)";
+        p = end + 1;
+        len = strtoull(p, &end, 0);
+        if (end == p || (*end && *end != ',')) return "bad sge= (OFF:LEN,...)";
+        p = *end ? end + 1 : end;
+        if (*n >= MAXSGE) return "too many sge entries";
+        if (!get_mr(m, off, len)) return "sge entry out of the mr";
+        sg[*n] = (struct ibv_sge){ .addr = (uintptr_t)mrs[*m].buf + off, .length = (uint32_t)len,
+                                   .lkey = mrs[*m].mr->lkey };
+        (*n)++; *total += len;
+    }
+    if (!*n) return "empty sge=";
+    return NULL;
+}
+
+/* write/read/fadd/cswap/send(_imm)/write_imm: one work request; write and send take a
+ * gather list (sge=), the others one SGE (off= len=) */
 static void cmd_post(enum ibv_wr_opcode op, int atomic) {
-    int q, m;
+    int q, m, nsge = 1;
     uint64_t off = num("off", 0), len = atomic ? 8 : num("len", 0);
+    struct ibv_sge sg[MAXSGE];
     if (!get_qp(&q)) ERR("bad qp");
-    if (!get_mr(&m, off, len)) ERR("bad mr or range");
+    if (has("sge")) {
+        const char *why;
+        if (atomic || op == IBV_WR_RDMA_READ) ERR("sge= only with write/send");
+        if ((why = get_sges(&m, sg, &nsge, &len))) ERR("%s", why);
+    } else {
+        if (!get_mr(&m, off, len)) ERR("bad mr or range");
+        sg[0] = (struct ibv_sge){ .addr = (uintptr_t)mrs[m].buf + off, .length = (uint32_t)len,
+                                  .lkey = mrs[m].mr->lkey };
+    }
     if (atomic && (off % 8 || num("raddr", 0) % 8)) ERR("atomics need 8-byte alignment");
-    struct ibv_sge sge = { .addr = (uintptr_t)mrs[m].buf + off, .length = (uint32_t)len, .lkey = mrs[m].mr->lkey };
-    struct ibv_send_wr wr = { .wr_id = num("wr", 0), .sg_list = &sge, .num_sge = 1, .opcode = op,
+    struct ibv_send_wr wr = { .wr_id = num("wr", 0), .sg_list = sg, .num_sge = nsge, .opcode = op,
                               .send_flags = num("signaled", 1) ? IBV_SEND_SIGNALED : 0 }, *bad;
+    if (op == IBV_WR_RDMA_WRITE_WITH_IMM || op == IBV_WR_SEND_WITH_IMM) NEED("imm");
     if (has("imm")) {
         if (op == IBV_WR_RDMA_WRITE) wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
         else if (op == IBV_WR_SEND) wr.opcode = IBV_WR_SEND_WITH_IMM;
-        else ERR("imm= only with write/send");
-        wr.imm_data = htonl((uint32_t)num("imm", 0));
+        else if (op != IBV_WR_RDMA_WRITE_WITH_IMM && op != IBV_WR_SEND_WITH_IMM)
+            ERR("imm= only with write/send");
+        wr.imm_data = htonl((uint32_t)num("imm", 0));      /* verbs: imm_data is big-endian */
     }
     if (atomic) {
         wr.wr.atomic.remote_addr = num("raddr", 0);
         wr.wr.atomic.rkey = (uint32_t)num("rkey", 0);
         wr.wr.atomic.compare_add = op == IBV_WR_ATOMIC_FETCH_AND_ADD ? num("add", 0) : num("cmp", 0);
         wr.wr.atomic.swap = num("swap", 0);
-    } else if (op != IBV_WR_SEND) {
+    } else if (op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM) {
         NEED("raddr"); NEED("rkey");
         wr.wr.rdma.remote_addr = num("raddr", 0);
         wr.wr.rdma.rkey = (uint32_t)num("rkey", 0);
@@ -229,16 +291,18 @@ static void cmd_post(enum ibv_wr_opcode op, int atomic) {
     printf("ok wr=%llu\n", (unsigned long long)wr.wr_id);
 }
 
+/* recv: one receive work request with a scatter list (sge=) or one SGE (off= len=) */
 static void cmd_recv(void) {
-    int q, m;
-    uint64_t off = num("off", 0), len = num("len", 0);
+    int q, m, n;
+    uint64_t total;
+    struct ibv_sge sg[MAXSGE];
+    const char *why;
     if (!get_qp(&q)) ERR("bad qp");
-    if (!get_mr(&m, off, len)) ERR("bad mr or range");
-    struct ibv_sge sge = { .addr = (uintptr_t)mrs[m].buf + off, .length = (uint32_t)len, .lkey = mrs[m].mr->lkey };
-    struct ibv_recv_wr wr = { .wr_id = num("wr", 0), .sg_list = &sge, .num_sge = 1 }, *bad;
+    if ((why = get_sges(&m, sg, &n, &total))) ERR("%s", why);
+    struct ibv_recv_wr wr = { .wr_id = num("wr", 0), .sg_list = sg, .num_sge = n }, *bad;
     int rc = ibv_post_recv(qps[q].qp, &wr, &bad);
     if (rc) ERR("ibv_post_recv: %s", strerror(rc));
-    printf("ok wr=%llu\n", (unsigned long long)wr.wr_id);
+    printf("ok wr=%llu num_sge=%d len=%llu\n", (unsigned long long)wr.wr_id, n, (unsigned long long)total);
 }
 
 static const char *wc_opcode(enum ibv_wc_opcode op) {
@@ -248,6 +312,19 @@ static const char *wc_opcode(enum ibv_wc_opcode op) {
     case IBV_WC_FETCH_ADD: return "FETCH_ADD";     case IBV_WC_RECV: return "RECV";
     case IBV_WC_RECV_RDMA_WITH_IMM: return "RECV_RDMA_WITH_IMM";
     default: return "OTHER";
+    }
+}
+
+static const char *wc_status_name(enum ibv_wc_status st) {
+    switch (st) {
+#define S(x) case IBV_WC_##x: return "IBV_WC_" #x;
+    S(SUCCESS) S(LOC_LEN_ERR) S(LOC_QP_OP_ERR) S(LOC_EEC_OP_ERR) S(LOC_PROT_ERR) S(WR_FLUSH_ERR)
+    S(MW_BIND_ERR) S(BAD_RESP_ERR) S(LOC_ACCESS_ERR) S(REM_INV_REQ_ERR) S(REM_ACCESS_ERR)
+    S(REM_OP_ERR) S(RETRY_EXC_ERR) S(RNR_RETRY_EXC_ERR) S(LOC_RDD_VIOL_ERR) S(REM_INV_RD_REQ_ERR)
+    S(REM_ABORT_ERR) S(INV_EECN_ERR) S(INV_EEC_STATE_ERR) S(FATAL_ERR) S(RESP_TIMEOUT_ERR)
+    S(GENERAL_ERR)
+#undef S
+    default: return "IBV_WC_UNKNOWN";
     }
 }
 
@@ -265,9 +342,10 @@ static void cmd_poll(void) {
             char s[64];
             snprintf(s, sizeof s, "%s", ibv_wc_status_str(wc.status));
             for (char *p = s; *p; p++) if (*p == ' ') *p = '_';
-            printf("ok wr=%llu status=%d status_str=%s opcode=%s opcode_num=%d byte_len=%u qp_num=0x%x",
-                   (unsigned long long)wc.wr_id, wc.status, s, wc_opcode(wc.opcode), wc.opcode,
-                   wc.byte_len, wc.qp_num);
+            printf("ok wr=%llu status=%d status_str=%s status_name=%s opcode=%s opcode_num=%d byte_len=%u "
+                   "qp_num=0x%x src_qp=0x%x wc_flags=0x%x with_imm=%d",
+                   (unsigned long long)wc.wr_id, wc.status, s, wc_status_name(wc.status), wc_opcode(wc.opcode),
+                   wc.opcode, wc.byte_len, wc.qp_num, wc.src_qp, wc.wc_flags, !!(wc.wc_flags & IBV_WC_WITH_IMM));
             if (wc.wc_flags & IBV_WC_WITH_IMM) printf(" imm=0x%x", ntohl(wc.imm_data));
             printf("\n");
             return;
@@ -354,7 +432,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(verb, "read")) cmd_post(IBV_WR_RDMA_READ, 0);
         else if (!strcmp(verb, "fadd")) cmd_post(IBV_WR_ATOMIC_FETCH_AND_ADD, 1);
         else if (!strcmp(verb, "cswap")) cmd_post(IBV_WR_ATOMIC_CMP_AND_SWP, 1);
+        else if (!strcmp(verb, "write_imm")) cmd_post(IBV_WR_RDMA_WRITE_WITH_IMM, 0);
         else if (!strcmp(verb, "send")) cmd_post(IBV_WR_SEND, 0);
+        else if (!strcmp(verb, "send_imm")) cmd_post(IBV_WR_SEND_WITH_IMM, 0);
         else if (!strcmp(verb, "recv")) cmd_recv();
         else if (!strcmp(verb, "poll")) cmd_poll();
         else if (!strcmp(verb, "wmem")) cmd_wmem();

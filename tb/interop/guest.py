@@ -298,20 +298,41 @@ class RxeGuest:
     def info(self):
         return self.cmd("info")
 
-    def create_qp(self, qp, mtu=1024, psn=0, sq=64, rq=64, cqe=256):
-        return self.cmd(f"qp id={qp} mtu={mtu} " + self._args(psn=psn, sq=sq, rq=rq, cqe=cqe))
+    def create_qp(self, qp, mtu=1024, psn=0, sq=64, rq=64, cqe=256, sge=8):
+        """An RC QP with its own CQ, left in INIT; ``sge``: most SGEs a send or receive WQE has."""
+        return self.cmd(f"qp id={qp} mtu={mtu} " + self._args(psn=psn, sq=sq, rq=rq, cqe=cqe, sge=sge))
 
     def reg_mr(self, mr, size):
         return self.cmd(f"mr id={mr} size={size}")
 
     def connect(self, qp, rqpn, rpsn, ip, mac=None, mtu=None, timeout=0, retry=7, rnr_retry=7, min_rnr=1):
-        """INIT->RTR->RTS towards (ip, rqpn); ``mac`` adds a permanent neighbour entry."""
+        """INIT->RTR->RTS towards (ip, rqpn); ``mac`` adds a permanent neighbour entry.
+        ``min_rnr``: the IBTA RNR timer code this QP's RNR NAKs carry (1: 0.01 ms ... 0:
+        655.36 ms); ``rnr_retry``: how often it resends after an RNR NAK (7: forever).
+        The reply holds what ``ibv_query_qp`` reads back afterwards: state, mtu, timeout,
+        retry, rnr_retry, min_rnr (so a test can check they reached the QP)."""
         return self.cmd(f"connect qp={qp} ip={ip} " + self._args(
             rqpn=rqpn, rpsn=rpsn, mac=mac, mtu=mtu, timeout=timeout, retry=retry,
             rnr_retry=rnr_retry, min_rnr=min_rnr))
 
-    def write(self, qp, mr, off, length, raddr, rkey, imm=None, wr=0):
-        return self.cmd(f"write qp={qp} mr={mr} " + self._args(off=off, len=length, raddr=raddr, rkey=rkey, imm=imm, wr=wr))
+    @staticmethod
+    def _sge(sges):
+        """[(off, len), ...] -> 'OFF:LEN,...' (the gather/scatter list on one MR)."""
+        return ",".join(f"{o:#x}:{n}" for o, n in sges)
+
+    def _post(self, verb, qp, mr, off, length, sges, **kw):
+        if sges is not None:
+            return self.cmd(f"{verb} qp={qp} mr={mr} sge={self._sge(sges)} " + self._args(**kw))
+        return self.cmd(f"{verb} qp={qp} mr={mr} " + self._args(off=off, len=length, **kw))
+
+    def write(self, qp, mr, off, length, raddr, rkey, imm=None, wr=0, sges=None):
+        """RDMA WRITE (with immediate when ``imm`` is given); ``sges``: a gather list
+        [(off, len), ...] on ``mr`` instead of (off, length)."""
+        return self._post("write", qp, mr, off, length, sges, raddr=raddr, rkey=rkey, imm=imm, wr=wr)
+
+    def write_imm(self, qp, mr, off, length, raddr, rkey, imm, wr=0, sges=None):
+        """RDMA WRITE with immediate (``imm``: host order; on the wire big-endian)."""
+        return self._post("write_imm", qp, mr, off, length, sges, raddr=raddr, rkey=rkey, imm=imm, wr=wr)
 
     def read(self, qp, mr, off, length, raddr, rkey, wr=0):
         return self.cmd(f"read qp={qp} mr={mr} " + self._args(off=off, len=length, raddr=raddr, rkey=rkey, wr=wr))
@@ -322,17 +343,33 @@ class RxeGuest:
     def compare_swap(self, qp, mr, off, raddr, rkey, compare, swap, wr=0):
         return self.cmd(f"cswap qp={qp} mr={mr} " + self._args(off=off, raddr=raddr, rkey=rkey, cmp=compare, swap=swap, wr=wr))
 
-    def send(self, qp, mr, off, length, imm=None, wr=0):
-        return self.cmd(f"send qp={qp} mr={mr} " + self._args(off=off, len=length, imm=imm, wr=wr))
+    def send(self, qp, mr, off=0, length=0, imm=None, wr=0, sges=None):
+        """SEND (with immediate when ``imm`` is given); ``sges``: a gather list [(off, len), ...]."""
+        return self._post("send", qp, mr, off, length, sges, imm=imm, wr=wr)
 
-    def post_recv(self, qp, mr, off, length, wr=0):
-        return self.cmd(f"recv qp={qp} mr={mr} " + self._args(off=off, len=length, wr=wr))
+    def send_imm(self, qp, mr, off=0, length=0, imm=0, wr=0, sges=None):
+        """SEND with immediate (``imm``: host order; on the wire big-endian)."""
+        return self._post("send_imm", qp, mr, off, length, sges, imm=imm, wr=wr)
+
+    def post_recv(self, qp, mr, off=0, length=0, wr=0, sges=None):
+        """One receive WQE: one buffer (off, length) or a scatter list ``sges`` [(off, len), ...]
+        on ``mr``; the reply says num_sge and len (the sum)."""
+        return self._post("recv", qp, mr, off, length, sges, wr=wr)
 
     def poll_cq(self, qp, ms=1000):
-        """One completion of ``qp``'s CQ (dict: wr, status, status_str, opcode, byte_len,
-        qp_num, imm if any), or None if none came within ``ms`` (guest wall time)."""
+        """One completion of ``qp``'s CQ, or None if none came within ``ms`` (guest wall time).
+        A dict: wr, status (ibv_wc_status number), status_str (ibv_wc_status_str, blanks as
+        '_'), status_name ('IBV_WC_SUCCESS', 'IBV_WC_RNR_RETRY_EXC_ERR', ...), opcode ('SEND',
+        'RDMA_WRITE', 'RDMA_READ', 'COMP_SWAP', 'FETCH_ADD', 'RECV', 'RECV_RDMA_WITH_IMM';
+        verbs defines it only for successful completions), opcode_num, byte_len, qp_num,
+        src_qp, wc_flags, with_imm (bool: IBV_WC_WITH_IMM set) and imm (host order, only
+        when with_imm)."""
         r = self.cmd(f"poll qp={qp} ms={ms}", timeout=ms / 1000 + 30)
-        return None if r.get("empty") else r
+        if r.get("empty"):
+            return None
+        if "with_imm" in r:
+            r["with_imm"] = bool(r["with_imm"])
+        return r
 
     def wait_cq(self, qp, n=1, ms=10000):
         """``n`` completions of ``qp`` (a list); GuestError if fewer come within ``ms`` each."""

@@ -200,7 +200,7 @@ class RxeLink:
         self.unexpected = 0
         self.missing = 0
         self.dropped_non_roce = 0
-        self._seen = 0
+        self._seen = len(env.wire.frames)    # a later link on the same env starts after the earlier frames
         bridge.drain()                       # nothing left over from an earlier test
         self._task = cocotb.start_soon(self._pump())
 
@@ -386,7 +386,9 @@ class RxeLink:
 
 
 # ---- what every engine-against-rxe test starts with ------------------------------------------
-MTU = 1024                         # the path MTU of the suites (netdev MTU 9000 in the guest)
+MTU = 1024                         # the default path MTU of the suites (netdev MTU 9000 in the guest:
+                                   # 4096 possible too, connect_rc's mtu=)
+MTUS = (1024, 4096)                # the path MTUs the MTU matrix (tb/suites/interop_mtu.py) runs at
 PD = 5
 
 
@@ -404,17 +406,20 @@ async def start(dut):
 
 
 async def connect_rc(env, g, cq, *, engine_qpn, guest_qp, engine_psn, guest_psn, engine_timeout, rxe_timeout=0,
-                     ack_every=16):
+                     ack_every=16, mtu=MTU):
     """An RC QP on each side, connected to each other: (the engine's QP, the guest's QP
     record). ``engine_timeout``: the engine's ACK timeout in cycles; ``rxe_timeout``: rxe's
-    timer exponent (0: no retransmission)."""
-    gq = g.create_qp(guest_qp, mtu=MTU, psn=guest_psn)
-    qp = await env.qp(engine_qpn, cq, mtu=MTU, start_psn=engine_psn, remote_qpn=gq["qpn"],
+    timer exponent (0: no retransmission); ``mtu``: the path MTU of both (the engine's QP
+    context and the guest's RTR path_mtu; the guest's reply is checked to hold it: rxe
+    takes the smaller of it and its port's active MTU, 4096 at the guest's netdev MTU 9000)."""
+    gq = g.create_qp(guest_qp, mtu=mtu, psn=guest_psn)
+    qp = await env.qp(engine_qpn, cq, mtu=mtu, start_psn=engine_psn, remote_qpn=gq["qpn"],
                       dmac=mac_int(GUEST_MAC), dip=ip_int(GUEST_IP), uc=False, rq_psn=guest_psn, pd=PD,
                       ack_every=ack_every, timeout=engine_timeout)
-    r = g.connect(guest_qp, rqpn=engine_qpn, rpsn=engine_psn, ip=ENGINE_IP, mac=ENGINE_MAC, mtu=MTU,
+    r = g.connect(guest_qp, rqpn=engine_qpn, rpsn=engine_psn, ip=ENGINE_IP, mac=ENGINE_MAC, mtu=mtu,
                   timeout=rxe_timeout)
     assert r["state"] == "RTS", r
+    assert r["mtu"] == mtu and g.ready["port_mtu"] >= mtu, (r, g.ready)
     return qp, gq
 
 

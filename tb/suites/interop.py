@@ -495,3 +495,23 @@ async def access_errors_both_ways(dut):
         assert (g.qp_state(6), g.qp_state(7)) == (6, 6)            # IBV_QPS_ERR both
     finally:
         link.close()
+
+
+@cocotb.test()
+async def mtu4096_both_ways(dut):
+    """Path MTU 4096 (the short form of tb/suites/interop_mtu.py, which ``make interop``
+    runs at 1024 and 4096 in full), on one engine reset: the engine WRITEs 3 x 4096 + 4 B
+    to rxe; rxe WRITEs 3 x 4096 + 5 B to the engine (its LAST padded); the engine READs
+    3 x 4096 + 5 B of rxe; rxe READs 3 x 4096 + 8 B of the engine; a FETCH_ADD and a
+    COMPARE_SWAP each way. Each checked as in tb/interop/mtu_cases.py."""
+    from tb.interop import mtu_cases as C
+    g, br, env, cq = await _start(dut)
+    m = 4096
+    await C.engine_writes(g, br, env, cq, name="mtu4096_engine_writes", mtu=m, sizes=[3 * m + 4], engine_qpn=1,
+                          engine_psn=0xFFFFFE)
+    await C.rxe_writes(g, br, env, cq, name="mtu4096_rxe_writes", mtu=m, sizes=[3 * m + 5], engine_qpn=2,
+                       guest_psn=0xFFFFFD)
+    await C.engine_reads(g, br, env, cq, name="mtu4096_engine_reads", mtu=m, n=3 * m + 5, engine_qpn=3,
+                         engine_psn=0x00ABC0)
+    await C.rxe_reads(g, br, env, cq, name="mtu4096_rxe_reads", mtu=m, n=3 * m + 8, engine_qpn=4, guest_psn=0x7FFFFE)
+    await C.atomics(g, br, env, cq, name="mtu4096_atomics", mtu=m, engine_qpn=5)
