@@ -108,9 +108,17 @@ class IbgdaNic(wiring.Component):
         # payload fetch (half of the turns each), its write-throughs m_axi_rx with the
         # received payload's second port
         m.submodules.rsp_read = rsp_rd_arb = AxiReadArbiter(ids=(P.AXI_ID_ATOMIC_READ, P.AXI_ID_READ_RESPONSE))
+        # the receive queues' reads (doorbell records, receive WQEs) beside those two
+        m.submodules.recv_read = recv_rd_arb = AxiReadArbiter(
+            ids=(P.AXI_ID_RECV_QUEUE, (P.AXI_ID_ATOMIC_READ, P.AXI_ID_READ_RESPONSE)))
         m.submodules.dma_read = rd_arb = AxiReadArbiter(
-            ids=(P.AXI_ID_PAYLOAD_FETCH, (P.AXI_ID_ATOMIC_READ, P.AXI_ID_READ_RESPONSE)))
-        m.submodules.rx_write = rx_arb = AxiWriteArbiter(ids=(P.AXI_ID_RX_WRITE, P.AXI_ID_ATOMIC_WRITE))
+            ids=(P.AXI_ID_PAYLOAD_FETCH, (P.AXI_ID_RECV_QUEUE, P.AXI_ID_ATOMIC_READ, P.AXI_ID_READ_RESPONSE)))
+        # m_axi_rx: the received payload's second port, and (through a second arbiter) the
+        # receive CQEs and the atomic write-throughs; B of any id but the payload's goes to
+        # that arbiter (``a``), which sends the atomic unit's to it
+        m.submodules.rx_side_write = rx_side_arb = AxiWriteArbiter(
+            ids=(P.AXI_ID_RECV_CQE_WRITE, P.AXI_ID_ATOMIC_WRITE))
+        m.submodules.rx_write = rx_arb = AxiWriteArbiter(ids=(P.AXI_ID_ATOMIC_WRITE, P.AXI_ID_RX_WRITE))
 
         # External ports.
         connect_flat(m, self, "s_axil", host.csr_bus)
@@ -135,7 +143,7 @@ class IbgdaNic(wiring.Component):
         qp_ready, wp_ready = req.qp_commit.ready, req.parser_commit.ready
         trk_ready, rsp_ready = req.tracker_commit.ready, rsp.commit.ready
         others = Signal()        # every part but the QP table takes its part this cycle
-        m.d.comb += others.eq((~reset | (wp_ready & trk_ready)) & (~rx_reset | rsp_ready)
+        m.d.comb += others.eq((~reset | (wp_ready & trk_ready)) & (~rx_reset | (rsp_ready & rsp.recv_create.ready))
                               & (~flush_rc | req.tracker_flush.ready) & (~flush_uc | req.parser_flush.ready))
         go = Signal()            # the commit happens this cycle
         m.d.comb += go.eq(host.qp_commit & others & qp_ready)
@@ -164,6 +172,9 @@ class IbgdaNic(wiring.Component):
             req.checker_commit.p.state.eq(host.qp_cfg.state),
             req.cq_commit.valid.eq(host.cq_commit), req.cq_commit.p.cqn.eq(host.cq_num),
             req.cq_commit.p.cfg.eq(host.cq_cfg),
+            # (the receive CQE writer takes a CQ create in any cycle)
+            rsp.cq_commit.valid.eq(host.cq_commit & req.cq_commit.ready),
+            rsp.cq_commit.p.cqn.eq(host.cq_num), rsp.cq_commit.p.cfg.eq(host.cq_cfg),
             host.cq_commit_ack.eq(req.cq_commit.ready),
             req.port_mac.eq(host.port_mac), req.port_ip.eq(host.port_ip),
             rsp.port_mac.eq(host.port_mac), rsp.port_ip.eq(host.port_ip),
@@ -174,6 +185,13 @@ class IbgdaNic(wiring.Component):
             rsp.commit.p.cfg.state.eq(host.qp_cfg.state), rsp.commit.p.cfg.pd.eq(host.qp_pd),
             rsp.commit.p.cfg.ack_every.eq(host.qp_ack_every), rsp.commit.p.cfg.mtu.eq(host.qp_cfg.mtu),
             rsp.commit.p.cfg.max_dest_rd_atomic.eq(host.qp_max_dest_rd_atomic),
+            rsp.commit.p.cfg.min_rnr_timer.eq(host.qp_min_rnr_timer), rsp.commit.p.cfg.rcqn.eq(host.qp_rcqn),
+            rsp.commit.p.cfg.user_index.eq(host.qp_user_index),
+            # and its receive queue (QP_RQ_LOG_STRIDE 0: none)
+            rsp.recv_create.valid.eq(go & rx_reset),
+            rsp.recv_create.p.qpn.eq(host.qp_num), rsp.recv_create.p.base.eq(host.qp_rq_base),
+            rsp.recv_create.p.log_size.eq(host.qp_rq_log_size), rsp.recv_create.p.log_stride.eq(host.qp_rq_log_stride),
+            rsp.recv_create.p.dbr.eq(host.qp_dbr), rsp.recv_create.p.enable.eq(host.qp_rq_log_stride != 0),
             rsp.commit.p.cfg.peer_mac.eq(host.qp_cfg.dmac), rsp.commit.p.cfg.peer_ip.eq(host.qp_cfg.dip),
             # a QP_MODIFY moves the receive side's state too (a QP in ERR takes no request)
             rsp.modify.valid.eq(go & ~rx_reset),
@@ -201,9 +219,13 @@ class IbgdaNic(wiring.Component):
         wiring.connect(m, req.payload_dma, rd_arb.a)
         wiring.connect(m, rsp.atomic_rd, rsp_rd_arb.a)
         wiring.connect(m, rsp.read_dma, rsp_rd_arb.b)
-        wiring.connect(m, rsp_rd_arb.bus, rd_arb.b)
-        wiring.connect(m, rsp.dma_rx, rx_arb.a)
-        wiring.connect(m, rsp.atomic_wr, rx_arb.b)
+        wiring.connect(m, rsp_rd_arb.bus, recv_rd_arb.b)
+        wiring.connect(m, recv_rd_arb.bus, rd_arb.b)
+        wiring.connect(m, rsp.recv_cqe_dma, rx_side_arb.a)
+        wiring.connect(m, rsp.atomic_wr, rx_side_arb.b)
+        wiring.connect(m, rx_side_arb.bus, rx_arb.a)
+        wiring.connect(m, rsp.dma_rx, rx_arb.b)
+        wiring.connect(m, rsp.recv_dma, recv_rd_arb.a)
         # Receive: frame drops counted at the port, ACKs to the requester, requests and the
         # buffered beats to the responder.
         wiring.connect(m, prx.beats, rsp.beats)
@@ -221,8 +243,8 @@ class IbgdaNic(wiring.Component):
         db_drop["bad_write"] = host.db_dropped
         incs = {"doorbells": req.db_accepted, "doorbells_dropped": host.db_dropped + (req.db_drop != DoorbellDrop.NONE),
                 **{f"db_{n}": v for n, v in db_drop.items()},
-                "wqes": req.wqes_done, "packets": req.packets_sent, "cqes": req.cqes_written,
-                "error_cqes": req.error_cqes}
+                "wqes": req.wqes_done, "packets": req.packets_sent, "cqes": req.cqes_written + rsp.recv_cqes,
+                "error_cqes": req.error_cqes + rsp.recv_errors}
         # Frame-level drops and ACKs are counted at the dispatch (up to two a cycle), the
         # verdicts on WRITE requests at the responder.
         for v, name in RX_VERDICT_NAMES.items():

@@ -73,6 +73,20 @@ REGISTERS = (
         "mlx5 sizes it at create from max_inline_data and max_send_sge): a turn cut by the quantum reads this "
         "many minus one WQEBBs past the cut so its last WQE is whole; a larger WQE across a cut is fetched "
         "again with the next turn"),
+    Reg("QP_RQ_BASE_LO", 0x168, RW, 32, "receive side: receive-queue base address [31:0] (aligned to the "
+        "stride; mlx5 ring of receive WQEs, model/recv_queue.py)"),
+    Reg("QP_RQ_BASE_HI", 0x16C, RW, 32, "receive-queue base address [63:32]"),
+    Reg("QP_RQ_LOG_SIZE", 0x170, RW, 4, "log2 of the receive WQEs in the ring (0..15)"),
+    Reg("QP_RQ_LOG_STRIDE", 0x174, RW, 4, "log2 of the bytes of one receive WQE (4..9: one to 32 data "
+        "segments, of which the engine takes the first RECV_MAX_SGE); 0: the QP has no receive queue (every "
+        "SEND and WRITE with immediate gets an RNR NAK)"),
+    Reg("QP_DBR_LO", 0x178, RW, 32, "doorbell record address [31:0] (4-byte aligned): the engine reads the "
+        "receive counter BE32(head & 0xffff) at + DBR_RECV_OFFSET"),
+    Reg("QP_DBR_HI", 0x17C, RW, 32, "doorbell record address [63:32]"),
+    Reg("QP_RCQN", 0x180, RW, _CQ_BITS, "CQ that receives this QP's receive completions (RESP_SEND, "
+        "RESP_SEND_IMM, RESP_WR_IMM, RESP_ERR); a CQ takes either send or receive completions, not both"),
+    Reg("QP_MIN_RNR_TIMER", 0x184, RW, 5, "receive side: the RNR NAK's timer code 0..31 (ibv_qp_attr."
+        "min_rnr_timer, IBTA's table spec.formats.RNR_TIMER_NS) sent when no receive WQE is posted"),
     Reg("CQ_NUM", 0x200, RW, _CQ_BITS, "CQ the next CQ commit writes"),
     Reg("CQ_BASE_LO", 0x204, RW, 32, "CQ buffer base address [31:0] (64-byte aligned)"),
     Reg("CQ_BASE_HI", 0x208, RW, 32, "CQ buffer base address [63:32]"),

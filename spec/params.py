@@ -25,6 +25,14 @@ AXI_ID_RESULT_WRITE = 3            # AWID on m_axi: an atomic's original value w
 AXI_ID_ATOMIC_READ = 2             # ARID on m_axi: the responder's atomic unit reads a word
 AXI_ID_ATOMIC_WRITE = 4            # AWID on m_axi_rx: the atomic unit writes a word through
 AXI_ID_READ_RESPONSE = 3           # ARID on m_axi: the responder reads a READ's payload
+AXI_ID_RECV_QUEUE = 4              # ARID on m_axi: the receive queues' doorbell records and WQEs
+AXI_ID_RECV_CQE_WRITE = 5          # AWID on m_axi_rx: receive CQEs (after their payload's writes landed)
+# Receive queues (rtl/responder/recv_queue.py): data segments of a receive WQE the responder
+# scatters into (the first RECV_MAX_SGE; rdma-core's max_recv_sge of a QP the engine serves),
+# WQEs prefetched per QP, and reads in flight.
+RECV_MAX_SGE = 4
+RECV_PREFETCH = 4
+RECV_MAX_READS = 512
 NUM_QPS = 1024                     # QP contexts in RAM (issue 3: 1024 and more)
 NUM_CQS = NUM_QPS                  # one collapsed CQ per QP, as NVSHMEM creates them (issue 16)
 DEFAULT_MTU = 4096

@@ -17,6 +17,8 @@ from spec.formats import (ATOMIC_FORMS, ATOMIC_SEG, CQE64, CQE_SIZE, CTRL_SEG, D
                           UAR_DB_OFFSET_ALT, UAR_PAGE_SHIFT, WQEBB, CqeOp, QpState, WqeOp, pack, unpack)
 from spec.params import DB_DATA_BYTES
 
+from model.recv_queue import RecvPoster, RecvQueue
+
 from .clock import CycleCounter
 from .memory import sig_high
 
@@ -179,14 +181,28 @@ class GpuModel:
         return cq
 
     async def create_qp(self, qpn, log_depth, cq, *, remote_qpn, dmac, dip, start_psn=0, mtu_code=5,
-                        state=QpState.RTS, weight=1, user_index=None, **receive):
+                        state=QpState.RTS, weight=1, user_index=None, recv=None, rcq=None, **receive):
         """Allocate an SQ (zeroed) and a doorbell record and create the QP in the NIC.
 
         ``user_index``: the user index its CQEs carry (default ``default_user_index(qpn)``,
-        not 0, so every CQE check covers the field). ``receive``: the receive side's
-        ``rq_psn``, ``pd``, ``ack_every`` (NicControl.create_qp)."""
+        not 0, so every CQE check covers the field). ``recv``: ``(log_size, log_stride)`` of
+        a receive queue allocated here (zeroed ring, its own doorbell record; ``Qp.rq``,
+        ``Qp.post_recv``), ``rcq`` the :class:`Cq` of its receive completions. ``receive``:
+        the receive side's ``rq_psn``, ``pd``, ``ack_every``, ``min_rnr_timer``
+        (NicControl.create_qp)."""
         qp = Qp(self, qpn, log_depth, cq)
         qp.user_index = default_user_index(qpn) if user_index is None else user_index
+        if recv is not None:
+            log_size, log_stride = recv
+            size = 1 << (log_size + log_stride)
+            base = self.alloc(size, align=max(1 << log_stride, 64))
+            self.write(base, bytes(size))
+            dbr = self.alloc(8, align=8)
+            self.write(dbr, bytes(8))
+            qp.rq = RecvQueue(base=base, log_size=log_size, log_stride=log_stride, dbr=dbr)
+            qp.rq_poster = RecvPoster(qp.rq, self)
+            receive.update(rq=qp.rq, rcqn=(rcq or cq).cqn)
+        qp.rcq = rcq
         await self.ctl.create_qp(qpn, qp.sq_base, log_depth, cq.cqn, remote_qpn, start_psn, dmac, dip,
                                  mtu_code, state, weight, user_index=qp.user_index, **receive)
         qp.weight = weight
@@ -373,6 +389,9 @@ class Qp:
         self._unrung = 0                # posted[_unrung:] have no doorbell yet
         self._bf_toggle = 0
         self.modifies = []              # (len(posted) then, state, start_psn): QP_MODIFYs the NIC took
+        self.rq = None                  # model.recv_queue.RecvQueue (GpuModel.create_qp's ``recv``)
+        self.rq_poster = None
+        self.rcq = None
 
     def restart(self):
         """The send queue starts afresh (after a QP_MODIFY that resets the send side, as
@@ -606,6 +625,15 @@ class Qp:
                           inline=False, local_addr=None, lkey=0)
 
     # ---- doorbells ------------------------------------------------------------------------
+    def post_recv(self, *scatter_lists):
+        """Post receive WQEs as rdma-core's ``mlx5_post_recv`` does: one WQE per scatter list
+        (``(addr, length)`` or ``(addr, length, lkey)`` entries; model.recv_queue's builders
+        make the bytes), then the doorbell record's receive counter once. Returns the WQE
+        numbers (their CQEs' wqe_counter is ``n & 0xffff``)."""
+        if self.rq_poster is None:
+            raise ValueError(f"QP {self.qpn:#x} has no receive queue (create it with recv=)")
+        return self.rq_poster.post(*scatter_lists)
+
     def write_dbr(self):
         """Doorbell record: BE32(pi & 0xffff)."""
         self.gpu.write(self.dbr_addr, be32(self.pi & 0xFFFF))

@@ -55,6 +55,10 @@ class ControlRegisters(wiring.Component):
         the protection domain, the ACK coalescing count and the responder resources.
     qp_timeout, qp_retry_cnt : Out
         The QP's ACK timeout (cycles) and retry count (go-back-N).
+    qp_rq_base, qp_rq_log_size, qp_rq_log_stride, qp_dbr, qp_rcqn, qp_min_rnr_timer : Out
+        The QP's receive queue as a create takes it (``RecvQueue``: ring base, log2 of its
+        WQEs and of their bytes, 0 = no receive queue; the doorbell record), the CQ of its
+        receive completions and the timer code of its RNR NAKs.
     mr : Out(MrStage), mr_commit : Out(1), mr_valid : Out(1)
         Register (``mr_valid`` = 1) or deregister the staged region; held until
         ``mr_commit_ack``.
@@ -76,6 +80,8 @@ class ControlRegisters(wiring.Component):
             "qp_rq_psn": Out(24), "qp_pd": Out(pd_bits), "qp_ack_every": Out(8),
             "qp_max_dest_rd_atomic": Out(5),
             "qp_timeout": Out(32), "qp_retry_cnt": Out(3), "qp_user_index": Out(24),
+            "qp_rq_base": Out(64), "qp_rq_log_size": Out(4), "qp_rq_log_stride": Out(4), "qp_dbr": Out(64),
+            "qp_rcqn": Out(cq_bits(num_cqs)), "qp_min_rnr_timer": Out(5),
             "mr": Out(MrStage(pd_bits)), "mr_commit": Out(1), "mr_valid": Out(1), "mr_commit_ack": In(1),
             "counter_inc": In(data.ArrayLayout(unsigned(2), len(COUNTERS))),
         })
@@ -101,6 +107,10 @@ class ControlRegisters(wiring.Component):
             "QP_USER_INDEX": self.qp_user_index, "QP_MAX_RD_ATOMIC": qp.max_rd_atomic,
             "QP_MAX_WQEBBS": qp.max_wqebbs,
             "QP_MAX_DEST_RD_ATOMIC": self.qp_max_dest_rd_atomic,
+            "QP_RQ_BASE_LO": self.qp_rq_base[:32], "QP_RQ_BASE_HI": self.qp_rq_base[32:],
+            "QP_RQ_LOG_SIZE": self.qp_rq_log_size, "QP_RQ_LOG_STRIDE": self.qp_rq_log_stride,
+            "QP_DBR_LO": self.qp_dbr[:32], "QP_DBR_HI": self.qp_dbr[32:], "QP_RCQN": self.qp_rcqn,
+            "QP_MIN_RNR_TIMER": self.qp_min_rnr_timer,
             "MR_INDEX": self.mr.index, "MR_KEY": self.mr.key, "MR_BASE_LO": self.mr.base[:32],
             "MR_BASE_HI": self.mr.base[32:], "MR_LEN_LO": self.mr.length[:32], "MR_LEN_HI": self.mr.length[32:],
             "MR_ACCESS": self.mr.access, "MR_PD": self.mr.pd,

@@ -21,8 +21,12 @@ LEN_CAP = 1 << 17                           # frame byte counts saturate here (n
 LEN_BITS = 18                               # a frame length: up to LEN_CAP + BEAT
 INLINE_LANE_BITS = (BEAT - 1).bit_length()  # an inline payload stays within one 128-byte line
 
-# opcode -> (RETH, ImmDt, AETH, AtomicAckETH, AtomicETH, MaskedAtomicETH) present: the opcodes model/parse.py knows (spec.formats.EXT_HEADERS).
+# opcode -> (RETH, ImmDt, AETH, AtomicAckETH, AtomicETH, MaskedAtomicETH) present: the opcodes model/parse.py knows (spec.formats.EXT_HEADERS),
+# and the SENDs of the two-sided verbs (model.parse parses them when asked to: its _SEND_EXT; an ImmDt on LAST_IMM and ONLY_IMM)
 KNOWN_OPCODES = {op: tuple(int(e) for e in ext) for op, ext in F.EXT_HEADERS.items()}
+KNOWN_OPCODES.update({op: (0, int(op in (F.Op.SEND_LAST_IMM, F.Op.SEND_ONLY_IMM)), 0, 0, 0, 0)
+                      for op in (F.Op.SEND_FIRST, F.Op.SEND_MIDDLE, F.Op.SEND_LAST, F.Op.SEND_LAST_IMM, F.Op.SEND_ONLY,
+                                 F.Op.SEND_ONLY_IMM)})
 
 # The first 102 bytes of a frame in wire order (byte 0 in bits [7:0]).
 RxHeader = data.StructLayout({
@@ -245,7 +249,8 @@ class RxHeaderParser(wiring.Component):
     ----------
     opcodes : iterable of int, or None
         BTH opcodes accepted (others are BAD_OPCODE), a subset of ``KNOWN_OPCODES``:
-        RC RDMA WRITE FIRST/MIDDLE/LAST/LAST_IMM/ONLY/ONLY_IMM and ACK. None: all of them.
+        RC RDMA WRITE FIRST/MIDDLE/LAST/LAST_IMM/ONLY/ONLY_IMM, SEND FIRST/MIDDLE/LAST/LAST_IMM/
+        ONLY/ONLY_IMM, READ, atomics and the responses. None: all of them.
 
     Members
     -------

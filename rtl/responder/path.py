@@ -1,6 +1,6 @@
 """``ResponderPath``: the responder, wired along its data flow.
 
-    requests (from the port) -> Responder -> payload commands -> ReadResponseJoin (READ RESPONSEs
+    requests (from the port) -> RecvGate (receive WQEs: RecvQueue) -> Responder -> payload commands -> ReadResponseJoin (READ RESPONSEs
       received: the requester's verdicts) -> RxWriteSorter
       -> RxWriteIssuer -> m_axi / m_axi_rx        (payload beats: RxResegmenter
       -> RxPayloadWriter -> issuer)
@@ -10,6 +10,7 @@
       -> m_axi reads, m_axi_rx writes; results -> AtomicAckJoin
     Responder -> READs -> ReadResponseSource (after the fence) -> PayloadFetch (m_axi reads)
       -> PacketBuilder -> ResponseMerge (into the ACK frames, at each READ's place) -> frames
+    Responder -> receive completions -> RecvCqeWriter (after RxWriteIssuer's CQE fence) -> m_axi_rx
 """
 from amaranth.hdl import *
 from amaranth.lib import wiring
@@ -33,9 +34,12 @@ from rtl.requester.payload_fetch import PayloadFetch
 from rtl.responder.payload_writer import RxPayloadWriter, RxWriteCommand
 from rtl.responder.read_response_join import ReadResponseJoin
 from rtl.responder.read_response_source import ReadResponseSource
+from rtl.responder.recv_cqe_writer import RecvCqeWriter
+from rtl.responder.recv_gate import RecvGate
+from rtl.responder.recv_queue import RecvCreate, RecvQueue
 from rtl.responder.response_merge import ResponseMerge
 from rtl.responder.resegmenter import RxResegmenter
-from rtl.responder.responder import ReadJob, Responder, ResponderAck
+from rtl.responder.responder import ReadJob, RecvCqe, Responder, ResponderAck
 from rtl.responder.write_issuer import RxWriteIssuer
 from rtl.responder.write_sorter import RxWriteOrder, RxWriteSorter
 
@@ -68,6 +72,10 @@ ATOMIC_DEPTH = 256          # atomics waiting in order in the unit (for their wo
 READ_QUEUE = 128
 READ_BUFFER_BEATS = 512
 READ_MESSAGE_QUEUE = 512
+# Receive completions wait here for the writes before them to land (a write response's
+# latency at up to one a cycle); the gate holds the packets whose receive WQE is on its way.
+RECV_CQE_QUEUE = 64
+RECV_GATE_DEPTH = 16
 
 
 class ResponderPath(WiringLevel):
@@ -105,6 +113,16 @@ class ResponderPath(WiringLevel):
         A READ of this NIC's requester completed: its bytes have landed (a strobe each).
     read_dma : Out(AxiReadSignature)
         READ payload reads (on ``m_axi``, ARID ``AXI_ID_READ_RESPONSE``).
+    recv_create : In(stream.Signature(RecvCreate))
+        A QP create's receive queue (``RecvQueue.create``).
+    recv_dma : Out(AxiReadSignature)
+        The receive queues' doorbell-record and WQE reads (ARID ``AXI_ID_RECV_QUEUE``).
+    cq_commit : In(stream.Signature(...))
+        A CQ create, for the receive CQE writer (always taken).
+    recv_cqe_dma : Out(AxiWriteSignature)
+        Receive CQEs (AWID ``AXI_ID_RECV_CQE_WRITE``).
+    recv_cqes, recv_errors : Out(1)
+        A receive CQE written (a RESP_ERR one).
     frames : Out(stream.Signature(TxBeat))
         ACK/NAK, ATOMIC ACK and READ RESPONSE frames for MAC TX, in answer order.
     verdict_valid, verdict : Out
@@ -157,11 +175,27 @@ class ResponderPath(WiringLevel):
             "read_msg_fifo": StreamFifo(Message(nq, nc), READ_MESSAGE_QUEUE),
             "read_builder": PacketBuilder(num_qps=nq, num_cqs=nc, merge_messages=False),
             "response_merge": ResponseMerge(num_qps=nq, num_cqs=nc),
+            # two-sided verbs: each request that consumes a receive WQE gets it here
+            "recv_queue": RecvQueue(num_qps=nq, max_sge=P.RECV_MAX_SGE, depth=P.RECV_PREFETCH,
+                                    max_reads=P.RECV_MAX_READS, axi_id=P.AXI_ID_RECV_QUEUE,
+                                    id_width=P.AXI_ID_WIDTH),
+            # (a create waits here: the RecvQueue takes it between its own operations, and the
+            # top's QP commit needs a ready that does not depend on its valid)
+            "recv_create_fifo": StreamFifo(RecvCreate(nq), 2),
+            "recv_gate": RecvGate(num_qps=nq, max_sge=P.RECV_MAX_SGE, depth=RECV_GATE_DEPTH),
+            "recv_cqe_split": PairSplitter(RecvCqe),
+            "recv_cqe_fifo": StreamFifo(RecvCqe, RECV_CQE_QUEUE),
+            "recv_cqe_writer": RecvCqeWriter(num_cqs=nc),
         }
         b = self._blocks
         self._ports = [
             (b["rx_resegmenter"], {"beats": "beats", "keep": "keep"}),
-            (b["responder"], {"requests": "packets", "commit": "commit", "modify": "modify",
+            (b["recv_gate"], {"requests": "i"}),
+            (b["recv_create_fifo"], {"recv_create": "i"}),
+            (b["recv_queue"], {"recv_dma": "m_axi"}),
+            (b["recv_cqe_writer"], {"cq_commit": "commit", "recv_cqe_dma": "dma", "recv_cqes": "written",
+                                    "recv_errors": "errors"}),
+            (b["responder"], {"commit": "commit", "modify": "modify",
                               "mr_commit": "mr_commit", "verdict_valid": "verdict_valid", "verdict": "verdict"}),
             (b["ack_addresser"], {"peer_commit": "commit"}),
             (b["ack_builder"], {"port_mac": "port_mac", "port_ip": "port_ip"}),
@@ -180,6 +214,17 @@ class ResponderPath(WiringLevel):
         rsp, rpw = b["responder"], b["rx_writer"]
         wiring.connect(m, b["rx_resegmenter"].o, b["rx_seg_fifo"].i)
         wiring.connect(m, b["rx_seg_fifo"].o, rpw.beats)
+        gate, rq = b["recv_gate"], b["recv_queue"]
+        wiring.connect(m, b["recv_create_fifo"].o, rq.create)
+        wiring.connect(m, gate.query, rq.query)
+        wiring.connect(m, rq.answer, gate.answer)
+        wiring.connect(m, gate.consume, rq.consume)
+        wiring.connect(m, rq.wqe, gate.wqe)
+        m.d.comb += [rsp.packets.valid.eq(gate.o.valid), rsp.packets.p.eq(gate.o.p.pair), rsp.rwqe.eq(gate.o.p.wqe),
+                     gate.o.ready.eq(rsp.packets.ready)]
+        wiring.connect(m, rsp.cqes, b["recv_cqe_split"].i)
+        wiring.connect(m, b["recv_cqe_split"].o, b["recv_cqe_fifo"].i)
+        wiring.connect(m, b["recv_cqe_fifo"].o, b["recv_cqe_writer"].cqes)
         wiring.connect(m, rsp.commands, b["rx_cmd_fifo"].i)
         wiring.connect(m, b["rx_cmd_fifo"].o, b["read_join"].i)
         wiring.connect(m, b["read_join"].o, b["rx_write_sorter"].i)
@@ -204,7 +249,8 @@ class ResponderPath(WiringLevel):
         # and creates come many cycles apart over the control path)
         wi = b["rx_write_issuer"]
         m.d.comb += [au.wr_done.eq(b["atomic_dma"].wr_done),
-                     au.landed.eq(wi.fence_done & ~wi.fence_read & ~wi.fence_local),
+                     au.landed.eq(wi.fence_done & ~wi.fence_read & ~wi.fence_local & ~wi.fence_cqe),
+                     b["recv_cqe_writer"].landed.eq(wi.fence_done & wi.fence_cqe),
                      self.read_landed.eq(wi.fence_done & wi.fence_local),
                      au.commit.valid.eq(self.commit.valid), au.commit.p.qpn.eq(self.commit.p.qpn)]
         wiring.connect(m, b["ack_addresser"].o, b["ack_builder"].requests)

@@ -33,6 +33,8 @@ RxWriteCommand = data.StructLayout({
     "read_response": unsigned(1),   # a READ RESPONSE received (``write`` and ``addr`` come from
                                     # the requester's checker: ``ReadResponseJoin``)
     "fence_local": unsigned(1),     # with fence: a READ of this NIC's requester completes
+    "cqe":    unsigned(1),      # a receive completion follows this frame's write (a CQE fence
+                                # after it: the CQE is written once the writes before it landed)
 })
 RxWriteCommand.__doc__ = """What to do with one received frame (see :class:`RxPayloadWriter`)."""
 

@@ -19,8 +19,10 @@ from rtl.common.rx_packet import RxPacket
 from rtl.common.stream import Pair, pack_pair
 from rtl.responder.atomic_unit import AtomicOp, AtomicRequest
 from rtl.responder.payload_writer import RxWriteCommand
+from rtl.responder.recv_gate import GateWqe, SEND_OPS, is_rwr
 
-__all__ = ["Responder", "ResponderAck", "ReadJob", "ResponderConfig", "ResponderEntry", "RxVerdict", "RX_VERDICT_NAMES"]
+__all__ = ["Responder", "ResponderAck", "ReadJob", "RecvCqe", "ResponderConfig", "ResponderEntry", "RxVerdict",
+           "RX_VERDICT_NAMES"]
 
 # An answer the responder owes: an ACK/NAK (``AckRecord``'s fields) or, with ``atomic``,
 # the ATOMIC ACKNOWLEDGE of the atomic of PSN ``psn``, whose MSN and original value the
@@ -43,6 +45,18 @@ def ReadJob(num_qps):
     })
 
 
+# A receive completion the responder decided (``RecvCqeWriter`` writes it once the writes
+# before it have landed): a message's last packet accepted (RESP_SEND, RESP_SEND_IMM,
+# RESP_WR_IMM with its byte count, immediate and SE bit), or the receive WQE a fatal error
+# ends (RESP_ERR with its syndrome). ``cqn`` and ``user_index`` are the QP's.
+RecvCqe = data.StructLayout({
+    "qpn": unsigned(24), "cqn": unsigned(16), "user_index": unsigned(24), "opcode": unsigned(4),
+    "syndrome": unsigned(8), "index": unsigned(16), "byte_cnt": unsigned(32), "imm": unsigned(32), "se": unsigned(1),
+})
+
+# Packets that start and end a message, WRITEs and SENDs (model.responder's _FIRST_ALL, _LAST_ALL)
+_FIRST_ALL = F.FIRST_OPS + (F.Op.SEND_FIRST, F.Op.SEND_ONLY, F.Op.SEND_ONLY_IMM)
+_LAST_ALL = F.LAST_OPS + (F.Op.SEND_LAST, F.Op.SEND_LAST_IMM, F.Op.SEND_ONLY, F.Op.SEND_ONLY_IMM)
 
 # BTH opcode -> the AtomicUnit's operation
 _ATOMIC_OP = {F.Op.FETCH_ADD: AtomicOp.FETCH_ADD, F.Op.COMPARE_SWAP: AtomicOp.COMPARE_SWAP,
@@ -104,10 +118,14 @@ def ResponderConfig(pd_bits):
         "peer_mac":   unsigned(48),     # the requester: requests from another source are dropped
         "peer_ip":    unsigned(32),
         "max_dest_rd_atomic": unsigned(5),  # responder resources: READs and atomics answered at once (0, > 16: 16)
+        "min_rnr_timer": unsigned(5),   # the RNR NAK's timer code
+        "rcqn":       unsigned(16),     # the CQ of its receive completions
+        "user_index": unsigned(24),     # its CQEs' srqn_uidx
     })       # (where ACKs go is the ``AckAddresser``'s)
 
 
-ResponderDynamic = data.StructLayout({
+def ResponderDynamic(max_sge):
+    return data.StructLayout({
     "epsn":     unsigned(PSN_BITS),     # expected PSN
     "msn":      unsigned(24),           # messages completed
     "unacked":  unsigned(8),            # accepted packets not yet covered by an ACK
@@ -118,11 +136,17 @@ ResponderDynamic = data.StructLayout({
     "msg_off":  unsigned(32),
     "taken":    unsigned(RESOURCE_COUNT_BITS),  # new READs and atomics accepted (mod 2^6): less the
                                                 # answers sent (``answered``), those holding a resource
-})
+    # two-sided verbs: the message in progress is a SEND; its receive WQE and the bytes it
+    # took; a receive WQE consumed for a packet that did not take it (the next one's)
+    "msg_send": unsigned(1),
+    "cur":      GateWqe(max_sge),
+    "recv":     unsigned(32),
+    "spare":    GateWqe(max_sge),
+    })
 
 
-def ResponderEntry(pd_bits):
-    return data.StructLayout({"cfg": ResponderConfig(pd_bits), "dyn": ResponderDynamic})
+def ResponderEntry(pd_bits, max_sge=1):
+    return data.StructLayout({"cfg": ResponderConfig(pd_bits), "dyn": ResponderDynamic(max_sge)})
 
 
 class Responder(wiring.Component):
@@ -163,6 +187,18 @@ class Responder(wiring.Component):
     context is written. A pair whose QPs were decided in the pair just before takes
     their new contexts from bypass registers, so back-to-back pairs go at one per cycle.
 
+    Two-sided verbs (``model.responder``'s decisions): SEND FIRST/MIDDLE/LAST/ONLY(_IMM)
+    and WRITE with immediate. A packet that consumes a receive WQE (``RWR_OPS``) comes with
+    the QP's next WQE from the ``RecvGate`` (``rwqe``; none: not posted). After the PSN and
+    opcode-sequence checks it takes the QP's spare WQE (one a packet before it did not take)
+    or its own, the other becoming the spare; with neither it gets an RNR NAK (AETH 0x20 |
+    the QP's ``min_rnr_timer``, its PSN, the MSN; later packets dropped until it comes
+    again). A SEND's payload goes to the WQE's segments from where the message's last packet
+    ended (``recv``); one that does not fit is NAKed invalid request, the WQE completes with
+    LOCAL_LENGTH_ERR and the QP goes to ERR. A message's last packet, and a fatal error
+    with a WQE held, give a receive completion (``cqes``) and a CQE fence among the payload
+    commands (``cqe``): the CQE is written once the writes before it have landed.
+
     Parameters
     ----------
     num_qps : int
@@ -171,6 +207,8 @@ class Responder(wiring.Component):
         Regions in the memory-key table.
     pd_bits : int
         Width of protection-domain numbers.
+    max_sge : int
+        Data segments of a receive WQE (as the ``RecvGate``).
 
     Members
     -------
@@ -197,6 +235,10 @@ class Responder(wiring.Component):
         it goes).
     atomics : Out(stream.Signature(Pair(AtomicRequest)))
         Atomics to execute (new) or answer from their record (duplicate), in order.
+    rwqe : In(ArrayLayout(GateWqe(max_sge), 2))
+        With ``packets``: each lane's receive WQE (``RecvGate``); 0 without one.
+    cqes : Out(stream.Signature(Pair(RecvCqe)))
+        Receive completions, in decision order (each with a ``cqe`` fence on ``commands``).
     reads : Out(stream.Signature(Pair(ReadJob)))
         READs to answer (new, or a duplicate again), in order; each is also a fence
         command on ``commands`` (``fence_read``).
@@ -209,12 +251,14 @@ class Responder(wiring.Component):
         ACCEPTED or a QP-level verdict (QP_NOT_READY, PSN_DUPLICATE, PSN_OUT_OF_ORDER,
         ACCESS_ERROR, INVALID_REQUEST). Lane 0 is the earlier packet.
     """
-    def __init__(self, *, num_qps, num_mrs=1024, pd_bits=24):
+    def __init__(self, *, num_qps, num_mrs=1024, pd_bits=24, max_sge=P.RECV_MAX_SGE):
         if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
             raise ValueError(f"num_qps must be a power of two >= 2, not {num_qps!r}")
         if not isinstance(pd_bits, int) or not 1 <= pd_bits <= 32:
             raise ValueError(f"pd_bits must be 1..32, not {pd_bits!r}")
-        self.num_qps, self.num_mrs, self.pd_bits = num_qps, num_mrs, pd_bits
+        if not isinstance(max_sge, int) or not 1 <= max_sge <= 7:
+            raise ValueError(f"max_sge must be 1..7, not {max_sge!r}")
+        self.num_qps, self.num_mrs, self.pd_bits, self.max_sge = num_qps, num_mrs, pd_bits, max_sge
         # one key check per lane: the table's RAM twice, written together
         self._mrts = [MemoryRegionTable(num_mrs=num_mrs, pd_bits=pd_bits, tag_bits=1) for _ in range(2)]
         super().__init__({
@@ -229,17 +273,20 @@ class Responder(wiring.Component):
             "responses": Out(stream.Signature(Pair(ResponderAck))),
             "atomics": Out(stream.Signature(Pair(AtomicRequest(num_qps)))),
             "reads": Out(stream.Signature(Pair(ReadJob(num_qps)))),
+            "rwqe": In(data.ArrayLayout(GateWqe(max_sge), 2)),
+            "cqes": Out(stream.Signature(Pair(RecvCqe))),
             "answered": In(1), "answered_qpn": In(qp_bits(num_qps)),
             "verdict_valid": Out(2),
             "verdict": Out(data.ArrayLayout(RxVerdict, 2)),
         })
 
-    def _decide(self, m, k, p, ctx, status, ctl_state, npkts, answered):
+    def _decide(self, m, k, p, ctx, status, ctl_state, npkts, answered, w):
         """Lane ``k``'s decision on packet ``p`` with QP context ``ctx``, key-check
         ``status``, the state the control path last set (``ctl_state``), for a READ
-        REQUEST its response packets (``npkts``), and the QP's count of READs and atomics
-        answered (``answered``): the new context and what to do (a dict of Signals)."""
-        entry_layout = ResponderEntry(self.pd_bits)
+        REQUEST its response packets (``npkts``), the QP's count of READs and atomics
+        answered (``answered``) and the receive WQE the gate gave it (``w``): the new
+        context and what to do (a dict of Signals)."""
+        entry_layout = ResponderEntry(self.pd_bits, self.max_sge)
         cfg, dyn = ctx.cfg, ctx.dyn
 
         def sig(name, shape=1):
@@ -250,9 +297,39 @@ class Responder(wiring.Component):
         resp_psn, resp_syn, fatal_syn, fatal = sig("resp_psn", PSN_BITS), sig("resp_syn", 8), sig("fatal_syn", 8), sig("fatal")
         is_first, is_last = sig("is_first"), sig("is_last")
         m.d.comb += [
-            is_first.eq(_any(p.opcode == op for op in F.FIRST_OPS)),
-            is_last.eq(_any(p.opcode == op for op in F.LAST_OPS)),
+            is_first.eq(_any(p.opcode == op for op in _FIRST_ALL)),
+            is_last.eq(_any(p.opcode == op for op in _LAST_ALL)),
         ]
+        # two-sided verbs: a SEND; a packet that consumes a receive WQE; the WQE it takes
+        # (the QP's spare first, then its own) and the one its message fills
+        send, rwr, have, took, rnr = sig("send"), sig("rwr"), sig("have"), sig("took"), sig("rnr")
+        len_err = sig("len_err")
+        wl = GateWqe(self.max_sge)
+        taken, wq = sig("taken", wl), sig("wq", wl)
+        m.d.comb += [
+            send.eq(_any(p.opcode == op for op in SEND_OPS)), rwr.eq(is_rwr(p.opcode)),
+            have.eq(w.valid | dyn.spare.valid), taken.eq(Mux(dyn.spare.valid, dyn.spare, w)),
+            wq.eq(Mux(is_first, taken, dyn.cur)),
+        ]
+        cqe, cqe_op, cqe_syn = sig("cqe"), sig("cqe_op", 4), sig("cqe_syn", 8)
+        cqe_index, cqe_bytes = sig("cqe_index", 16), sig("cqe_bytes", 32)
+        # a SEND's bytes so far, its length rule (rxe check_length) and whether it fits
+        soff, send_end = sig("soff", 32), sig("send_end", 33)
+        cap = wq.end[self.max_sge - 1]
+        send_len_ok, fits = sig("send_len_ok"), sig("fits")
+        m.d.comb += [
+            soff.eq(Mux(is_first, 0, dyn.recv)), send_end.eq(soff + p.payload_len),
+            send_len_ok.eq(Mux(is_last, (p.payload_len <= Const(128, 13) << cfg.mtu)
+                               & ((p.payload_len != 0) | is_first),
+                               p.payload_len == Const(128, 13) << cfg.mtu)),
+            fits.eq(send_end <= cap),
+        ]
+        # where the payload goes: the first segment that ends past the message's bytes so far
+        send_addr = sig("send_addr", 64)
+        for j in reversed(range(self.max_sge)):
+            start = wq.end[j - 1] if j else C(0, 32)
+            with m.If(soff < wq.end[j]):
+                m.d.comb += send_addr.eq(wq.addr[j] + (soff - start))
         # an atomic: its size (log 2 or 3 bytes, IBTA's always 3) and alignment
         atomic, atomic_dup, size_ok = sig("atomic"), sig("atomic_dup"), sig("size_ok")
         m.d.comb += size_ok.eq(((p.atomic.log_size == 3) & (p.reth.va[:3] == 0))
@@ -351,37 +428,79 @@ class Responder(wiring.Component):
                 resp_syn.eq(Aeth.ACK), new.dyn.nak_sent.eq(0), new.dyn.epsn.eq(dyn.epsn + 1),
                 new.dyn.msn.eq(dyn.msn + 1), new.dyn.unacked.eq(0),
             ]
-        with m.Elif(is_first == dyn.in_msg):
+        with m.Elif((is_first == dyn.in_msg) | (dyn.in_msg & (dyn.msg_send != send))):
+            # FIRST/ONLY inside a message, MIDDLE/LAST outside one or of the other kind
             m.d.comb += [verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1), fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
-        with m.Elif(is_first & (status != MrCheck.OK)):
-            m.d.comb += [verdict.eq(RxVerdict.ACCESS_ERROR), fatal.eq(1), fatal_syn.eq(Aeth.NAK_REMOTE_ACCESS)]
-        with m.Elif(~len_ok):
-            m.d.comb += [verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1), fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
+        with m.Elif(rwr & ~have):
+            # no receive WQE: RNR NAK at the packet's PSN; like a sequence NAK it
+            # acknowledges every earlier PSN, later packets wait for this one again
+            m.d.comb += [rnr.eq(1), new.dyn.nak_sent.eq(1), new.dyn.unacked.eq(0), respond.eq(1),
+                         resp_psn.eq(p.psn), resp_syn.eq(Aeth.RNR_NAK | cfg.min_rnr_timer)]
+        with m.Elif(~send & is_first & (status != MrCheck.OK)):
+            m.d.comb += [took.eq(rwr), verdict.eq(RxVerdict.ACCESS_ERROR), fatal.eq(1),
+                         fatal_syn.eq(Aeth.NAK_REMOTE_ACCESS)]
+        with m.Elif(Mux(send, ~send_len_ok, ~len_ok)):
+            m.d.comb += [took.eq(rwr), verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1),
+                         fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
+        with m.Elif(send & ~fits):
+            # more than the receive WQE holds: nothing written, the WQE fails LOCAL_LENGTH_ERR
+            m.d.comb += [took.eq(rwr), len_err.eq(1), verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1),
+                         fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
+        with m.Elif(send):
+            m.d.comb += [
+                took.eq(rwr), verdict.eq(RxVerdict.ACCEPTED), write.eq(n != 0),
+                new.dyn.nak_sent.eq(0), new.dyn.epsn.eq(dyn.epsn + 1), new.dyn.in_msg.eq(~is_last),
+                new.dyn.msg_send.eq(~is_last), new.dyn.cur.eq(wq), new.dyn.recv.eq(send_end),
+                new.dyn.unacked.eq(unacked),
+            ]
+            with m.If(is_last):
+                m.d.comb += [new.dyn.msn.eq(dyn.msn + 1), cqe.eq(1), cqe_index.eq(wq.index), cqe_bytes.eq(send_end),
+                             cqe_op.eq(Mux(p.has_imm, F.CqeOp.RESP_SEND_IMM, F.CqeOp.RESP_SEND))]
+            with m.If(p.ackreq | is_last | (unacked >= every)):
+                m.d.comb += [new.dyn.unacked.eq(0), respond.eq(1), resp_psn.eq(p.psn), resp_syn.eq(Aeth.ACK)]
         with m.Else():
             m.d.comb += [
                 verdict.eq(RxVerdict.ACCEPTED), write.eq(n != 0),
                 new.dyn.nak_sent.eq(0), new.dyn.epsn.eq(dyn.epsn + 1), new.dyn.in_msg.eq(~is_last),
                 new.dyn.msg_va.eq(va), new.dyn.msg_len.eq(total), new.dyn.msg_off.eq(end),
-                new.dyn.unacked.eq(unacked),
+                new.dyn.unacked.eq(unacked), new.dyn.msg_send.eq(0), took.eq(rwr),
             ]
             with m.If(is_last):
                 m.d.comb += new.dyn.msn.eq(dyn.msn + 1)
+            with m.If(rwr):         # a WRITE with immediate completes the WQE it took
+                m.d.comb += [cqe.eq(1), cqe_index.eq(taken.index), cqe_bytes.eq(total),
+                             cqe_op.eq(F.CqeOp.RESP_WR_IMM)]
             with m.If(p.ackreq | is_last | (unacked >= every)):
                 m.d.comb += [new.dyn.unacked.eq(0), respond.eq(1), resp_psn.eq(p.psn), resp_syn.eq(Aeth.ACK)]
+        # The receive WQEs: one given to a packet that did not take it is the QP's spare
+        # (while it has none: a second such WQE would be lost, docs/architecture.md); a
+        # packet that takes one uses the spare first, its own WQE becoming the spare.
+        with m.If(w.valid & ~dyn.spare.valid):
+            m.d.comb += new.dyn.spare.eq(w)
+        with m.If(took):
+            m.d.comb += new.dyn.spare.eq(Mux(dyn.spare.valid, w, 0))
         with m.If(fatal):
-            # Class C error: NAK with the offending PSN, nothing executed, QP to error.
+            # Class C error: NAK with the offending PSN, nothing executed, QP to error; the
+            # receive WQE the message holds completes in error.
             m.d.comb += [new.cfg.state.eq(QpState.ERR), new.dyn.in_msg.eq(0),
                          respond.eq(1), resp_psn.eq(p.psn), resp_syn.eq(fatal_syn)]
+            with m.If(took | (dyn.in_msg & dyn.msg_send)):
+                m.d.comb += [cqe.eq(1), cqe_op.eq(F.CqeOp.RESP_ERR), cqe_bytes.eq(0),
+                             cqe_index.eq(Mux(took, taken.index, dyn.cur.index)),
+                             cqe_syn.eq(Mux(len_err, F.Syndrome.LOCAL_LENGTH_ERR,
+                                            Mux(fatal_syn == Aeth.NAK_REMOTE_ACCESS, F.Syndrome.REMOTE_ACCESS_ERR,
+                                                F.Syndrome.REMOTE_INVAL_REQ_ERR)))]
         addr = sig("addr", 64)
-        m.d.comb += addr.eq(va + off)
+        m.d.comb += addr.eq(Mux(send, send_addr, va + off))
         return {"new": new, "verdict": verdict, "write": write, "respond": respond,
-                "psn": resp_psn, "syndrome": resp_syn, "addr": addr,
+                "psn": resp_psn, "syndrome": resp_syn, "addr": addr, "rnr": rnr,
+                "cqe": cqe, "cqe_op": cqe_op, "cqe_syn": cqe_syn, "cqe_index": cqe_index, "cqe_bytes": cqe_bytes,
                 "atomic": atomic, "atomic_dup": atomic_dup, "read": read | read_dup, "counted": read | atomic}
 
     def elaborate(self, platform):
         m = Module()
         qb = qp_bits(self.num_qps)
-        entry_layout = ResponderEntry(self.pd_bits)
+        entry_layout = ResponderEntry(self.pd_bits, self.max_sge)
         mrts = self._mrts
         for k, mrt in enumerate(mrts):
             m.submodules[f"mrt{k}"] = mrt
@@ -417,6 +536,8 @@ class Responder(wiring.Component):
 
         # Stage B: the pair whose contexts the RAM has read.
         b_pair = Signal(Pair(RxPacket()))
+        b_wqe = Signal.like(self.rwqe)
+        c_wqe = Signal.like(self.rwqe)
         b_full = Signal()
         # Stage C: in step with the key checks held in the memory-key tables.
         c_pair = Signal(Pair(RxPacket()))
@@ -448,7 +569,7 @@ class Responder(wiring.Component):
                          ans_rd[k].addr.eq(self.packets.p.p[k].dqpn[:qb]), ans_rd[k].en.eq(self.packets.ready),
                          ctl_rd[k].addr.eq(self.packets.p.p[k].dqpn[:qb]), ctl_rd[k].en.eq(self.packets.ready)]
         with m.If(take):
-            m.d.sync += [b_pair.eq(self.packets.p), b_full.eq(1), b_kill.eq(0)]   # read now: sees a create
+            m.d.sync += [b_pair.eq(self.packets.p), b_wqe.eq(self.rwqe), b_full.eq(1), b_kill.eq(0)]   # read now: sees a create
         with m.Elif(b_go):
             m.d.sync += b_full.eq(0)
         with m.Else():
@@ -490,7 +611,7 @@ class Responder(wiring.Component):
             b_npkts.append(n_)
         with m.If(b_go):
             m.d.sync += [c_npkts[0].eq(b_npkts[0]), c_npkts[1].eq(b_npkts[1]),
-                         c_pair.eq(b_pair), c_kill.eq(b_kill | created(b_pair)),
+                         c_pair.eq(b_pair), c_wqe.eq(b_wqe), c_kill.eq(b_kill | created(b_pair)),
                          c_ctx[0].eq(rd[0].data), c_ctx[1].eq(rd[1].data),
                          c_ctl[0].eq(ctl_rd[0].data), c_ctl[1].eq(ctl_rd[1].data),
                          c_ans[0].eq(ans_rd[0].data), c_ans[1].eq(ans_rd[1].data)]
@@ -510,25 +631,27 @@ class Responder(wiring.Component):
                                  Mux(last_valid[0] & (last_qpn[0] == qp[k]), last_ctx[0], c_ctx[k])))
             bypassed.append(b)
         m.d.comb += ctx[0].eq(bypassed[0])
-        d0 = self._decide(m, 0, p[0], ctx[0], mrts[0].results.p.status, c_ctl[0], c_npkts[0], c_ans[0])
+        d0 = self._decide(m, 0, p[0], ctx[0], mrts[0].results.p.status, c_ctl[0], c_npkts[0], c_ans[0], c_wqe[0])
         m.d.comb += ctx[1].eq(Mux(same, d0["new"], bypassed[1]))       # chained on lane 0
-        d1 = self._decide(m, 1, p[1], ctx[1], mrts[1].results.p.status, c_ctl[1], c_npkts[1], c_ans[1])
+        w1 = Signal(GateWqe(self.max_sge))
+        m.d.comb += w1.eq(Mux(present[1], c_wqe[1], 0))
+        d1 = self._decide(m, 1, p[1], ctx[1], mrts[1].results.p.status, c_ctl[1], c_npkts[1], c_ans[1], w1)
         dec = [d0, d1]
 
         # Outputs: registered, so no valid depends on a ready; the pair decides when every
         # output has room. Payload commands and responses are packed to the front.
-        cmd, resp, ato, rds = self.commands, self.responses, self.atomics, self.reads
+        cmd, resp, ato, rds, cqs = self.commands, self.responses, self.atomics, self.reads, self.cqes
         out_ready = Signal()
         m.d.comb += [
             out_ready.eq((~cmd.valid | cmd.ready) & (~resp.valid | resp.ready) & (~ato.valid | ato.ready)
-                         & (~rds.valid | rds.ready)),
+                         & (~rds.valid | rds.ready) & (~cqs.valid | cqs.ready)),
             mrts[0].results.ready.eq(out_ready), mrts[1].results.ready.eq(out_ready),
             c_go.eq(mrts[0].results.valid & out_ready),
         ]
         for k in range(2):
-            m.d.comb += [self.verdict_valid[k].eq(c_go & present[k] & ~_is_read_response(p[k])),
+            m.d.comb += [self.verdict_valid[k].eq(c_go & present[k] & ~_is_read_response(p[k]) & ~dec[k]["rnr"]),
                          self.verdict[k].eq(dec[k]["verdict"])]
-        for s_ in (cmd, resp, ato, rds):
+        for s_ in (cmd, resp, ato, rds, cqs):
             with m.If(s_.valid & s_.ready):
                 m.d.sync += s_.valid.eq(0)
         # An atomic (new or retried) goes to the AtomicUnit, and a fence to the write path:
@@ -540,14 +663,18 @@ class Responder(wiring.Component):
         fenced = [to_unit[k] | to_read[k] for k in range(2)]
         # (every READ RESPONSE gets one: its verdict, and its READ's completion, join it later)
         rresp = [present[k] & _is_read_response(p[k]) for k in range(2)]
-        has_cmd = [present[k] & ((p[k].payload_len != 0) | fenced[k] | rresp[k]) for k in range(2)]
+        # a receive completion: a CQE fence after the packet's write (or alone)
+        has_cqe = [present[k] & dec[k]["cqe"] for k in range(2)]
+        has_cmd = [present[k] & ((p[k].payload_len != 0) | fenced[k] | rresp[k] | dec[k]["cqe"]) for k in range(2)]
         has_resp = [present[k] & dec[k]["respond"] for k in range(2)]
-        cmds, resps, atos, jobs = [], [], [], []
+        cmds, resps, atos, jobs, cqes = [], [], [], [], []
         for k in range(2):
             c_ = Signal(RxWriteCommand, name=f"cmd{k}")
             m.d.comb += [c_.write.eq(dec[k]["write"]), c_.addr.eq(dec[k]["addr"]),
                          c_.offset.eq(p[k].payload_offset), c_.length.eq(p[k].payload_len),
-                         c_.inline.eq(p[k].inline | fenced[k] | (rresp[k] & (p[k].payload_len == 0))),
+                         c_.inline.eq(p[k].inline | fenced[k] | (rresp[k] & (p[k].payload_len == 0))
+                                      | (dec[k]["cqe"] & (p[k].payload_len == 0))),
+                         c_.cqe.eq(dec[k]["cqe"]),
                          c_.fence.eq(fenced[k]), c_.fence_read.eq(to_read[k]), c_.read_response.eq(rresp[k]),
                          c_.data.eq(p[k].inline_data), c_.qp.eq(p[k].dqpn)]
             r_ = Signal(ResponderAck, name=f"resp{k}")
@@ -567,6 +694,12 @@ class Responder(wiring.Component):
                 for op, aop in _ATOMIC_OP.items():
                     with m.Case(op):
                         m.d.comb += a_.op.eq(aop)
+            q_ = Signal(RecvCqe, name=f"cqe{k}")
+            m.d.comb += [q_.qpn.eq(p[k].dqpn), q_.cqn.eq(ctx[k].cfg.rcqn), q_.user_index.eq(ctx[k].cfg.user_index),
+                         q_.opcode.eq(dec[k]["cqe_op"]), q_.syndrome.eq(dec[k]["cqe_syn"]),
+                         q_.index.eq(dec[k]["cqe_index"]), q_.byte_cnt.eq(dec[k]["cqe_bytes"]),
+                         q_.imm.eq(Mux(dec[k]["cqe_op"] == F.CqeOp.RESP_ERR, 0, p[k].imm)), q_.se.eq(p[k].se & (dec[k]["cqe_op"] != F.CqeOp.RESP_ERR))]
+            cqes.append(q_)
             cmds.append(c_)
             resps.append(r_)
             atos.append(a_)
@@ -575,7 +708,8 @@ class Responder(wiring.Component):
             m.d.sync += [cmd.valid.eq(has_cmd[0] | has_cmd[1]), *pack_pair(cmd.p, has_cmd, cmds),
                          resp.valid.eq(has_resp[0] | has_resp[1]), *pack_pair(resp.p, has_resp, resps),
                          ato.valid.eq(to_unit[0] | to_unit[1]), *pack_pair(ato.p, to_unit, atos),
-                         rds.valid.eq(to_read[0] | to_read[1]), *pack_pair(rds.p, to_read, jobs)]
+                         rds.valid.eq(to_read[0] | to_read[1]), *pack_pair(rds.p, to_read, jobs),
+                         cqs.valid.eq(has_cqe[0] | has_cqe[1]), *pack_pair(cqs.p, has_cqe, cqes)]
 
         # Context writes: the decisions (lane 0's only when lane 1 is of another QP; none of
         # a lane read before a create of its QP), and a QP create from the control path.

@@ -95,6 +95,8 @@ class RxWriteIssuer(wiring.Component):
         The writes before the oldest waiting fence have all landed (one strobe per fence).
     fence_read : Out(1)
         With ``fence_done``: that fence is a READ's (else an atomic's).
+    fence_cqe : Out(1)
+        With ``fence_done``: that fence is a receive completion's (its CQE may be written).
     fence_local : Out(1)
         With ``fence_done``: that fence is a completing READ's of this NIC's requester.
     """
@@ -108,7 +110,7 @@ class RxWriteIssuer(wiring.Component):
             "orders": In(stream.Signature(Pair(RxWriteOrder))),
             "writer": In(sig),
             "p0": Out(sig), "p1": Out(sig),
-            "fence_done": Out(1), "fence_read": Out(1), "fence_local": Out(1),
+            "fence_done": Out(1), "fence_read": Out(1), "fence_local": Out(1), "fence_cqe": Out(1),
         })
 
     def elaborate(self, platform):
@@ -183,14 +185,14 @@ class RxWriteIssuer(wiring.Component):
         # fences: each port's count of bursts issued (pushed) and answered (B)
         issued = [Signal(16, name=f"issued{p}") for p in range(2)]
         answered = [Signal(16, name=f"answered{p}") for p in range(2)]
-        m.submodules.fence_q = fence_q = SyncFIFOBuffered(width=34, depth=self.fences)
+        m.submodules.fence_q = fence_q = SyncFIFOBuffered(width=35, depth=self.fences)
         fence_take = Signal()
         m.d.comb += fence_take.eq(a_there & a.fence & fence_q.w_rdy)
         landed = Signal()
         m.d.comb += landed.eq(fence_q.r_rdy & ~(answered[0] - fence_q.r_data[:16])[15]
                               & ~(answered[1] - fence_q.r_data[16:32])[15])
         m.d.comb += [fence_q.r_en.eq(landed), self.fence_done.eq(landed), self.fence_read.eq(fence_q.r_data[32]),
-                     self.fence_local.eq(fence_q.r_data[33])]
+                     self.fence_local.eq(fence_q.r_data[33]), self.fence_cqe.eq(fence_q.r_data[34])]
         a_issue, a_port, a_done = Signal(), Signal(), Signal()
         m.d.comb += [
             a_issue.eq((a_there & (can[0] | can[1])) | fence_take),
@@ -221,8 +223,9 @@ class RxWriteIssuer(wiring.Component):
         m.d.comb += [push_a[p].eq(a_issue & ~a.fence & (a_port == p)) for p in range(2)]
         m.d.comb += [
             fence_q.w_en.eq(fence_take | b_fence),
-            fence_q.w_data.eq(Mux(b_fence, Cat((issued[0] + push_a[0])[:16], (issued[1] + push_a[1])[:16], b.fence_read, b.fence_local),
-                                  Cat(issued[0], issued[1], a.fence_read, a.fence_local))),
+            fence_q.w_data.eq(Mux(b_fence, Cat((issued[0] + push_a[0])[:16], (issued[1] + push_a[1])[:16], b.fence_read,
+                                               b.fence_local, b.fence_cqe),
+                                  Cat(issued[0], issued[1], a.fence_read, a.fence_local, a.fence_cqe))),
         ]
         finish = Signal()
         m.d.comb += [finish.eq(a_done & (~b_exists | (b_issue & ~b_half) | b_fence)), self.orders.ready.eq(finish)]

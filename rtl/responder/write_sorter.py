@@ -23,6 +23,7 @@ RxWriteOrder = data.StructLayout({
     "fence":  unsigned(1),      # no write: an atomic or READ, which reads memory once the writes before it landed
     "fence_read": unsigned(1),  # with fence: a READ's (else an atomic's)
     "fence_local": unsigned(1), # with fence: a READ of this NIC's requester completes (its bytes landed)
+    "fence_cqe": unsigned(1),   # with fence: a receive completion (its CQE is written once it is done)
 })
 RxWriteOrder.__doc__ = """One write to GPU memory, in the order the responder accepted them
 (see :class:`rtl.responder.write_issuer.RxWriteIssuer`)."""
@@ -40,8 +41,12 @@ class RxWriteSorter(wiring.Component):
     each frame of the segment stream once; an accepted one with payload also becomes an
     order that stands for the writer's one or two AXI bursts.
 
+    A command with ``cqe`` (a receive completion) is followed by a CQE fence order
+    (``fence_cqe``), after its write if it has one. A pair with such a command goes one lane
+    a cycle (each lane's up to two orders in one transfer).
+
     One pair is taken per cycle, or two cycles for a pair of two writer commands (the
-    writer takes one per cycle). Both outputs are registered.
+    writer takes one per cycle) or with a receive completion. Both outputs are registered.
 
     Members
     -------
@@ -79,6 +84,17 @@ class RxWriteSorter(wiring.Component):
                 o.length.eq(c[k].length[:3]), o.data.eq(c[k].data), o.qp.eq(c[k].qp),
             ]
             orders.append(o)
+        # per lane: its write order (if any) then its CQE fence (if any), packed to the front
+        cq = [present[k] & c[k].cqe for k in range(2)]
+        any_cqe = Signal()
+        m.d.comb += any_cqe.eq(cq[0] | cq[1])
+        lane_pairs = []
+        for k in range(2):
+            f = Signal(RxWriteOrder, name=f"cqe_fence{k}")
+            m.d.comb += [f.fence.eq(1), f.fence_cqe.eq(1), f.qp.eq(c[k].qp)]
+            lp = Signal.like(self.orders.p, name=f"lane_orders{k}")
+            m.d.comb += pack_pair(lp, [does[k], cq[k]], [orders[k], f])
+            lane_pairs.append(lp)
 
         half = Signal()                  # p[0] went to the writer; p[1] is next
         cmd_free, ord_free = Signal(), Signal()
@@ -90,10 +106,26 @@ class RxWriteSorter(wiring.Component):
             m.d.sync += self.orders.valid.eq(0)
 
         go = Signal()
-        with m.If(half):
+        with m.If(half & any_cqe):
+            # lane 1 of a pair with a receive completion
+            m.d.comb += [go.eq(self.i.valid & cmd_free & ord_free), self.i.ready.eq(go)]
+            with m.If(go):
+                m.d.sync += [self.commands.valid.eq(seg[1]), self.commands.p.eq(c[1]), half.eq(0),
+                             self.orders.valid.eq(does[1] | cq[1]), self.orders.p.eq(lane_pairs[1])]
+        with m.Elif(half):
             m.d.comb += [go.eq(self.i.valid & cmd_free), self.i.ready.eq(go)]
             with m.If(go):
                 m.d.sync += [self.commands.valid.eq(1), self.commands.p.eq(c[1]), half.eq(0)]
+        with m.Elif(any_cqe):
+            # lane 0 of a pair with a receive completion (the whole pair when it is alone)
+            m.d.comb += go.eq(self.i.valid & cmd_free & ord_free)
+            with m.If(go):
+                m.d.sync += [self.commands.valid.eq(seg[0]), self.commands.p.eq(c[0]),
+                             self.orders.valid.eq(does[0] | cq[0]), self.orders.p.eq(lane_pairs[0])]
+                with m.If(pair.second):
+                    m.d.sync += half.eq(1)
+                with m.Else():
+                    m.d.comb += self.i.ready.eq(1)
         with m.Else():
             m.d.comb += go.eq(self.i.valid & cmd_free & ord_free)
             with m.If(go):

@@ -1,0 +1,188 @@
+"""Receive gate: the receive WQE of each request that consumes one, looked up in the
+``RecvQueue`` before the ``Responder`` decides."""
+from amaranth.hdl import *
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from spec import formats as F
+from rtl.common.contexts import qp_bits
+from rtl.common.rx_packet import RxPacket
+from rtl.common.stream import Pair, StreamFifo
+from rtl.responder.recv_queue import RecvAnswer, RecvConsume, RecvQuery, RecvWqe
+
+__all__ = ["RecvGate", "GateWqe", "GatedPair", "RWR_OPS", "SEND_OPS", "is_rwr"]
+
+# The packets that consume a receive WQE (rxe's RXE_RWR_MASK, model.responder.RWR_OPCODES)
+RWR_OPS = (F.Op.SEND_FIRST, F.Op.SEND_ONLY, F.Op.SEND_ONLY_IMM, F.Op.WRITE_ONLY_IMM, F.Op.WRITE_LAST_IMM)
+SEND_OPS = (F.Op.SEND_FIRST, F.Op.SEND_MIDDLE, F.Op.SEND_LAST, F.Op.SEND_LAST_IMM, F.Op.SEND_ONLY,
+            F.Op.SEND_ONLY_IMM)
+
+
+def is_rwr(opcode):
+    """The packet of BTH opcode ``opcode`` (a Value) consumes a receive WQE."""
+    out = C(0, 1)
+    for op in RWR_OPS:
+        out = out | (opcode == op)
+    return out
+
+
+def GateWqe(max_sge):
+    """A receive WQE as the responder keeps it: its counter (``index``), each data
+    segment's address and the running sum of the segment lengths up to and including it
+    (``end``; the segments past the WQE's last end where it does), and its capacity
+    (``end`` of the last). ``valid``: there is one (a query answered available)."""
+    return data.StructLayout({
+        "valid": unsigned(1), "index": unsigned(16),
+        "addr": data.ArrayLayout(unsigned(64), max_sge), "end": data.ArrayLayout(unsigned(32), max_sge),
+    })
+
+
+def GatedPair(max_sge):
+    """A request pair with the receive WQE each lane took from the ``RecvQueue``."""
+    return data.StructLayout({"pair": Pair(RxPacket()), "wqe": data.ArrayLayout(GateWqe(max_sge), 2)})
+
+
+class RecvGate(wiring.Component):
+    """Gives each request that consumes a receive WQE (``RWR_OPS``) the QP's next receive
+    WQE, or says that none is posted, before the responder decides on it.
+
+    The responder checks the PSN and the opcode sequence before the receive WQE (RNR), as
+    ``model.responder`` does, so it does not know yet whether the packet takes the WQE.
+    The gate takes it anyway: a query to the ``RecvQueue`` per such packet, in packet
+    order; each query answered available is consumed (``ok`` = 1) at once and its WQE
+    (segments, counter) attached to the packet. A packet that then does not take it (a
+    duplicate, a packet behind a gap) leaves it to the QP's next one (the responder keeps
+    one such spare per QP), so WQEs are used in the order the model uses them.
+
+    Pipeline: a pair is taken when its queries (one a cycle: a pair of two such packets
+    takes two cycles) are issued and the pair queue has room; answers go to a queue of
+    bits and their consumes to the ``RecvQueue``; WQEs come back in consume order into a
+    queue. The output stage takes the head pair's lanes one a cycle when they need a WQE
+    (a lane that needs none costs nothing), so up to one such packet a cycle leaves. The
+    queues cover the prefetched case (a few cycles from query to WQE); a WQE read from
+    memory holds the gate for its round trip.
+
+    Parameters
+    ----------
+    num_qps : int
+        QPs (as the ``RecvQueue``).
+    max_sge : int
+        Data segments of a receive WQE (as the ``RecvQueue``).
+    depth : int
+        Pairs waiting for their answers and WQEs (and answers and WQEs waiting for their pair).
+
+    Members
+    -------
+    i : In(stream.Signature(Pair(RxPacket())))
+        The requests, as ``RxDispatch.requests`` gives them.
+    o : Out(stream.Signature(GatedPair(max_sge)))
+        The same pairs, in order, each lane with its WQE (``wqe[k].valid`` = 0: none
+        posted, or the packet consumes none).
+    query, answer, consume, wqe :
+        The ``RecvQueue``'s ports, flipped.
+    """
+    def __init__(self, *, num_qps, max_sge, depth=16):
+        if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
+            raise ValueError(f"num_qps must be a power of two >= 2, not {num_qps!r}")
+        if not isinstance(max_sge, int) or not 1 <= max_sge <= 7:
+            raise ValueError(f"max_sge must be 1..7, not {max_sge!r}")
+        if not isinstance(depth, int) or depth < 2:
+            raise ValueError(f"depth must be an int >= 2, not {depth!r}")
+        self.num_qps, self.max_sge, self.depth = num_qps, max_sge, depth
+        super().__init__({
+            "i": In(stream.Signature(Pair(RxPacket()))),
+            "o": Out(stream.Signature(GatedPair(max_sge))),
+            "query": Out(stream.Signature(RecvQuery(num_qps))),
+            "answer": In(stream.Signature(RecvAnswer(num_qps))),
+            "consume": Out(stream.Signature(RecvConsume(num_qps))),
+            "wqe": In(stream.Signature(RecvWqe(num_qps, max_sge))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        qb = qp_bits(self.num_qps)
+        m.submodules.pairs = pairs = StreamFifo(Pair(RxPacket()), self.depth)
+        m.submodules.avail = avail = StreamFifo(unsigned(1), 2 * self.depth)
+        m.submodules.wqes = wqes = StreamFifo(GateWqe(self.max_sge), 2 * self.depth)
+
+        # ---- in: one query a cycle (lane 0, then lane 1), the pair queued with the last ----
+        pin = self.i.p
+        need = [is_rwr(pin.p[0].opcode), pin.second & is_rwr(pin.p[1].opcode)]
+        half = Signal()                 # lane 0's query went out; lane 1's is next
+        lane1 = Signal()
+        m.d.comb += lane1.eq(half | ~need[0])
+        qpn = Mux(lane1, pin.p[1].dqpn, pin.p[0].dqpn)
+        asking = Signal()
+        m.d.comb += [asking.eq(self.i.valid & pairs.i.ready & (need[0] & ~half | need[1])),
+                     self.query.valid.eq(asking), self.query.p.qpn.eq(qpn[:qb])]
+        asked = asking & self.query.ready
+        # the pair goes when its last query does (or at once with none)
+        last = Signal()
+        m.d.comb += last.eq(Mux(need[1], lane1 & asked, Mux(need[0], asked, 1)))
+        m.d.comb += [pairs.i.valid.eq(self.i.valid & last), pairs.i.p.eq(pin),
+                     self.i.ready.eq(pairs.i.ready & last)]
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += half.eq(0)
+        with m.Elif(asked & need[0] & need[1] & ~half):
+            m.d.sync += half.eq(1)
+
+        # ---- answers: an available one is consumed at once ---------------------------------
+        a = self.answer
+        m.d.comb += [
+            self.consume.valid.eq(a.valid & a.p.available & avail.i.ready),
+            self.consume.p.qpn.eq(a.p.qpn), self.consume.p.ok.eq(1),
+            avail.i.valid.eq(a.valid & (~a.p.available | self.consume.ready)),
+            avail.i.p.eq(a.p.available),
+            a.ready.eq(avail.i.valid & avail.i.ready),
+        ]
+
+        # ---- WQEs: the segment ends summed as they arrive ------------------------------------
+        w = self.wqe.p
+        gw = Signal(GateWqe(self.max_sge))
+        run = C(0, 32)
+        m.d.comb += [gw.valid.eq(1), gw.index.eq(w.index)]
+        for j in range(self.max_sge):
+            here = Signal(32, name=f"end{j}")
+            m.d.comb += here.eq(run + Mux(j < w.nsge, w.sge[j].length, 0))
+            m.d.comb += [gw.addr[j].eq(w.sge[j].addr), gw.end[j].eq(here)]
+            run = here
+        m.d.comb += [wqes.i.valid.eq(self.wqe.valid), wqes.i.p.eq(gw), self.wqe.ready.eq(wqes.i.ready)]
+
+        # ---- out: the head pair's lanes take their answers (and WQEs) one a cycle -----------
+        hp = pairs.o.p
+        hneed = [is_rwr(hp.p[0].opcode), hp.second & is_rwr(hp.p[1].opcode)]
+        got = Signal(2)                  # lanes of the head pair already served
+        held = Signal(data.ArrayLayout(GateWqe(self.max_sge), 2))
+        out_free = Signal()
+        m.d.comb += out_free.eq(~self.o.valid | self.o.ready)
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        # the lane served this cycle: the first one needing a WQE not yet served
+        k1 = Signal()
+        m.d.comb += k1.eq(~hneed[0] | got[0])
+        pending = Signal()
+        m.d.comb += pending.eq(Mux(k1, hneed[1] & ~got[1], 1))
+        # its answer and, if available, its WQE are there
+        ready_now = Signal()
+        m.d.comb += ready_now.eq(avail.o.valid & (~avail.o.p | wqes.o.valid))
+        serve = Signal()
+        m.d.comb += serve.eq(pairs.o.valid & pending & ready_now)
+        cur = Signal(GateWqe(self.max_sge))
+        m.d.comb += [cur.eq(wqes.o.p), cur.valid.eq(avail.o.p)]
+        m.d.comb += [avail.o.ready.eq(serve), wqes.o.ready.eq(serve & avail.o.p)]
+        # the pair leaves once its last lane needing a WQE is served (in that cycle)
+        done_after = Signal()
+        m.d.comb += done_after.eq(Mux(pending, Mux(k1, 1, ~hneed[1]) & serve, 1))
+        go = Signal()
+        m.d.comb += [go.eq(pairs.o.valid & out_free & done_after), pairs.o.ready.eq(go)]
+        with m.If(serve & ~go):
+            with m.If(k1):
+                m.d.sync += [held[1].eq(cur), got[1].eq(1)]
+            with m.Else():
+                m.d.sync += [held[0].eq(cur), got[0].eq(1)]
+        with m.If(go):
+            m.d.sync += [got.eq(0), self.o.valid.eq(1), self.o.p.pair.eq(hp)]
+            for k in range(2):
+                lane_now = serve & ((k1 if k else ~k1))
+                m.d.sync += self.o.p.wqe[k].eq(Mux(lane_now, cur, Mux(got[k], held[k], 0)))
+        return m

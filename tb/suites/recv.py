@@ -1,0 +1,235 @@
+"""System regressions of the two-sided verbs with the NIC as responder (cocotb): SEND,
+SEND with immediate and WRITE with immediate into receive queues in the NIC's GPU memory.
+
+The peer requester is played by the golden model's frames (``model.frames.build_message_frames``),
+which enter on MAC RX; the NIC's receive WQEs are posted by the GPU model
+(``Qp.post_recv``: rdma-core's layout from ``model.recv_queue``). The golden responder
+(``RcResponder`` with ``two_sided``, reading the same receive queues) sees the same frames:
+the NIC's ACK/NAK frames must equal its, its receive CQEs must equal the model's byte for
+byte, and they are also checked as plain numbers (opcode, byte count, immediate, QPN,
+WQE counter, owner), and the scattered bytes in GPU memory against the scatter worked out
+here from the segments (not from the model).
+"""
+import cocotb
+from cocotb.triggers import ClockCycles
+
+from model.cqe import CqContext, parse_cqe
+from model.frames import Port, QpContext, build_message_frames
+from model.mr import MemoryRegion
+from model.responder import RcResponder
+from spec.formats import AETH, OFF_EXT, Access, Aeth, CqeOp, Syndrome, WqeOp, unpack
+from tb.env import PORT_IP, PORT_MAC, NicEnv, peer_ip, peer_mac
+from tb.rc_env import match_coalesced, peer_port
+
+PD = 5
+DST = 0x2000_0000                    # WRITE with immediate lands here
+KEY = (0x41 << 8) | 0x3C
+BUFS = 0x3000_0000                   # receive buffers
+FILL = 0xEE                          # what the receive buffers hold before
+RCQN = 1
+RCQ_LOG = 5
+
+
+class RecvEnv:
+    """The NIC with RC QPs that have receive queues (QP q: MTU ``mtus[q]``), the golden
+    responder of the same set-up, and the peers' PSNs."""
+
+    @classmethod
+    async def start(cls, dut, mtus, *, log_size=4, log_stride=6, min_rnr_timer=3):
+        self = cls()
+        self.dut = dut
+        self.env = env = await NicEnv(dut).start()
+        cq = await env.cq(0, 4)
+        self.rcq = rcq = await env.cq(RCQN, RCQ_LOG)
+        self.model = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), two_sided=True, read_memory=env.mem.read,
+                                 cqs={RCQN: CqContext(RCQN, RCQ_LOG, base=rcq.base)})
+        self.qps, self.peers, self.psn = {}, {}, {}
+        for q, mtu in mtus.items():
+            qp = await env.qp(q, cq, mtu=mtu, remote_qpn=0x100 + q, rq_psn=0x10 * q, pd=PD, ack_every=1,
+                              recv=(log_size, log_stride), rcq=rcq, min_rnr_timer=min_rnr_timer)
+            self.qps[q] = qp
+            self.model.add_qp(QpContext(qpn=q, remote_qpn=0x100 + q, dmac=peer_mac(q), dip=peer_ip(q),
+                                        start_psn=0x10 * q, mtu=mtu, rq=qp.rq, rcqn=RCQN,
+                                        min_rnr_timer=min_rnr_timer, user_index=qp.user_index), PD)
+            self.peers[q] = QpContext(qpn=0x100 + q, remote_qpn=q, dmac=PORT_MAC, dip=PORT_IP, start_psn=0x10 * q,
+                                      mtu=mtu)
+            self.psn[q] = 0x10 * q
+        region = MemoryRegion(key=KEY, base=DST, length=1 << 20, access=Access.LOCAL_WRITE | Access.REMOTE_WRITE,
+                              pd=PD)
+        await env.ctl.register_mr(region.key, region.base, region.length, region.access, region.pd)
+        self.model.register(region)
+        env.mem.write(BUFS, bytes([FILL]) * 0x10000)
+        self.expect_mem = bytearray([FILL]) * 0x10000      # the buffers as they must end up
+        self.responses = []                                # the model's ACK/NAK frames so far
+        self.sent = 0
+        return self
+
+    def message(self, q, opcode, payload, *, imm=None, raddr=0, se=False, advance=True):
+        """The frames of one message of QP q's peer (its next PSNs)."""
+        fs = build_message_frames(self.peers[q], peer_port(q), opcode, payload, self.psn[q], raddr=raddr, rkey=KEY,
+                                  imm=imm, se=se)
+        if advance:
+            self.psn[q] = (self.psn[q] + len(fs)) & 0xFFFFFF
+        return fs
+
+    def scatter(self, segments, payload):
+        """Where a SEND's payload must land (worked out here): the segments in order."""
+        pos = 0
+        for addr, length in segments:
+            piece = payload[pos:pos + length]
+            self.expect_mem[addr - BUFS:addr - BUFS + len(piece)] = piece
+            pos += len(piece)
+
+    async def exchange(self, frames):
+        """The frames into MAC RX; the NIC's answers must be the model's."""
+        results = [self.model.receive(f) for f in frames]
+        self.responses += [f for r in results for f in r.frames_out]
+        for f in frames:
+            self.env.rx.send(f)
+        while not self.env.rx.idle:
+            await ClockCycles(self.dut.clk, 16)
+        try:
+            await self.env.wire.wait_frames(len(self.responses), timeout_cycles=20_000)
+        except TimeoutError:
+            pass
+        await ClockCycles(self.dut.clk, 400)
+        match_coalesced([f.data for f in self.env.wire.frames], self.responses)
+        return results
+
+    def check(self):
+        """GPU memory (the receive buffers) and the receive CQ, as worked out and as the model."""
+        got = self.env.mem.read(BUFS, len(self.expect_mem))
+        if got != bytes(self.expect_mem):
+            i = next(i for i, (x, y) in enumerate(zip(got, self.expect_mem)) if x != y)
+            raise AssertionError(f"receive buffer at {BUFS + i:#x}: {got[i]:#04x}, expected {self.expect_mem[i]:#04x}")
+        cq = self.model.cqs[RCQN]
+        buf = self.env.mem.read(self.rcq.base, 64 << RCQ_LOG)
+        for rec in cq.records:
+            raw = buf[rec.slot * 64:rec.slot * 64 + 64]
+            assert raw == rec.cqe, f"receive CQE {rec.k}: RTL {raw.hex()}, model {rec.cqe.hex()}"
+        # nothing beyond the model's CQEs
+        for k in range(len(cq.records), min(len(cq.records) + 4, 1 << RCQ_LOG)):
+            raw = buf[(k % (1 << RCQ_LOG)) * 64:(k % (1 << RCQ_LOG)) * 64 + 64]
+            assert raw[63] == 0xFF, f"a receive CQE more than the model's at slot {k}: {raw.hex()}"
+        return [parse_cqe(buf[r.slot * 64:r.slot * 64 + 64]) for r in cq.records]
+
+
+def _payload(n, seed):
+    return bytes((seed * 7 + 13 * i) & 0xFF for i in range(n))
+
+
+def _cqe_numbers(c, opcode, qpn, counter, byte_cnt, imm=0, syndrome=0, owner=0):
+    want = dict(opcode=opcode, qpn=qpn, wqe_counter=counter, byte_cnt=byte_cnt, imm=imm, owner=owner)
+    if opcode == CqeOp.RESP_ERR:
+        want["syndrome"] = syndrome
+    got = {k: c[k] for k in want}
+    assert got == want, f"CQE fields {got}, expected {want}"
+
+
+@cocotb.test()
+async def send_scatter(dut):
+    """SENDs into one- and three-segment receive WQEs (multi-packet SENDs whose packets
+    fill the segments in turn, a SEND that leaves a segment untouched), a SEND_IMM and a
+    0-byte SEND, on two QPs: ACKs and receive CQEs as the model, the bytes where the
+    segments say (each packet's payload within one segment)."""
+    r = await RecvEnv.start(dut, {1: 256, 2: 1024})
+    qp1, qp2 = r.qps[1], r.qps[2]
+    segs = {
+        # QP 1 (MTU 256): one segment; three segments (packets of 256 fill 256, 512 of them)
+        1: [[(BUFS + 0x000, 300)], [(BUFS + 0x200, 256), (BUFS + 0x400, 512), (BUFS + 0x800, 100)],
+            [(BUFS + 0xA00, 64)], [(BUFS + 0xB00, 16)]],
+        # QP 2 (MTU 1024): a SEND_IMM into the second of two segments, after a 0-length one
+        2: [[(BUFS + 0x1000, 0), (BUFS + 0x1100, 2048)], [(BUFS + 0x2000, 8)]],
+    }
+    for q, lists in segs.items():
+        r.qps[q].post_recv(*lists)
+    frames, done = [], []
+    # QP 1: 300 bytes into 300; 700 bytes over 256 + 512 (+ 100 untouched... 700 - 768 < 0)
+    p = _payload(300, 1)
+    frames += r.message(1, WqeOp.SEND, p)
+    r.scatter(segs[1][0], p)
+    p = _payload(700, 2)
+    frames += r.message(1, WqeOp.SEND, p)
+    r.scatter(segs[1][1], p)
+    p = _payload(8, 3)
+    frames += r.message(1, WqeOp.SEND_IMM, p, imm=0x11223344, se=True)
+    r.scatter(segs[1][2], p)
+    frames += r.message(1, WqeOp.SEND, b"")            # 0 bytes: a CQE, nothing written
+    # QP 2: 1500 bytes (two packets) into the second segment; an 8-byte SEND_IMM
+    p = _payload(1500, 4)
+    frames += r.message(2, WqeOp.SEND, p)
+    r.scatter(segs[2][0], p)
+    p = _payload(8, 5)
+    frames += r.message(2, WqeOp.SEND_IMM, p, imm=0xCAFEF00D)
+    r.scatter(segs[2][1], p)
+    await r.exchange(frames)
+    cqes = r.check()
+    want = [(CqeOp.RESP_SEND, 1, 0, 300), (CqeOp.RESP_SEND, 1, 1, 700), (CqeOp.RESP_SEND_IMM, 1, 2, 8, 0x11223344),
+            (CqeOp.RESP_SEND, 1, 3, 0), (CqeOp.RESP_SEND, 2, 0, 1500), (CqeOp.RESP_SEND_IMM, 2, 1, 8, 0xCAFEF00D)]
+    assert len(cqes) == len(want)
+    for c, w in zip(cqes, want):
+        _cqe_numbers(c, *w)
+    assert cqes[2]["se"] == 1
+
+
+@cocotb.test()
+async def write_imm(dut):
+    """WRITE with immediate, ONLY_IMM and FIRST..LAST_IMM: written at the RETH address, a
+    receive WQE consumed by the last packet only, RESP_WR_IMM with the RETH length."""
+    r = await RecvEnv.start(dut, {1: 256})
+    r.qps[1].post_recv([(BUFS, 64)], [(BUFS + 0x100, 64)])
+    frames = []
+    a = _payload(100, 6)
+    frames += r.message(1, WqeOp.RDMA_WRITE_IMM, a, imm=0x01020304, raddr=DST + 0x10)
+    b = _payload(600, 7)
+    frames += r.message(1, WqeOp.RDMA_WRITE_IMM, b, imm=0xA0B0C0D0, raddr=DST + 0x1000)
+    await r.exchange(frames)
+    assert r.env.mem.read(DST + 0x10, 100) == a and r.env.mem.read(DST + 0x1000, 600) == b
+    cqes = r.check()
+    assert len(cqes) == 2
+    _cqe_numbers(cqes[0], CqeOp.RESP_WR_IMM, 1, 0, 100, 0x01020304)
+    _cqe_numbers(cqes[1], CqeOp.RESP_WR_IMM, 1, 1, 600, 0xA0B0C0D0)
+
+
+@cocotb.test()
+async def rnr_then_posted(dut):
+    """No receive WQE posted: RNR NAK (the QP's timer code, the packet's PSN), the packets
+    behind it dropped; posted, the resend is accepted. A duplicate SEND is ACKed and
+    consumes no WQE."""
+    r = await RecvEnv.start(dut, {1: 1024}, min_rnr_timer=7)
+    first = r.message(1, WqeOp.SEND, _payload(40, 8), advance=False)
+    second = build_message_frames(r.peers[1], peer_port(1), WqeOp.SEND, _payload(24, 9), r.psn[1] + 1)
+    res = await r.exchange(first + second)
+    assert res[0].response_kind == "nak_rnr" and res[1].response is None
+    nak = unpack(AETH, r.env.wire.frames[-1].data, OFF_EXT)
+    assert nak["syndrome"] == Aeth.RNR_NAK | 7, nak
+    r.qps[1].post_recv([(BUFS, 64)], [(BUFS + 0x100, 64)], [(BUFS + 0x200, 64)])
+    await r.exchange(first + second + first)          # the resend, then a duplicate of the first
+    r.scatter([(BUFS, 64)], _payload(40, 8))
+    r.scatter([(BUFS + 0x100, 64)], _payload(24, 9))
+    r.psn[1] += 2
+    third = r.message(1, WqeOp.SEND, _payload(16, 10))   # takes the third WQE (the duplicate took none)
+    await r.exchange(third)
+    r.scatter([(BUFS + 0x200, 64)], _payload(16, 10))
+    cqes = r.check()
+    assert [(c["wqe_counter"], c["byte_cnt"]) for c in cqes] == [(0, 40), (1, 24), (2, 16)]
+
+
+@cocotb.test()
+async def length_error(dut):
+    """A SEND longer than its receive WQE: NAK invalid request, nothing written, the WQE
+    completes with RESP_ERR / LOCAL_LENGTH_ERR, the QP goes to ERR (later packets
+    dropped unanswered)."""
+    r = await RecvEnv.start(dut, {1: 256})
+    r.qps[1].post_recv([(BUFS, 32)], [(BUFS + 0x100, 100)])
+    ok = _payload(32, 11)
+    frames = r.message(1, WqeOp.SEND, ok)
+    r.scatter([(BUFS, 32)], ok)
+    frames += r.message(1, WqeOp.SEND, _payload(200, 12))     # 200 > 100
+    frames += r.message(1, WqeOp.SEND, _payload(8, 13))
+    res = await r.exchange(frames)
+    assert [x.response_kind for x in res] == ["ack", "nak_invalid_request", None]
+    cqes = r.check()
+    assert len(cqes) == 2
+    _cqe_numbers(cqes[0], CqeOp.RESP_SEND, 1, 0, 32)
+    _cqe_numbers(cqes[1], CqeOp.RESP_ERR, 1, 1, 0, syndrome=Syndrome.LOCAL_LENGTH_ERR)
