@@ -23,6 +23,16 @@ from spec import params as P
 BEAT = P.DATA_BYTES
 SEG = P.SEGMENT_BYTES
 INLINE_OFFSET = F.WQE_INLINE_OFFSET
+# The WRITE-like WQEs (the parser's MessageKind.WRITE): packets of payload, the SEND ones
+# without a RETH, the _IMM ones with an ImmDt on the last packet.
+WRITE_LIKE = (F.WqeOp.RDMA_WRITE, F.WqeOp.RDMA_WRITE_IMM, F.WqeOp.SEND, F.WqeOp.SEND_IMM)
+SENDS = (F.WqeOp.SEND, F.WqeOp.SEND_IMM)
+WITH_IMM = (F.WqeOp.RDMA_WRITE_IMM, F.WqeOp.SEND_IMM)
+
+
+def inline_offset(w):
+    """Where a WRITE-like WQE's inline data starts in it: a SEND has no raddr segment."""
+    return F.SEND_INLINE_OFFSET if w.opcode in SENDS else INLINE_OFFSET
 
 
 class _Fifo:
@@ -85,8 +95,8 @@ class EngineCycleModel:
         for qpn, (mtu, depth, posted, *rest) in qps.items():
             wqes = {}
             for w in posted:
-                if w.opcode not in (F.WqeOp.RDMA_WRITE, F.WqeOp.NOP):
-                    raise ValueError(f"the cycle model covers RDMA WRITE and NOP, not opcode {w.opcode:#x}")
+                if w.opcode not in WRITE_LIKE + (F.WqeOp.NOP,):
+                    raise ValueError(f"the cycle model covers RDMA WRITE (with immediate), SEND and NOP, not opcode {w.opcode:#x}")
                 wqes[w.index & 0xFFFF] = w
             weight = min(max(rest[0] if rest else 1, 1), P.MAX_WEIGHT)
             size = rest[2] if len(rest) > 2 else F.MAX_WQEBBS
@@ -258,7 +268,7 @@ class EngineCycleModel:
                 assert free
                 msg_fifo.push(t, emitted)
                 w = emitted["wqe"]
-                if w.opcode == F.WqeOp.RDMA_WRITE and not w.inline and w.length:
+                if w.opcode in WRITE_LIKE and not w.inline and w.length:
                     pf_bursts = deque(n for _, n in P.axi_bursts(w.local_addr, w.length, BEAT, P.PAYLOAD_MAX_BURST_BEATS))
                     pf_msg = emitted
 
@@ -373,12 +383,12 @@ class EngineCycleModel:
                 ps["got"] += 1
                 ps["left"] -= 1
                 return None
-            send_inline = w.opcode == F.WqeOp.RDMA_WRITE and w.inline and w.length
+            send_inline = w.opcode in WRITE_LIKE and w.inline and w.length
             if not msg_ready or (send_inline and not inline_fifo.can_push()):
                 return None
             wqebbs.pop()
             rel = (ps["index"] - ps["start"]) & 0xFFFF
-            length = w.length if w.opcode == F.WqeOp.RDMA_WRITE and not getattr(w, "error", None) else 0
+            length = w.length if w.opcode in WRITE_LIKE and not getattr(w, "error", None) else 0
             ps["tk"] = {"first": ps["fresh"], "last": rel + w.nwqebbs >= ps["own"], "end": rel + w.nwqebbs,
                         "len": min(length, 16 * P.TURN_BYTES), "goal": q.weight * P.TURN_BYTES,
                         "qpn": ps["qpn"], "bound": ps["bound"],
@@ -391,7 +401,7 @@ class EngineCycleModel:
             ps["got"] = 0
             ps["fresh"] = False
             q.ci = ps["index"]                  # the parser's own copy (the RTL writes it at END)
-            if send_inline and INLINE_OFFSET + w.length > BEAT:
+            if send_inline and inline_offset(w) + w.length > BEAT:
                 ps["state"] = "INLINE1"
                 ps["wqe"] = w
             elif ps["left"] == 0:
@@ -475,11 +485,11 @@ class _StreamBuilder:
         msg_fifo.pop()
         self.msg = m
         w = m["wqe"]
-        if w.opcode == F.WqeOp.RDMA_WRITE:
+        if w.opcode in WRITE_LIKE:
             self.msg_left = w.length
             self.rest = w.length
             self.pkt_first = True
-            self.pos = INLINE_OFFSET if w.inline else w.local_addr % BEAT
+            self.pos = inline_offset(w) if w.inline else (w.local_addr or 0) % BEAT
             self.psn_k = 0
             self._start_packet()
             self.state = "PACKET"
@@ -494,9 +504,12 @@ class _StreamBuilder:
         self.is_last = self.rest == 0
         self.pkt_start = True
         self.emitted = 0               # beats of this packet handed on
-        hlen = F.HDR_LEN_RETH if self.pkt_first else F.HDR_LEN_NO_RETH
+        w = self.msg["wqe"]
+        reth = self.pkt_first and w.opcode not in SENDS
+        hlen = (F.HDR_LEN_RETH if reth else F.HDR_LEN_NO_RETH) + (F.IMMDT_LEN if self.is_last and w.opcode in WITH_IMM else 0)
         self.hlen = hlen
-        self.flen = hlen + self.pkt_len + F.ICRC_LEN
+        self.tail = F.ICRC_LEN + F.pad_count(self.pkt_len)     # the IBTA pad, then the ICRC
+        self.flen = hlen + self.pkt_len + self.tail
         self.key = (self.msg["qpn"], self.msg["wqe"].index & 0xFFFF, self.psn_k)
 
     def _next_packet(self, t, msg_fifo):
@@ -565,7 +578,7 @@ class _StreamBuilder:
             has = (not need_raw) or src.head(t) is not None
             n = min(self.pkt_left, BEAT - self.pos)
             chunk_last = n == self.pkt_left
-            icrc = F.ICRC_LEN if chunk_last else 0
+            icrc = self.tail if chunk_last else 0
             merge = (self.held is not None and self.pkt_start and has and self.flen > SEG + F.ICRC_LEN
                      and SEG + self.hlen + n + icrc >= BEAT)
             if self.held is not None and self.pkt_start and not merge:

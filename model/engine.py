@@ -128,9 +128,10 @@ class EngineModel:
         cqs: {cqn: CqContext}.
         read_memory: callable(addr, n) -> bytes, the GPU memory read by pointer segments.
         two_sided: execute SEND, SEND_IMM, RDMA_WRITE_IMM and gather lists (module docstring).
+        max_gather: with ``two_sided``, pointer segments a data WQE may have (None: any).
     """
 
-    def __init__(self, port, qps, cqs, read_memory, *, two_sided=False):
+    def __init__(self, port, qps, cqs, read_memory, *, two_sided=False, max_gather=None):
         if not isinstance(port, Port):
             raise ValueError("port must be a model.frames.Port")
         for qpn, ctx in qps.items():
@@ -142,7 +143,7 @@ class EngineModel:
         if not callable(read_memory):
             raise ValueError("read_memory must be callable(addr, n) -> bytes")
         self.port = port
-        self.two_sided = bool(two_sided)
+        self.two_sided, self.max_gather = bool(two_sided), max_gather
         self.qps = {qpn: replace(ctx) for qpn, ctx in qps.items()}
         self.cq_ctx = dict(cqs)
         self.cqs = {cqn: CqModel(ctx) for cqn, ctx in cqs.items()}
@@ -189,7 +190,7 @@ class EngineModel:
         if qpn not in self.qps:
             raise ValueError(f"unknown QP {qpn}")
         qp = self.qps[qpn]
-        wqe = parse_wqe(wqe_bytes, self.two_sided)
+        wqe = parse_wqe(wqe_bytes, self.two_sided, self.max_gather)
         pos = self.ci[qpn]
         self.ci[qpn] = (pos + wqe.num_wqebbs) & 0xFFFF
         if self.failed[qpn]:

@@ -44,11 +44,11 @@ from dataclasses import dataclass
 import ipaddress
 
 from spec.formats import (
-    BTH, CTRL_SEG, DATA_SEG, DEFAULT_PKEY, DS_UNIT, ETH, ETH_LEN, ETHERTYPE_IPV4,
+    BTH, BTH_PADCNT_SHIFT, CTRL_SEG, DATA_SEG, DEFAULT_PKEY, DS_UNIT, ETH, ETH_LEN, ETHERTYPE_IPV4,
     FM_CE_SE_CQ_UPDATE, HDR_LEN_NO_RETH, HDR_LEN_RETH, ICRC_LEN, INLINE_FLAG, IP_PROTO_UDP,
     IPV4, IPV4_FLAGS_DF, IPV4_LEN, IPV4_TTL, IPV4_VER_IHL, MAX_WQEBBS, OFF_BTH, OFF_EXT,
     OFF_IP, OFF_UDP, Op, PSN_MASK, QpState, RADDR_SEG, RETH, RETH_LEN, ROCE_SPORT_BASE, ROCEV2_UDP_PORT, UDP,
-    WQEBB, WqeOp, get_field, mtu_code, pack, unpack,
+    WQEBB, WqeOp, get_field, mtu_code, pack, pad_count, unpack,
 )
 from model.icrc import icrc, ipv4_checksum
 from spec.formats import BTH_SE, FM_CE_SE_SOLICITED, IMMDT_LEN, RNR_RETRY_FOREVER
@@ -242,12 +242,13 @@ def split_message(length, mtu):
 
 
 def frame_len(bth_opcode, payload_len):
-    """Captured frame length (no FCS, ICRC included) of a WRITE packet."""
+    """Captured frame length (no FCS, ICRC included) of a WRITE packet: its payload padded
+    to a multiple of 4 bytes (IBTA PadCnt)."""
     hdr = HDR_LEN_RETH if bth_opcode in _RETH_OPCODES else HDR_LEN_NO_RETH
-    return hdr + payload_len + ICRC_LEN
+    return hdr + payload_len + pad_count(payload_len) + ICRC_LEN
 
 
-def build_packet(qp, port, bth_opcode, psn, payload, reth=None):
+def build_packet(qp, port, bth_opcode, psn, payload, reth=None, *, pad=True):
     """Build one RoCEv2 RC RDMA WRITE frame (without FCS, with ICRC).
 
     Parameters:
@@ -269,19 +270,22 @@ def build_packet(qp, port, bth_opcode, psn, payload, reth=None):
         e = bytearray(RETH_LEN)
         pack(RETH, e, 0, va=reth[0], rkey=reth[1], dma_len=reth[2])
         ext = bytes(e)
-    return build_rc_frame(qp, port, bth_opcode, psn, ext, payload, ackreq=bth_opcode in _ACKREQ_OPCODES)
+    return build_rc_frame(qp, port, bth_opcode, psn, ext, payload, ackreq=bth_opcode in _ACKREQ_OPCODES, pad=pad)
 
 
-def build_rc_frame(qp, port, bth_opcode, psn, ext=b"", payload=b"", *, ackreq=False):
+def build_rc_frame(qp, port, bth_opcode, psn, ext=b"", payload=b"", *, ackreq=False, pad=True):
     """One RoCEv2 frame of any BTH opcode (without FCS, with ICRC): Ethernet, IPv4, UDP,
     BTH (``ackreq`` sets its AckReq bit), the extension headers ``ext`` as given, the
-    payload. ``qp`` gives dmac, dip, remote_qpn and qpn (UDP source port), ``port``
-    smac and sip."""
+    payload and its IBTA pad (zero bytes up to a multiple of 4, counted in the BTH's
+    PadCnt; rxe rejects a request whose payload is not padded so; ``pad=False`` leaves it
+    out, as a peer that does not pad would, for receive tests of every frame size). ``qp``
+    gives dmac, dip, remote_qpn and qpn (UDP source port), ``port`` smac and sip."""
     if not 0 <= bth_opcode <= 0xFF:
         raise ValueError(f"bth_opcode must be a byte, got {bth_opcode!r}")
     payload = bytes(payload)
+    pad = pad_count(len(payload)) if pad else 0
     hdr = OFF_EXT + len(ext)
-    total = hdr + len(payload) + ICRC_LEN
+    total = hdr + len(payload) + pad + ICRC_LEN
     f = bytearray(OFF_EXT)
     pack(ETH, f, 0, dmac=int.from_bytes(mac_bytes(qp.dmac), "big"),
          smac=int.from_bytes(mac_bytes(port.smac), "big"), ethertype=ETHERTYPE_IPV4)
@@ -291,13 +295,13 @@ def build_rc_frame(qp, port, bth_opcode, psn, ext=b"", payload=b"", *, ackreq=Fa
     pack(IPV4, f, OFF_IP, checksum=ipv4_checksum(f[OFF_IP:OFF_IP + IPV4_LEN]))
     pack(UDP, f, OFF_UDP, sport=ROCE_SPORT_BASE | (qp.qpn & 0x3FFF), dport=ROCEV2_UDP_PORT,
          length=total - OFF_UDP, checksum=0)
-    pack(BTH, f, OFF_BTH, opcode=bth_opcode, flags=0, pkey=DEFAULT_PKEY, fecn_becn=0,
+    pack(BTH, f, OFF_BTH, opcode=bth_opcode, flags=pad << BTH_PADCNT_SHIFT, pkey=DEFAULT_PKEY, fecn_becn=0,
          dqpn=qp.remote_qpn, ackreq=BTH_ACKREQ if ackreq else 0, psn=psn & PSN_MASK)
-    f += bytes(ext) + payload
+    f += bytes(ext) + payload + bytes(pad)
     return bytes(f) + icrc(f)
 
 
-def build_write_frames(qp, port, raddr, rkey, payload, psn_start):
+def build_write_frames(qp, port, raddr, rkey, payload, psn_start, *, pad=True):
     """All frames of one RDMA WRITE message, in send order.
 
     Parameters:
@@ -307,6 +311,7 @@ def build_write_frames(qp, port, raddr, rkey, payload, psn_start):
         rkey: remote key (RETH.rkey).
         payload: the whole message (bytes); its length is RETH.dma_len.
         psn_start: PSN of the first packet; later packets take the next PSNs mod 2^24.
+        pad: the IBTA pad on the last packet (``build_rc_frame``).
 
     Returns a list of frame bytes (a zero-length message gives one WRITE ONLY).
     """
@@ -320,7 +325,7 @@ def build_write_frames(qp, port, raddr, rkey, payload, psn_start):
     frames = []
     for i, (op, off, n) in enumerate(split_message(len(payload), qp.mtu)):
         reth = (raddr, rkey, len(payload)) if op in _RETH_OPCODES else None
-        frames.append(build_packet(qp, port, op, (psn_start + i) & PSN_MASK, payload[off:off + n], reth))
+        frames.append(build_packet(qp, port, op, (psn_start + i) & PSN_MASK, payload[off:off + n], reth, pad=pad))
     return frames
 
 
@@ -518,7 +523,7 @@ _OP_NAMES = {WqeOp.RDMA_WRITE: "RDMA_WRITE", WqeOp.RDMA_WRITE_IMM: "RDMA_WRITE_I
              WqeOp.SEND_IMM: "SEND_IMM"}
 
 
-def parse_wqe(wqe_bytes, two_sided=False):
+def parse_wqe(wqe_bytes, two_sided=False, max_gather=None):
     """Decode one WQE from its bytes.
 
     Parameters:
@@ -527,7 +532,10 @@ def parse_wqe(wqe_bytes, two_sided=False):
             a data WQE with a plausible ds).
         two_sided: take SEND, SEND_IMM and RDMA_WRITE_IMM and gather lists of several
             pointer segments (see the module's decisions); without it only NOP, DUMP
-            and RDMA_WRITE with at most one data segment are valid (the engine today).
+            and RDMA_WRITE with at most one data segment are valid.
+        max_gather: with ``two_sided``, the most pointer segments a data WQE may have
+            (None: any); one with more is malformed (``spec.params.REQUESTER_GATHER``: what
+            the engine's requester takes).
 
     Returns a ``Wqe``. Malformed WQEs (ds 0 or beyond MAX_WQEBBS WQEBBs for any
     opcode; an opcode the engine does not execute; a WRITE with ds < 2, inline data
@@ -607,6 +615,8 @@ def parse_wqe(wqe_bytes, two_sided=False):
     w.addr, w.length, w.lkey = segs[0][0], sum(n for _, n, _ in segs), segs[0][2]
     if not two_sided and w.ds != 3:
         w.error = f"more than one data segment (ds={w.ds})"
+    elif max_gather is not None and len(segs) > max_gather:
+        w.error = f"{len(segs)} data segments, more than the {max_gather} taken"
     elif w.length >= 1 << 31:
         w.error = f"gather list of {w.length} bytes (a message is shorter than 2^31)"
     return w

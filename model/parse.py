@@ -231,7 +231,7 @@ def _patch_bth(frame, **fields):
     return bytes(f) + icrc(f)
 
 
-def build_rc_packet(qp, port, opcode, psn, payload=b"", reth=None, imm=None, ackreq=None):
+def build_rc_packet(qp, port, opcode, psn, payload=b"", reth=None, imm=None, ackreq=None, pad=True):
     """One RC RDMA WRITE frame, any of the six WRITE opcodes.
 
     Parameters:
@@ -242,6 +242,8 @@ def build_rc_packet(qp, port, opcode, psn, payload=b"", reth=None, imm=None, ack
         reth: ``(va, rkey, dma_len)``, exactly for FIRST/ONLY/ONLY_IMM.
         imm: 32-bit immediate, exactly for LAST_IMM/ONLY_IMM.
         ackreq: None keeps build_packet's rule (AckReq on LAST/ONLY); True/False forces it.
+        pad: the IBTA pad (``build_rc_frame``); False builds the frame a peer that does not
+            pad would send.
 
     The frame is ``build_packet``'s (so headers are identical by construction): the
     *_IMM forms are built as LAST/ONLY with the ImmDt in front of the payload (it follows
@@ -255,7 +257,7 @@ def build_rc_packet(qp, port, opcode, psn, payload=b"", reth=None, imm=None, ack
         raise ValueError(f"imm must be a u32, got {imm!r}")
     _psn_ok(psn)
     body = bytes(payload) if imm is None else imm.to_bytes(IMMDT_LEN, "big") + bytes(payload)
-    f = build_packet(qp, port, _IMM_BASE.get(opcode, opcode), psn, body, reth)
+    f = build_packet(qp, port, _IMM_BASE.get(opcode, opcode), psn, body, reth, pad=pad)
     patch = {}
     if opcode in _IMM_BASE:
         patch["opcode"] = opcode

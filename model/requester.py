@@ -231,6 +231,7 @@ class RcRequester:
             at post time and again for every retransmission.
         remote_ops, write_memory: READ and atomics (their results land through write_memory).
         two_sided: take SEND, SEND_IMM, RDMA_WRITE_IMM and gather lists (module docstring).
+        max_gather: with ``two_sided``, pointer segments a data WQE may have (None: any).
         A QP's RNR retry budget is its context's ``rnr_retry``.
 
     Members:
@@ -249,13 +250,14 @@ class RcRequester:
     it completes with REQ_ERR / LOCAL_QP_OP_ERR and the QP goes to ERR (as ``EngineModel``).
     """
 
-    def __init__(self, port, cqs, read_memory, *, remote_ops=False, write_memory=None, two_sided=False):
+    def __init__(self, port, cqs, read_memory, *, remote_ops=False, write_memory=None, two_sided=False,
+                 max_gather=None):
         if not isinstance(port, Port):
             raise ValueError("port must be a model.frames.Port")
         if remote_ops and not callable(write_memory):
             raise ValueError("remote_ops needs write_memory(addr, bytes): READ data and atomic results land there")
         self.remote_ops, self.write_memory = remote_ops, write_memory
-        self.two_sided = bool(two_sided)
+        self.two_sided, self.max_gather = bool(two_sided), max_gather
         for cqn, ctx in cqs.items():
             if not isinstance(ctx, CqContext) or ctx.cqn != cqn:
                 raise ValueError(f"cqs[{cqn}] must be a CqContext with cqn={cqn}")
@@ -386,7 +388,7 @@ class RcRequester:
         other state but RTS drops it (as ``EngineModel``; counted in dropped_posts).
         """
         q = self._qp(qpn)
-        w = parse_wqe(wqe_bytes, self.two_sided)
+        w = parse_wqe(wqe_bytes, self.two_sided, self.max_gather)
         w.index, q.ci = q.ci, (q.ci + w.num_wqebbs) & 0xFFFF     # mlx5 reports the position, not the field
         self.counters.posted_wqes += 1
         if q.state == QpState.ERR:

@@ -73,10 +73,11 @@ rxe_opcode.c; rdma-core providers/mlx5 for the memory forms):
       them then (it may fetch a WQE early only once the counter says it is posted).
     - No WQE posted: RNR NAK (AETH 0x20 | ctx.min_rnr_timer, BTH.PSN = the packet's,
       MSN the current), nothing executed, the expected PSN unchanged (rxe RESPST_ERR_RNR,
-      class B). Later packets ahead of the expected PSN are dropped silently until it
-      arrives again, as after a PSN-sequence NAK (one NAK per gap; rxe instead NAKs the
-      next one with a PSN-sequence NAK, which ``RcRequester`` ignores while it waits). A
-      QP without a receive queue has none posted: every such packet gets an RNR NAK.
+      class B). The next packet ahead of the expected PSN gets the gap's one PSN-sequence
+      NAK (rxe's check_psn: an RNR NAK does not count as the gap's NAK; seen against rxe
+      in tb/suites/interop.py rnr_from_rxe, docs/interoperability.md), which
+      ``RcRequester`` ignores while it waits. A QP without a receive queue has none
+      posted: every such packet gets an RNR NAK.
     - SEND payload is scattered in order over the WQE's segments (packet after packet,
       continuing where the last one ended; a segment of length 0 takes nothing). A packet
       that does not fit in what is left: nothing of it is written, NAK invalid request,
@@ -491,9 +492,8 @@ class RcResponder:
 
     def _rnr(self, q, p):
         # No receive WQE: RNR NAK at the packet's PSN, nothing executed. Like a sequence
-        # NAK it acknowledges every earlier PSN, and later packets are dropped silently
-        # until the NAKed one comes again.
-        q.nak_sent = True
+        # NAK it acknowledges every earlier PSN; unlike one it is not the gap's NAK: the
+        # next packet ahead gets that (as rxe).
         q.unacked = 0
         self.counters.rnr_naks += 1
         return self._drop("rnr", p, self._respond(q, p.psn, Aeth.RNR_NAK | q.ctx.min_rnr_timer), "nak_rnr")

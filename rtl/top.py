@@ -156,6 +156,7 @@ class IbgdaNic(wiring.Component):
             req.tracker_commit.valid.eq(create),
             req.tracker_commit.p.qpn.eq(host.qp_num), req.tracker_commit.p.start_psn.eq(host.qp_start_psn),
             req.tracker_commit.p.timeout.eq(host.qp_timeout), req.tracker_commit.p.retry_cnt.eq(host.qp_retry_cnt),
+            req.tracker_commit.p.rnr_retry.eq(host.qp_rnr_retry),
             req.parser_commit.p.qpn.eq(host.qp_num), req.parser_commit.p.psn.eq(host.qp_start_psn),
             req.parser_commit.p.error.eq(host.qp_cfg.state == QpState.ERR),
             req.tracker_flush.valid.eq(go & flush_rc), req.tracker_flush.p.qpn.eq(host.qp_num),
@@ -258,7 +259,8 @@ class IbgdaNic(wiring.Component):
         incs["acks_coalesced"] = rsp.acks_coalesced
         incs["qp_modify_rejected"] = host.modify_rejected
         incs.update({"naks_received": req.naks, "retransmits": req.retransmits, "timeouts": req.timeouts,
-                     "retry_exceeded": req.retry_exceeded, "acks_merged": req.acks_merged})
+                     "retry_exceeded": req.retry_exceeded, "acks_merged": req.acks_merged,
+                     "rnr_naks_received": req.rnr_naks})
         for j, name in enumerate(RESPONSE_DROP_NAMES):
             incs[f"resp_{name}"] = req.resp_dropped[j]
         for i, name in enumerate(COUNTERS):

@@ -73,6 +73,8 @@ REGISTERS = (
         "mlx5 sizes it at create from max_inline_data and max_send_sge): a turn cut by the quantum reads this "
         "many minus one WQEBBs past the cut so its last WQE is whole; a larger WQE across a cut is fetched "
         "again with the next turn"),
+    Reg("QP_RNR_RETRY", 0x164, RW, 3, "RC RNR retry count 0..7 (ibv_qp_attr.rnr_retry; 7: without limit): "
+        "resends after an RNR NAK, each after the NAK's timer, before the WQE fails with RNR_RETRY_EXC_ERR"),
     Reg("QP_RQ_BASE_LO", 0x168, RW, 32, "receive side: receive-queue base address [31:0] (aligned to the "
         "stride; mlx5 ring of receive WQEs, model/recv_queue.py)"),
     Reg("QP_RQ_BASE_HI", 0x16C, RW, 32, "receive-queue base address [63:32]"),
@@ -138,6 +140,7 @@ REQ_COUNTERS = _block(0x0C0, (
     ("retry_exceeded", "QPs out of retries"),
     ("acks_merged", "received ACK/NAKs folded into another of the same QP in AckMailbox (two of one QP from "
      "one beat, or a record waiting for the tracker)"),
+    ("rnr_naks_received", "RNR NAKs received (the peer had no receive WQE: resent after the NAK's timer)"),
 ))
 # Checks on what arrives from outside (0x400): the later receive verdicts, the
 # responses the requester drops (spec.formats.RESPONSE_DROPS), the doorbells dropped

@@ -178,6 +178,7 @@ INLINE_FLAG = 0x80000000
 # An inline WRITE's payload starts after the control and remote-address segments and the
 # inline segment's 4-byte byte count: byte 36 of the WQE.
 WQE_INLINE_OFFSET = DS_UNIT + DS_UNIT + 4     # 36: ctrl (16) + raddr (16) + inline byte count (4)
+SEND_INLINE_OFFSET = DS_UNIT + 4              # 20: a SEND's: ctrl (16) + inline byte count (4)
 FM_CE_SE_CQ_UPDATE = 0x08
 FM_CE_SE_SOLICITED = 0x02
 

@@ -77,6 +77,10 @@ PAYLOAD_MAX_BURST_BEATS = 32       # 4 KiB AXI bursts
 # this queue and packed when it leaves, so the queue must hold every message of one
 # read round trip: 1 us x 471 M msg/s = 471 at the small-message rate.
 MESSAGE_QUEUE_DEPTH = 512
+# Pointer data segments the requester's WQE parser takes per data WQE (WRITE, WRITE with
+# immediate, SEND): a WQE with more is malformed (LOCAL_QP_OP_ERR). Gather lists longer
+# than one are the model's (``model.frames.parse_wqe``'s ``max_gather``), not yet the RTL's.
+REQUESTER_GATHER = 1
 INLINE_QUEUE_BEATS = 64           # inline WQE beats parsed ahead (64 x 128 B)
 DMA_READ_LATENCY_NS = 1000         # PCIe-like read latency to GPU memory (1 us)
 DMA_READ_LATENCY_CYCLES = int(DMA_READ_LATENCY_NS / CLOCK_PERIOD_NS)

@@ -92,7 +92,7 @@ class NicControl:
     async def create_qp(self, qpn, sq_base, log_depth, cqn, remote_qpn, start_psn, dmac, dip,
                         mtu_code, state=QpState.RTS, weight=1, rq_psn=0, pd=0, ack_every=1, uc=False,
                         timeout=DEFAULT_TIMEOUT_CYCLES, retry_cnt=7, user_index=0, max_rd_atomic=16,
-                        max_dest_rd_atomic=16, max_wqebbs=16, rq=None, rcqn=0,
+                        max_dest_rd_atomic=16, max_wqebbs=16, rnr_retry=7, rq=None, rcqn=0,
                         min_rnr_timer=0):
         """Stage a QP context and commit it to ``qpn`` (indices reset to 0, PSN to start_psn).
 
@@ -112,6 +112,7 @@ class NicControl:
             user_index: 24-bit user index the QP's CQEs carry (srqn_uidx).
             max_rd_atomic: READs and atomics in flight at most (the peer's responder
                 resources); max_dest_rd_atomic: this QP's responder resources (1..16).
+            rnr_retry: resends after RNR NAKs before the WQE fails (0..7; 7: no limit).
             rq: the QP's receive queue (``model.recv_queue.RecvQueue``: ring base, log_size,
                 log_stride 4..9, doorbell record); None: no receive queue.
             rcqn: CQ of its receive completions; min_rnr_timer: its RNR NAK timer code (0..31).
@@ -136,6 +137,7 @@ class NicControl:
         _check("max_rd_atomic", max_rd_atomic, 1, 16)
         _check("max_dest_rd_atomic", max_dest_rd_atomic, 1, 16)
         _check("max_wqebbs", max_wqebbs, 1, MAX_WQEBBS)
+        _check("rnr_retry", rnr_retry, 0, 7)
         _check("rcqn", rcqn, 0, self.num_cqs - 1)
         _check("min_rnr_timer", min_rnr_timer, 0, 31)
         if rq is not None and not 4 <= rq.log_stride <= 9:
@@ -147,7 +149,7 @@ class NicControl:
                 "QP_WEIGHT": weight, "QP_RQ_PSN": rq_psn, "QP_PD": pd, "QP_ACK_EVERY": ack_every, "QP_SERVICE": int(uc),
                 "QP_TIMEOUT": timeout, "QP_RETRY": retry_cnt, "QP_USER_INDEX": user_index,
                 "QP_MAX_RD_ATOMIC": max_rd_atomic, "QP_MAX_DEST_RD_ATOMIC": max_dest_rd_atomic,
-                "QP_MAX_WQEBBS": max_wqebbs,
+                "QP_MAX_WQEBBS": max_wqebbs, "QP_RNR_RETRY": rnr_retry,
                 "QP_RQ_BASE_LO": 0 if rq is None else rq.base & 0xFFFF_FFFF, "QP_RQ_BASE_HI": 0 if rq is None else rq.base >> 32,
                 "QP_RQ_LOG_SIZE": 0 if rq is None else rq.log_size,
                 "QP_RQ_LOG_STRIDE": 0 if rq is None else rq.log_stride,

@@ -26,6 +26,11 @@ from tb.roce_check import check_frame, diff_cqe, diff_frames
 from tb.mac_rx import MacRx400G
 from tb.wire import Wire400G
 
+# The verbs the engine's requester executes, as the golden model is told them: SEND,
+# SEND_IMM and WRITE_IMM besides WRITE, with at most spec.params.REQUESTER_GATHER pointer
+# segments per WQE.
+ENGINE_VERBS = dict(two_sided=True, max_gather=P.REQUESTER_GATHER)
+
 from amaranth.lib import wiring
 from rtl.top import IbgdaNic
 
@@ -184,7 +189,7 @@ class NicEnv:
                for q, qp in self.qps.items()}
         cqs = {c: CqContext(cqn=c, log_depth=cq.log_depth, base=cq.base, collapsed=cq.collapsed)
                for c, cq in self.cqs.items()}
-        return EngineModel(Port(self.port_mac, self.port_ip), qps, cqs, self.mem.read)
+        return EngineModel(Port(self.port_mac, self.port_ip), qps, cqs, self.mem.read, **ENGINE_VERBS)
 
     def predict(self):
         engine = self.model()

@@ -461,6 +461,38 @@ class Qp:
         return self._post([bytes(raddr_seg), bytes(seg)], opcode, signaled, raddr=raddr, rkey=rkey,
                           payload=payload, length=len(payload), imm=imm, **rec)
 
+    def post_send(self, *, local_addr=None, length=None, lkey=0x100, inline=None, imm=None, signaled=True):
+        """Post a SEND (``imm`` None) or SEND_IMM: ctrl + (data pointer | inline | nothing)
+        segments, no remote-address segment; return the :class:`PostedWqe`.
+
+        Parameters:
+            local_addr, length, lkey: pointer segment source (payload read now); neither
+            given and no ``inline``: a 0-byte SEND (ctrl only, ds 1).
+            inline: bytes to carry inline instead of a pointer segment.
+            imm: the immediate (ctrl bytes 12-15, big-endian as on the wire).
+        """
+        if imm is not None:
+            _check("imm", imm, 0, 2**32 - 1)
+        opcode = WqeOp.SEND if imm is None else WqeOp.SEND_IMM
+        if inline is not None:
+            if local_addr is not None or length is not None:
+                raise ValueError("give either inline data or local_addr/length, not both")
+            payload = bytes(inline)
+            seg = be32(len(payload) | INLINE_FLAG) + payload
+            segs = [seg + bytes(-len(seg) % DS_UNIT)]
+            rec = dict(local_addr=None, lkey=0, inline=True)
+        elif local_addr is None and length is None:
+            payload, segs, rec = b"", [], dict(local_addr=None, lkey=0, inline=False)
+        else:
+            if local_addr is None or length is None:
+                raise ValueError("a pointer SEND needs local_addr and length (or pass inline=)")
+            _check("length", length, 0, 2**31 - 1)
+            segs = [self._data_seg(local_addr, length, lkey)]
+            payload = self.gpu.read(local_addr, length)
+            rec = dict(local_addr=local_addr, lkey=lkey, inline=False)
+        return self._post(segs, opcode, signaled, raddr=0, rkey=0, payload=payload, length=len(payload),
+                          imm=imm or 0, **rec)
+
     # ---- READ, atomics and NVSHMEM's / DeepEP's WQE forms (../shared/VERBS.md, section 1) ----
     def _seg(self, table, **values):
         b = bytearray(max(off + w for _, off, w in table))

@@ -58,7 +58,8 @@ def check_frame(frame):
     Returns a dict: dmac, smac (str), sip, dip (str), ip_len, ttl, tos, ident,
     flags_frag, sport, dport, udp_len, udp_chksum, opcode, solicited, migreq,
     padcount, tver, pkey, fecn, becn, dqpn, ackreq (0/1), psn, va, rkey,
-    dma_len (None without RETH), payload (bytes), icrc (the 4 bytes).
+    dma_len (None without RETH), payload (bytes, the pad removed: PadCnt zero bytes,
+    checked), icrc (the 4 bytes).
     """
     frame = bytes(frame)
     n = len(frame)
@@ -97,7 +98,12 @@ def check_frame(frame):
     if has_reth and RETH not in pkt:
         _fail(f"opcode {bth.opcode:#04x} without a RETH")
     hdr_end = OFF_EXT + (RETH_LEN if has_reth else 0)
-    payload = frame[hdr_end:n - ICRC_LEN]
+    pad = bth.padcount
+    if hdr_end + pad > n - ICRC_LEN:
+        _fail(f"PadCnt {pad} larger than the {n - ICRC_LEN - hdr_end} bytes behind the headers")
+    if any(frame[n - ICRC_LEN - pad:n - ICRC_LEN]):
+        _fail(f"pad bytes {frame[n - ICRC_LEN - pad:n - ICRC_LEN].hex()} are not zero")
+    payload = frame[hdr_end:n - ICRC_LEN - pad]
     icrc_got = frame[n - ICRC_LEN:]
     # Recompute the ICRC with scapy: rebuild the dissected packet with icrc unset.
     rebuilt = pkt.copy()

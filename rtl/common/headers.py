@@ -84,13 +84,13 @@ def ipv4_checksum(header_bytes):
     return ~folded & 0xFFFF
 
 
-def drive_roce_headers(m, hdr, *, dmac, smac, sip, dip, flen, src_qpn, opcode, dqpn, ackreq, psn):
+def drive_roce_headers(m, hdr, *, dmac, smac, sip, dip, flen, src_qpn, opcode, dqpn, ackreq, psn, flags=0):
     """Drive the Ethernet/IPv4/UDP/BTH headers of a RoCEv2 frame (``m.d.comb`` statements).
 
     The one header rule of the transmit side (the golden model's is
     ``model.frames.build_packet``): IPv4 with DF, TTL 64, ident 0 and its header
     checksum, UDP to 4791 with checksum 0 and source port ``ROCE_SPORT_BASE |
-    (src_qpn & 0x3FFF)``, BTH with flags 0, P_Key 0xFFFF and FECN/BECN 0.
+    (src_qpn & 0x3FFF)``, BTH with P_Key 0xFFFF and FECN/BECN 0.
 
     Parameters
     ----------
@@ -102,6 +102,8 @@ def drive_roce_headers(m, hdr, *, dmac, smac, sip, dip, flen, src_qpn, opcode, d
     src_qpn : local QP number (UDP source-port entropy).
     opcode, dqpn, psn : BTH fields.
     ackreq : BTH byte 8 (0x80: AckReq).
+    flags : BTH byte 1 (SE, MigReq, PadCnt << ``F.BTH_PADCNT_SHIFT``, TVer 0); 0 for frames
+        without payload.
     """
     ip = Signal.like(hdr.ip)     # the IP header with a zero checksum field
     m.d.comb += [
@@ -113,7 +115,7 @@ def drive_roce_headers(m, hdr, *, dmac, smac, sip, dip, flen, src_qpn, opcode, d
         hdr.udp.sport.eq(be(F.ROCE_SPORT_BASE | (src_qpn & 0x3FFF), 2)),
         hdr.udp.dport.eq(be(F.ROCEV2_UDP_PORT, 2)), hdr.udp.length.eq(be(flen - F.OFF_UDP, 2)),
         hdr.udp.checksum.eq(0),
-        hdr.bth.opcode.eq(opcode), hdr.bth.flags.eq(0), hdr.bth.pkey.eq(be(F.DEFAULT_PKEY, 2)),
+        hdr.bth.opcode.eq(opcode), hdr.bth.flags.eq(flags), hdr.bth.pkey.eq(be(F.DEFAULT_PKEY, 2)),
         hdr.bth.fecn_becn.eq(0), hdr.bth.dqpn.eq(be(dqpn, 3)),
         hdr.bth.ackreq.eq(ackreq), hdr.bth.psn.eq(be(psn, 3)),
     ]

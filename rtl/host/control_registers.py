@@ -53,8 +53,8 @@ class ControlRegisters(wiring.Component):
     qp_rq_psn, qp_pd, qp_ack_every, qp_max_dest_rd_atomic : Out
         The receive side of the QP a create (QP_COMMIT) writes: the first expected PSN,
         the protection domain, the ACK coalescing count and the responder resources.
-    qp_timeout, qp_retry_cnt : Out
-        The QP's ACK timeout (cycles) and retry count (go-back-N).
+    qp_timeout, qp_retry_cnt, qp_rnr_retry : Out
+        The QP's ACK timeout (cycles), retry count (go-back-N) and RNR retry count.
     qp_rq_base, qp_rq_log_size, qp_rq_log_stride, qp_dbr, qp_rcqn, qp_min_rnr_timer : Out
         The QP's receive queue as a create takes it (``RecvQueue``: ring base, log2 of its
         WQEs and of their bytes, 0 = no receive queue; the doorbell record), the CQ of its
@@ -79,7 +79,7 @@ class ControlRegisters(wiring.Component):
             "cq_commit": Out(1), "cq_commit_ack": In(1),
             "qp_rq_psn": Out(24), "qp_pd": Out(pd_bits), "qp_ack_every": Out(8),
             "qp_max_dest_rd_atomic": Out(5),
-            "qp_timeout": Out(32), "qp_retry_cnt": Out(3), "qp_user_index": Out(24),
+            "qp_timeout": Out(32), "qp_retry_cnt": Out(3), "qp_rnr_retry": Out(3), "qp_user_index": Out(24),
             "qp_rq_base": Out(64), "qp_rq_log_size": Out(4), "qp_rq_log_stride": Out(4), "qp_dbr": Out(64),
             "qp_rcqn": Out(cq_bits(num_cqs)), "qp_min_rnr_timer": Out(5),
             "mr": Out(MrStage(pd_bits)), "mr_commit": Out(1), "mr_valid": Out(1), "mr_commit_ack": In(1),
@@ -103,7 +103,7 @@ class ControlRegisters(wiring.Component):
             "QP_START_PSN": self.qp_start_psn, "QP_DMAC_LO": qp.dmac[:32], "QP_DMAC_HI": qp.dmac[32:],
             "QP_DIP": qp.dip, "QP_MTU": qp.mtu, "QP_STATE": qp.state, "QP_WEIGHT": qp.weight,
             "QP_RQ_PSN": self.qp_rq_psn, "QP_PD": self.qp_pd, "QP_ACK_EVERY": self.qp_ack_every,
-            "QP_SERVICE": qp.uc, "QP_TIMEOUT": self.qp_timeout, "QP_RETRY": self.qp_retry_cnt,
+            "QP_SERVICE": qp.uc, "QP_TIMEOUT": self.qp_timeout, "QP_RETRY": self.qp_retry_cnt, "QP_RNR_RETRY": self.qp_rnr_retry,
             "QP_USER_INDEX": self.qp_user_index, "QP_MAX_RD_ATOMIC": qp.max_rd_atomic,
             "QP_MAX_WQEBBS": qp.max_wqebbs,
             "QP_MAX_DEST_RD_ATOMIC": self.qp_max_dest_rd_atomic,

@@ -20,14 +20,15 @@ def _replaces(m, new, old):
     whose acknowledged PSN is newer (serial arithmetic mod 2^24) says all the other
     does; on a tie the NAK, which also asks for the retransmission. A fatal NAK fails
     the QP: once one waits nothing else matters, and a new one replaces anything (it
-    acknowledges what the waiting one did). An RNR NAK (or a reserved kind) does not
+    acknowledges what the waiting one did). An RNR NAK is a NAK here (it acknowledges the
+    PSNs before its own and asks for a resend, after its timer); a reserved kind does not
     move the tracker at all, so it never replaces a record and is replaced by any."""
     def classify(r):
         kind = r.syndrome[5:7]
-        nak = kind == Aeth.KIND_NAK
+        nak = (kind == Aeth.KIND_NAK) | (kind == Aeth.KIND_RNR)
         implied = Signal(PSN_BITS)
         m.d.comb += implied.eq(Mux(nak, (r.psn - 1)[:PSN_BITS], r.psn))
-        return nak, nak & (r.syndrome != Aeth.NAK_PSN_SEQ), ~nak & (kind != Aeth.KIND_ACK), implied
+        return nak, (kind == Aeth.KIND_NAK) & (r.syndrome != Aeth.NAK_PSN_SEQ), ~nak & (kind != Aeth.KIND_ACK), implied
     n_nak, n_fatal, n_inert, n_imp = classify(new)
     o_nak, o_fatal, o_inert, o_imp = classify(old)
     diff = (n_imp - o_imp)[:PSN_BITS]

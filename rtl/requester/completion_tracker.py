@@ -5,7 +5,8 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from spec.formats import Aeth, Syndrome, PSN_BITS, PSN_HALF
+from spec.formats import Aeth, Syndrome, PSN_BITS, PSN_HALF, RNR_RETRY_FOREVER, RNR_TIMER_NS
+from spec.params import CLOCK_MHZ
 from rtl.common.contexts import qp_bits
 from rtl.common.records import AckRecord, Completion, PacketNote
 
@@ -67,6 +68,15 @@ class CompletionTracker(wiring.Component):
     the transmit path) are dropped: their WQEs are flushed by the walk. ACKs, NAKs and
     the timer no longer move a failed QP. A QP create clears the failure.
 
+    RNR (the responder had no receive WQE): an RNR NAK for PSN e acknowledges every PSN
+    before e, as a NAK does, then the QP waits the NAK's timer (IBTA's table,
+    ``spec.formats.RNR_TIMER_NS``, in cycles) on its ACK timer, and the scan sends a
+    ``retransmit`` skipping to e when it runs out; meanwhile the ACK timeout does not run.
+    Each RNR NAK without ACK progress since the last one counts against the QP's
+    ``rnr_retry`` (7: no limit; progress starts the count again); the one past it fails
+    the QP as a fatal NAK does, with RNR_RETRY_EXC_ERR (``failed`` strobes, as for the
+    retry count).
+
     One sequencer serves, in this order: QP creates, then received ACK/NAKs and new
     completions (taking turns when both wait), then the timer scan. An operation reads the QP's state in one cycle and
     decides in the next; releasing completions takes one cycle each.
@@ -116,11 +126,12 @@ class CompletionTracker(wiring.Component):
             "packets": In(PacketNote(num_qps)),
             "commit": In(stream.Signature(data.StructLayout({
                 "qpn": unsigned(qp_bits(num_qps)), "start_psn": unsigned(PSN_BITS),
-                "timeout": unsigned(32), "retry_cnt": unsigned(3)}))),
+                "timeout": unsigned(32), "retry_cnt": unsigned(3), "rnr_retry": unsigned(3)}))),
             "flush": In(stream.Signature(data.StructLayout({"qpn": unsigned(qp_bits(num_qps))}))),
             "completions": Out(stream.Signature(cpl)),
             "retransmit": Out(stream.Signature(Retransmit(num_qps))),
             "naks": Out(1), "retransmits": Out(1), "timeouts": Out(1), "retry_exceeded": Out(1),
+            "rnr_naks": Out(1),
             "failed": Out(data.StructLayout({"valid": unsigned(1), "qpn": unsigned(qp_bits(num_qps))})),
         })
 
@@ -140,6 +151,8 @@ class CompletionTracker(wiring.Component):
             "rtx_pending": unsigned(1), "rtx_skip": unsigned(PSN_BITS),   # a retransmit not yet taken
             "rtx_fail": unsigned(1), "rtx_syn": unsigned(8),
             "timeout": unsigned(32), "retry_cnt": unsigned(3),
+            "rnr_retry": unsigned(3), "rnr_count": unsigned(3),          # RNR NAKs since ACK progress
+            "rnr_wait": unsigned(1), "rnr_skip": unsigned(PSN_BITS),     # waiting an RNR timer, then from there
         })
         m.submodules.state = st_ram = Memory(shape=state_layout, depth=self.num_qps, init=[])
         m.submodules.pool = q_ram = Memory(shape=cpl_layout, depth=self.pool, init=[])
@@ -255,6 +268,7 @@ class CompletionTracker(wiring.Component):
                              st_wr.data.count.eq(st.count), st_wr.data.dead.eq(st.count),
                              st_wr.data.acked.eq(c.start_psn - 1), st_wr.data.rs_psn.eq(c.start_psn),
                              st_wr.data.timeout.eq(c.timeout), st_wr.data.retry_cnt.eq(c.retry_cnt),
+                             st_wr.data.rnr_retry.eq(c.rnr_retry),
                              sp_clr.en.eq(1), sp_clr.addr.eq(c.qpn), sp_clr.data.eq(0)]
                 m.next = "IDLE"
 
@@ -323,19 +337,45 @@ class CompletionTracker(wiring.Component):
                 is_seq_nak = ack.syndrome == Aeth.NAK_PSN_SEQ
                 is_nak = kind == Aeth.KIND_NAK
                 is_fatal = is_nak & ~is_seq_nak
+                is_rnr = kind == Aeth.KIND_RNR
                 m.d.comb += self.naks.eq(is_nak)
-                # an ACK acknowledges its PSN; a NAK every PSN before its PSN
+                # an ACK acknowledges its PSN; a NAK (RNR too) every PSN before its PSN
                 upto = Signal(PSN_BITS)
-                m.d.comb += upto.eq(Mux(is_nak, ack.psn - 1, ack.psn))
+                m.d.comb += upto.eq(Mux(is_nak | is_rnr, ack.psn - 1, ack.psn))
                 newer = Signal()
-                m.d.comb += newer.eq((is_ack | is_nak) & ~covered(upto, st.acked) & ~st.failed)
+                m.d.comb += newer.eq((is_ack | is_nak | is_rnr) & ~covered(upto, st.acked) & ~st.failed)
                 nxt = Signal(state_layout)
                 m.d.comb += nxt.eq(st)
+                left = Signal()                       # packets sent and still not acknowledged
+                m.d.comb += left.eq(last_sent.valid & ~covered(last_sent.psn, upto))
                 with m.If(newer):
                     # progress: the timer starts afresh, or stops when every PSN sent is
-                    # acknowledged (a packet sent just now re-arms it at the scan)
-                    m.d.comb += [nxt.acked.eq(upto), nxt.retries.eq(0), nxt.deadline.eq(now + st.timeout),
-                                 nxt.armed.eq(last_sent.valid & ~covered(last_sent.psn, upto)), nxt.rtx_sent.eq(0)]
+                    # acknowledged (a packet sent just now re-arms it at the scan); an RNR
+                    # wait keeps its end while packets are left to resend
+                    m.d.comb += [nxt.acked.eq(upto), nxt.retries.eq(0), nxt.armed.eq(left), nxt.rtx_sent.eq(0),
+                                 nxt.rnr_count.eq(0)]
+                    with m.If(~(st.rnr_wait & left)):
+                        m.d.comb += [nxt.deadline.eq(now + st.timeout), nxt.rnr_wait.eq(0)]
+                # while an RNR NAK's timer runs, that NAK again, or a sequence NAK at its PSN
+                # (the responder saw what followed it), changes nothing
+                waited = Signal()
+                m.d.comb += waited.eq(st.rnr_wait & (ack.psn == st.rnr_skip) & (is_rnr | is_seq_nak))
+                m.d.comb += self.rnr_naks.eq(is_rnr & ~waited & ~st.failed)
+                # RNR: wait the NAK's timer (cycles from IBTA's table), then go back to its PSN;
+                # one past the QP's rnr_retry fails it (7: never)
+                rnr_cycles = Array(Const(ns * CLOCK_MHZ // 1000, 32) for ns in RNR_TIMER_NS)
+                rnr_now = Signal()                    # an RNR NAK for the QP's next unacknowledged PSN
+                m.d.comb += rnr_now.eq(is_rnr & ~st.failed & ~covered(ack.psn, st.acked) & ~waited)
+                rnr_used = Signal(3)
+                m.d.comb += rnr_used.eq(Mux(newer, 0, st.rnr_count))
+                rnr_fail = Signal()
+                m.d.comb += rnr_fail.eq(rnr_now & (st.rnr_retry != RNR_RETRY_FOREVER) & (rnr_used >= st.rnr_retry))
+                with m.If(rnr_now & ~rnr_fail):
+                    m.d.comb += [nxt.rnr_wait.eq(1), nxt.rnr_skip.eq(ack.psn), nxt.armed.eq(1),
+                                 nxt.deadline.eq(now + rnr_cycles[ack.syndrome[:5]]),
+                                 nxt.rnr_count.eq(rnr_used + (st.rnr_retry != RNR_RETRY_FOREVER))]
+                with m.If(rnr_fail):
+                    m.d.comb += [self.failed.valid.eq(1), self.failed.qpn.eq(qpn)]
                 write_state(nxt)
                 fatal_syn = Signal(8)
                 with m.Switch(ack.syndrome):
@@ -347,8 +387,10 @@ class CompletionTracker(wiring.Component):
                         m.d.comb += fatal_syn.eq(Syndrome.REMOTE_OP_ERR)
                     with m.Default():
                         m.d.comb += fatal_syn.eq(Syndrome.BAD_RESP_ERR)
-                m.d.sync += [st_reg.eq(nxt), nak_rtx.eq(is_seq_nak & ~st.failed), nak_fail.eq(is_fatal & ~st.failed),
-                             rtx_from.eq(ack.psn), rtx_fail.eq(is_fatal), rtx_syn.eq(fatal_syn)]
+                m.d.sync += [st_reg.eq(nxt), nak_rtx.eq(is_seq_nak & ~st.failed & ~waited),
+                             nak_fail.eq((is_fatal & ~st.failed) | rnr_fail),
+                             rtx_from.eq(ack.psn), rtx_fail.eq(is_fatal | rnr_fail),
+                             rtx_syn.eq(Mux(is_rnr, Syndrome.RNR_RETRY_EXC_ERR, fatal_syn))]
                 m.d.comb += q_rd.addr.eq(st.head)
                 m.d.sync += budget.eq(self.DRAIN_BUDGET)
                 m.next = "DRAIN"
@@ -398,7 +440,7 @@ class CompletionTracker(wiring.Component):
                     # (after a go-back, also a timeout after the QP's last packet sent: a
                     # retransmission restarts the timer when it leaves, which is well after
                     # the decision when the WQEs and payload are read again from GPU memory)
-                    late.eq(waiting & st.armed & ~(now - st.deadline)[31]
+                    late.eq(waiting & st.armed & ~st.rnr_wait & ~(now - st.deadline)[31]
                             & ~(st.rtx_sent & last_sent.valid & (now - (last_sent.time + st.timeout)[:32])[31])),
                 ]
                 with m.If(st.rtx_pending):
@@ -412,6 +454,12 @@ class CompletionTracker(wiring.Component):
                     m.d.comb += q_rd.addr.eq(st.head)
                     m.d.sync += [st_reg.eq(st), budget.eq(self.DRAIN_BUDGET), nak_rtx.eq(0), nak_fail.eq(0)]
                     m.next = "DRAIN"
+                with m.Elif(st.rnr_wait & ~st.failed & ~(now - st.deadline)[31]):
+                    # an RNR NAK's timer ran out: go back to its PSN (the ACK timer runs again)
+                    nxt = Signal(state_layout)
+                    m.d.comb += [nxt.eq(st), nxt.rnr_wait.eq(0), nxt.deadline.eq(now + st.timeout)]
+                    m.d.sync += [st_reg.eq(nxt), rtx_from.eq(st.rnr_skip), rtx_fail.eq(0)]
+                    m.next = "RETX"
                 with m.Elif(late):
                     nxt = Signal(state_layout)
                     m.d.comb += [nxt.eq(st), nxt.retries.eq(st.retries + 1), nxt.deadline.eq(now + st.timeout)]

@@ -8,7 +8,7 @@ __all__ = ["MessageKind", "Message"]
 
 
 class MessageKind(enum.Enum, shape=3):
-    WRITE = 0      # RDMA WRITE: packets, then a CQE if signaled
+    WRITE = 0      # RDMA WRITE, WRITE with immediate or SEND (``send``, ``has_imm``): packets, then a CQE if signaled
     NOP = 1        # no packets, a CQE if signaled
     ERROR = 2      # malformed or unsupported WQE: no packets, an error CQE, QP to error
     DUMP = 3       # NVSHMEM's consistency point: a local read of its data segment, no packets, a CQE if signaled
@@ -39,6 +39,11 @@ def Message(num_qps, num_cqs):
         "opcode":   unsigned(8),      # the WQE's ctrl opcode (its CQE's sop_drop_qpn [31:24])
         "wire_op":  unsigned(8),      # ATOMIC: the BTH opcode (spec.formats.Op)
         "size8":    unsigned(1),      # ATOMIC: 8-byte operands (else 4)
+        "send":     unsigned(1),      # WRITE kind: a SEND (SEND opcodes, no RETH; the WQE's ctrl + data)
+        "has_imm":  unsigned(1),      # WRITE kind: the last packet carries an ImmDt (SEND_IMM, RDMA_WRITE_IMM)
+        "imm":      unsigned(32),     # its immediate: ctrl bytes 12..15 as they are in memory (= wire order)
+        "se":       unsigned(1),      # WRITE kind: solicited event (ctrl fm_ce_se SOLICITED): BTH SE on the
+                                      # last packet of a SEND or a WRITE with immediate
     })
 
 

@@ -16,15 +16,17 @@ BEAT = DATA_BYTES
 
 
 class PacketBuilder(wiring.Component):
-    """Splits each WRITE at the path MTU and builds its frames.
+    """Splits each WRITE (or SEND) at the path MTU and builds its frames.
 
     Packets: ONLY (length <= MTU) or FIRST, MIDDLE..., LAST, one PSN each, the RETH
-    on FIRST/ONLY, AckReq on LAST/ONLY. The payload comes from the payload fetch
+    on a WRITE's FIRST/ONLY (a SEND has none), the ImmDt (``imm``) on the LAST/ONLY of a
+    message with ``has_imm`` (the _IMM opcodes), AckReq on LAST/ONLY. The payload comes from the payload fetch
     (raw beats, the data starting at ``addr % 128``) or from the WQE (inline beats,
     the data starting at ``addr``, its offset in the WQE: 36, more when resumed). An aligner cuts the raw beats into chunks at packet
     boundaries and a packer shifts each chunk behind the header, so every frame
-    leaves as full 128-byte beats and a partial last beat; 4 zero bytes are
-    reserved at the end for the ICRC, which the next block fills in.
+    leaves as full 128-byte beats and a partial last beat; behind the payload the IBTA pad
+    (PadCnt zero bytes up to a multiple of 4, in the BTH) and 4 zero bytes for the ICRC,
+    which the next block fills in.
 
     A READ message is one header-only READ REQUEST (RETH: ``raddr``, ``rkey``, ``length``),
     AckReq set; its completion and its ``sent`` note carry the PSN of its last response
@@ -109,25 +111,46 @@ class PacketBuilder(wiring.Component):
         with m.Elif(rresp):
             m.d.comb += opcode.eq(Mux(pkt_first, Mux(is_last_pkt, F.Op.READ_RESP_ONLY, F.Op.READ_RESP_FIRST),
                                       Mux(is_last_pkt, F.Op.READ_RESP_LAST, F.Op.READ_RESP_MIDDLE)))
-        with m.Elif(pkt_first & is_last_pkt):
-            m.d.comb += opcode.eq(F.Op.WRITE_ONLY)
+        # WRITE, WRITE with immediate, SEND: the SEND opcodes are the WRITE ones less 6
+        # (IBTA: FIRST, MIDDLE, LAST, LAST_IMM, ONLY, ONLY_IMM in both rows), the _IMM one
+        # the plain one plus 1
+        imm_here = Signal()          # this packet carries the ImmDt (a message's last)
+        m.d.comb += imm_here.eq(msg.has_imm & is_last_pkt)
+        assert F.Op.WRITE_FIRST - F.Op.SEND_FIRST == 6 and F.Op.WRITE_ONLY_IMM - F.Op.SEND_ONLY_IMM == 6
+        assert F.Op.WRITE_LAST_IMM == F.Op.WRITE_LAST + 1 and F.Op.WRITE_ONLY_IMM == F.Op.WRITE_ONLY + 1
+        write_op = Signal(8)
+        with m.If(pkt_first & is_last_pkt):
+            m.d.comb += write_op.eq(F.Op.WRITE_ONLY)
         with m.Elif(pkt_first):
-            m.d.comb += opcode.eq(F.Op.WRITE_FIRST)
+            m.d.comb += write_op.eq(F.Op.WRITE_FIRST)
         with m.Elif(is_last_pkt):
-            m.d.comb += opcode.eq(F.Op.WRITE_LAST)
+            m.d.comb += write_op.eq(F.Op.WRITE_LAST)
         with m.Else():
-            m.d.comb += opcode.eq(F.Op.WRITE_MIDDLE)
+            m.d.comb += write_op.eq(F.Op.WRITE_MIDDLE)
+        with m.If(~atomic & ~read & ~rresp):
+            m.d.comb += opcode.eq(write_op + imm_here - Mux(msg.send, 6, 0))
+        reth = Signal()              # the packet carries a RETH
+        m.d.comb += reth.eq(read | (pkt_first & ~msg.send))
         hlen = Signal(8)
         m.d.comb += hlen.eq(Mux(atomic, F.OFF_EXT + Mux(masked, F.MASKED_ATOMIC_ETH_LEN, F.ATOMIC_ETH_LEN),
                                 Mux(rresp, F.OFF_EXT + Mux(middle, 0, F.AETH_LEN),
-                                    Mux(pkt_first | read, F.HDR_LEN_RETH, F.HDR_LEN_NO_RETH))))
+                                    Mux(reth, F.HDR_LEN_RETH, F.HDR_LEN_NO_RETH) + Mux(imm_here, F.IMMDT_LEN, 0))))
+        # The IBTA pad: a packet's payload is followed by PadCnt zero bytes up to a multiple
+        # of 4 (only a message's last packet can need it: the others are an MTU long). The
+        # packer reserves them behind the payload with the ICRC's 4, as zeros.
+        pad = Signal(2)
+        m.d.comb += pad.eq(-pkt_len)
+        tail = Signal(range(F.ICRC_LEN + 4))        # zero bytes after a packet's last chunk
+        m.d.comb += tail.eq(F.ICRC_LEN + pad)
         flen = Signal(16)
-        m.d.comb += flen.eq(hlen + pkt_len + F.ICRC_LEN)
+        m.d.comb += flen.eq(hlen + pkt_len + tail)
 
         hdr = Signal(RoceWriteHeader)
         drive_roce_headers(m, hdr, dmac=msg.cfg.dmac, smac=self.port_mac, sip=self.port_ip, dip=msg.cfg.dip,
                            flen=flen, src_qpn=msg.qpn, opcode=opcode, dqpn=msg.cfg.remote_qpn,
-                           ackreq=Mux(is_last_pkt & ~rresp, 0x80, 0), psn=psn)
+                           ackreq=Mux(is_last_pkt & ~rresp, 0x80, 0), psn=psn,
+                           flags=(pad << F.BTH_PADCNT_SHIFT)
+                           | Mux(msg.se & is_last_pkt & (msg.send | msg.has_imm) & ~atomic & ~read & ~rresp, F.BTH_SE, 0))
         m.d.comb += [
             hdr.reth.va.eq(be(msg.raddr, 8)), hdr.reth.rkey.eq(be(msg.rkey, 4)),
             hdr.reth.dma_len.eq(be(msg.length, 4)),
@@ -153,10 +176,12 @@ class PacketBuilder(wiring.Component):
             m.d.comb += hdr_bytes.eq(Cat(hdr.as_value()[:8 * F.OFF_EXT], ext))
         with m.Elif(rresp & ~middle):
             m.d.comb += hdr_bytes.eq(Cat(hdr.as_value()[:8 * F.OFF_EXT], aeth))
-        with m.Elif((pkt_first | read) & ~rresp):       # (a resumed READ asks again with a RETH)
-            m.d.comb += hdr_bytes.eq(hdr.as_value())
-        with m.Else():
+        with m.Elif(rresp):
             m.d.comb += hdr_bytes.eq(hdr.as_value()[:8 * F.HDR_LEN_NO_RETH])
+        with m.Elif(reth):           # (a resumed READ asks again with a RETH)
+            m.d.comb += hdr_bytes.eq(Cat(hdr.as_value(), Mux(imm_here, msg.imm, 0)))
+        with m.Else():
+            m.d.comb += hdr_bytes.eq(Cat(hdr.as_value()[:8 * F.HDR_LEN_NO_RETH], Mux(imm_here, msg.imm, 0)))
 
         # ---- aligner: next chunk of the current packet ---------------------------------
         raw_valid = Signal()
@@ -196,7 +221,7 @@ class PacketBuilder(wiring.Component):
         merge = Signal()             # this cycle packs the packet's first chunk behind the held tail
         m.d.comb += merge.eq(held & pkt_start & has & (flen > SEG + F.ICRC_LEN)
                              & (~pkt_first if not self.merge_messages else 1)
-                             & (SEG + hlen + n + Mux(chunk_last, F.ICRC_LEN, 0) >= BEAT))
+                             & (SEG + hlen + n + Mux(chunk_last, tail, 0) >= BEAT))
         # A packet started at lane 64 carries up to 64 + 70 header bytes ahead of its
         # payload, so the residual may exceed a beat (at most 138 bytes, steady).
         residual = Signal(16 * BEAT)
@@ -211,12 +236,12 @@ class PacketBuilder(wiring.Component):
             m.d.comb += [base.eq(hdr_bytes), base_count.eq(hlen)]
         combined = Signal(24 * BEAT)
         m.d.comb += combined.eq(base | (chunk << (base_count * 8)))
-        total = Signal(range(3 * BEAT + F.ICRC_LEN + 1))
-        m.d.comb += total.eq(base_count + n + Mux(chunk_last, F.ICRC_LEN, 0))
+        total = Signal(range(3 * BEAT + F.ICRC_LEN + 4))
+        m.d.comb += total.eq(base_count + n + Mux(chunk_last, tail, 0))
 
         # Flush: bytes of a finished packet still to send.
         flush = Signal(16 * BEAT)
-        flush_left = Signal(range(2 * BEAT + F.ICRC_LEN + 1))
+        flush_left = Signal(range(2 * BEAT + F.ICRC_LEN + 4))
 
         cur_cpl = Signal(Completion(self.num_qps, self.num_cqs))
         m.d.comb += [

@@ -73,7 +73,7 @@ class RequesterPath(WiringLevel):
     read_landed : In(1)
         A completed READ's payload has landed (the responder's write issuer).
     db_accepted, db_drop, wqes_done, packets_sent, cqes_written, error_cqes, naks, retransmits,
-    timeouts, retry_exceeded, acks_merged, resp_dropped : Out
+    timeouts, retry_exceeded, rnr_naks, acks_merged, resp_dropped : Out
         Counter strobes (``resp_dropped``: per ``ResponseDrop`` reason).
     """
     def __init__(self, *, num_qps, num_cqs, quantum, wqe_buffer, payload_buffer):
@@ -105,7 +105,7 @@ class RequesterPath(WiringLevel):
                               "db_drop": "db_drop"}),
             (b["wqe_parser"], {"parser_commit": "commit", "parser_flush": "flush"}),
             (b["cpl_tracker"], {"tracker_commit": "commit", "tracker_flush": "flush", "naks": "naks", "retransmits": "retransmits",
-                                "timeouts": "timeouts", "retry_exceeded": "retry_exceeded"}),
+                                "timeouts": "timeouts", "retry_exceeded": "retry_exceeded", "rnr_naks": "rnr_naks"}),
             (b["cqe_writer"], {"cq_commit": "commit", "uidx_commit": "uidx_commit", "cqe_dma": "dma", "cqes_written": "written",
                                "error_cqes": "errors"}),
             (b["builder"], {"port_mac": "port_mac", "port_ip": "port_ip", "frames": "frames"}),

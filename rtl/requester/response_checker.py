@@ -315,7 +315,7 @@ class ResponseChecker(wiring.Component):
                 m.d.comb += psn2.eq(gap)
             kind2 = syn2[5:7]
             is_ack = kind2 == Aeth.KIND_ACK
-            is_nak = kind2 == Aeth.KIND_NAK
+            is_nak = (kind2 == Aeth.KIND_NAK) | (kind2 == Aeth.KIND_RNR)   # (an RNR NAK acknowledges before it too)
             is_seq = syn2 == Aeth.NAK_PSN_SEQ
             no_progress = Signal(name=f"no_progress{k}")      # a NAK that acknowledges nothing new
             m.d.comb += no_progress.eq((psn2 - 1)[:PSN_BITS] == d.acked)
@@ -345,8 +345,9 @@ class ResponseChecker(wiring.Component):
                     m.d.comb += [nd.acked.eq(psn2 - 1), nd.nak_valid.eq(0)]
                 with m.If(is_seq):
                     m.d.comb += [nd.nak_valid.eq(1), nd.nak_psn.eq(psn2)]
-                with m.Else():
-                    m.d.comb += nd.failed.eq(1)
+                with m.Elif(kind2 == Aeth.KIND_NAK):
+                    m.d.comb += nd.failed.eq(1)       # (an RNR NAK fails the QP only when its retries
+                                                      # are used up: the tracker's ``failed``)
             read_done = Signal(name=f"read_done{k}")
             m.d.comb += read_done.eq(is_rdata & at_last)
             with m.If(ok & (is_data | read_done)):

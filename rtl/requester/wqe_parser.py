@@ -127,6 +127,7 @@ class WqeParser(wiring.Component):
         A QP's registered ops retired up to ``head``.
     """
     INLINE_OFFSET = F.WQE_INLINE_OFFSET     # 36: ctrl (16) + raddr (16) + inline byte count (4)
+    SEND_INLINE_OFFSET = F.SEND_INLINE_OFFSET   # 20: ctrl (16) + inline byte count (4)
 
     def __init__(self, *, num_qps, num_cqs, max_burst):
         self.num_qps, self.num_cqs = num_qps, num_cqs
@@ -250,10 +251,25 @@ class WqeParser(wiring.Component):
         m.d.comb += nbb.eq(Mux(got == 0, Mux(no_ctrl, 1, nbb_first), need))
 
         # Fields of the WQE.
-        ctrl, raddr_seg, data_seg = view[0:128], view[128:256], view[256:384]
+        ctrl, raddr_seg = view[0:128], view[128:256]
         opmod_idx_opcode = from_be(ctrl, *F.get_field(F.CTRL_SEG, "opmod_idx_opcode"))
         opcode, opmod = opmod_idx_opcode[:8], opmod_idx_opcode[24:32]
         ds = from_be(ctrl, *F.get_field(F.CTRL_SEG, "qpn_ds"))[:6]
+        # The WRITE-like forms: RDMA WRITE and WRITE with immediate (ctrl + raddr + data or
+        # inline) and SEND, SEND with immediate (ctrl + data or inline: no raddr segment,
+        # so its data segment is where a WRITE's raddr segment is); the immediate is in
+        # the ctrl segment's last 4 bytes.
+        is_send = Signal()
+        m.d.comb += is_send.eq((opcode == F.WqeOp.SEND) | (opcode == F.WqeOp.SEND_IMM))
+        is_write = Signal()
+        m.d.comb += is_write.eq((opcode == F.WqeOp.RDMA_WRITE) | (opcode == F.WqeOp.RDMA_WRITE_IMM))
+        has_imm = Signal()
+        m.d.comb += has_imm.eq((opcode == F.WqeOp.SEND_IMM) | (opcode == F.WqeOp.RDMA_WRITE_IMM))
+        imm_bytes = ctrl[8 * 12:8 * 16]
+        data_seg = Mux(is_send, view[128:256], view[256:384])
+        head_ds = Mux(is_send, 1, 2)                 # ds ahead of the data segment
+        no_data = Signal()                           # a WRITE-like WQE without a data segment: 0 bytes
+        m.d.comb += no_data.eq(ds == head_ds)
         fm_ce_se = from_be(ctrl, *F.get_field(F.CTRL_SEG, "fm_ce_se"))
         raddr = from_be(raddr_seg, *F.get_field(F.RADDR_SEG, "raddr"))
         rkey = from_be(raddr_seg, *F.get_field(F.RADDR_SEG, "rkey"))
@@ -275,7 +291,7 @@ class WqeParser(wiring.Component):
         fence = fm_ce_se[5:8] != 0
         length = Signal(32)
         kind = Signal(MessageKind)
-        m.d.comb += length.eq(Mux(ds == 2, 0, Mux(is_inline, inline_len, byte_count)))
+        m.d.comb += length.eq(Mux(no_data, 0, Mux(is_inline, inline_len, byte_count)))
         with m.If(no_ctrl):
             m.d.comb += kind.eq(MessageKind.ERROR)
         with m.Elif(opcode == F.WqeOp.NOP):
@@ -286,10 +302,10 @@ class WqeParser(wiring.Component):
             m.d.comb += kind.eq(MessageKind.ATOMIC)
         with m.Elif((opcode == F.WqeOp.RDMA_READ) & (ds == 3) & ~is_inline & ~job.cfg.uc):
             m.d.comb += kind.eq(MessageKind.READ)
-        with m.Elif((opcode == F.WqeOp.RDMA_WRITE)
-                    & ((ds == 2)
-                       | ((ds >= 3) & is_inline & ((inline_len + 4 + 15) >> 4 == ds - 2))
-                       | ((ds == 3) & ~is_inline))):
+        with m.Elif((is_write | is_send)
+                    & (no_data
+                       | ((ds > head_ds) & is_inline & ((inline_len + 4 + 15) >> 4 == ds - head_ds))
+                       | ((ds == head_ds + 1) & ~is_inline))):
             m.d.comb += kind.eq(MessageKind.WRITE)
         with m.Else():
             m.d.comb += kind.eq(MessageKind.ERROR)
@@ -329,7 +345,7 @@ class WqeParser(wiring.Component):
         advance = Signal(36)
         m.d.comb += advance.eq(dist << mtu_shift)
         send_inline = Signal()
-        m.d.comb += send_inline.eq((kind == MessageKind.WRITE) & (ds != 2) & is_inline & (inline_len != 0)
+        m.d.comb += send_inline.eq((kind == MessageKind.WRITE) & ~no_data & is_inline & (inline_len != 0)
                                    & ~cur_fail)
         # A malformed WQE (not skipped by a go-back walk) fails the QP: the WQEs after it flush.
         malformed = Signal()
@@ -339,10 +355,12 @@ class WqeParser(wiring.Component):
                      next_syn.eq(Mux((cur_fail & ~skip_wqe) | malformed, F.Syndrome.WR_FLUSH_ERR, cur_syn))]
         # Inline data: the WQE's 128-byte beats from the one holding byte 36 (or, resumed
         # inside the WQE, the one holding byte 36 + advance) to its last data byte.
+        inline_at = Signal(6)                        # where the inline data starts in the WQE: 36, a SEND's 20
+        m.d.comb += inline_at.eq(Mux(is_send, self.SEND_INLINE_OFFSET, self.INLINE_OFFSET))
         nbeats = Signal(range(F.MAX_WQEBBS // 2 + 1))
-        m.d.comb += nbeats.eq((self.INLINE_OFFSET + inline_len + 127) >> 7)
+        m.d.comb += nbeats.eq((inline_at + inline_len + 127) >> 7)
         data_off = Signal(36)                        # where the (resumed) data starts in the WQE
-        m.d.comb += data_off.eq(self.INLINE_OFFSET + Mux(resume_wqe, advance, 0))
+        m.d.comb += data_off.eq(inline_at + Mux(resume_wqe, advance, 0))
         skip_beats = Signal.like(nbeats)
         m.d.comb += skip_beats.eq(data_off >> 7)
         more_beats = Signal()
@@ -398,7 +416,9 @@ class WqeParser(wiring.Component):
                                           Mux(kind == MessageKind.DUMP, dump_count,
                                               Mux(kind == MessageKind.ATOMIC, Mux(size8, 8, 4), 0)))),
             self.messages.p.wire_op.eq(wire_op), self.messages.p.size8.eq(size8),
-            self.messages.p.inline.eq(is_inline & (ds != 2) & (kind == MessageKind.WRITE)),
+            self.messages.p.inline.eq(is_inline & ~no_data & (kind == MessageKind.WRITE)),
+            self.messages.p.send.eq(is_send), self.messages.p.has_imm.eq(has_imm),
+            self.messages.p.imm.eq(imm_bytes), self.messages.p.se.eq((fm_ce_se & F.FM_CE_SE_SOLICITED) != 0),
             # inline: the data's offset in the WQE (the builder starts there in the first beat)
             self.messages.p.addr.eq(Mux(kind == MessageKind.DUMP, dump_addr,
                                         Mux(kind == MessageKind.ATOMIC, res_addr,

@@ -12,9 +12,9 @@ every byte on both sides (and the guard bytes around them), rxe's counters.
 
 PadCnt: IBTA pads the payload of a packet to a multiple of 4 (only LAST/ONLY can carry a
 pad: FIRST/MIDDLE carry a whole MTU). rxe pads what it sends and NAKs an unpadded WRITE
-(docs/interoperability.md, finding 1); the engine pads nothing yet, so the engine's WRITEs
-and READ responses of lengths that are not multiples of 4 fail here until it does (the
-xfail tests ``*_unpadded_*`` of tb/suites/interop_mtu.py).
+(docs/interoperability.md, finding 1, fixed: the engine pads too); the tests
+``engine_odd_lengths_*`` of tb/suites/interop_mtu.py hold the engine's pad on WRITEs and
+READ responses of lengths that are not multiples of 4.
 """
 import itertools
 

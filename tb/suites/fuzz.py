@@ -47,7 +47,7 @@ from model.requester import RcRequester
 from model.responder import RcResponder
 from spec import formats as F
 from spec.formats import Aeth, Op, QpState, WqeOp
-from tb.env import NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
+from tb.env import ENGINE_VERBS, NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
 from tb.rc_env import DST, KEY, KEY_ATOMIC, KEY_PD, KEY_RO, PD, REGION_LEN, REGIONS, match_coalesced, not_roce
 
 NEVER = 1 << 31
@@ -597,7 +597,7 @@ async def fuzz_wqes(dut):
             while True:
                 op, ds, shape, body = _wqe_case(rnd, addr)
                 nbb = max(1, -(-ds // 4))
-                w = parse_wqe(((_ctrl_for(q, op, ds) + body)[:64 * nbb]).ljust(64 * 16, b"\0"))
+                w = parse_wqe(((_ctrl_for(q, op, ds) + body)[:64 * nbb]).ljust(64 * 16, b"\0"), **ENGINE_VERBS)
                 if not w.valid or w.length <= 4096:
                     break
             qp.post_raw(op, ds, body)
@@ -715,7 +715,7 @@ async def fuzz_doorbells(dut):
         eng = EngineModel(Port(PORT_MAC, PORT_IP), {qp.qpn: QpContext(qpn=qp.qpn, remote_qpn=qp.remote_qpn,
                           dmac=qp.dmac, dip=qp.dip, sq_base=qp.sq_base, log_depth=depth_log, cqn=0,
                           start_psn=qp.start_psn, mtu=qp.mtu, user_index=qp.user_index) for qp in qps},
-                          {0: CqContext(0, 12, base=cq.base)}, env.mem.read)
+                          {0: CqContext(0, 12, base=cq.base)}, env.mem.read, **ENGINE_VERBS)
         for q, wqe in posts:
             eng.post(q, wqe)
         env.engine = eng

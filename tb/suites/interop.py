@@ -15,12 +15,15 @@ wrap), ``rxe_writes_to_engine`` (engine responder: rxe's 4-packet WRITE across t
 wrap, an 8-byte one), ``engine_reads_and_atomics_on_rxe`` (READ 1500 B, FETCH_ADD,
 COMPARE_SWAP hit and miss), ``rxe_reads_and_atomics_on_engine`` (READ 3000 B, FETCH_ADD,
 COMPARE_SWAP), ``odd_lengths_padded_by_rxe`` (rxe's padded WRITEs and READ RESPONSEs of
-203 and 1027 bytes into the engine, the engine's unpadded READ RESPONSE of 203 bytes to
-rxe), ``access_errors_both_ways`` (NAK remote access each way, the error completions).
+203 and 1027 bytes into the engine, the engine's padded READ RESPONSE of 203 bytes to
+rxe), ``access_errors_both_ways`` (NAK remote access each way, the error completions),
+``mtu4096_both_ways``, ``engine_sends_to_rxe`` (SEND, SEND_IMM, WRITE_IMM into rxe's receive
+WQEs, odd lengths padded) and ``rnr_from_rxe`` (rxe's RNR NAKs: the engine's wait, resend,
+RNR retries exhausted).
 
-The engine's own WRITEs use lengths that are multiples of 4: the engine sends BTH PadCnt 0
-(as the golden model), and rxe NAKs (invalid request, QP to ERROR) a WRITE ONLY/LAST whose
-payload is not a multiple of 4 without the pad (interop/README.md, "Findings").
+The engine pads a WRITE ONLY/LAST, a SEND and a READ RESPONSE whose payload is not a
+multiple of 4 (BTH PadCnt), as the golden model; rxe NAKs (invalid request, QP to ERROR) an
+unpadded one (docs/interoperability.md, finding 1).
 """
 import cocotb
 
@@ -30,7 +33,9 @@ from model.memory import SparseMemory
 from model.mr import MemoryRegion
 from model.requester import RcRequester
 from model.responder import RcResponder
-from spec.formats import AETH, ATOMIC_ACK_ETH, BTH, OFF_BTH, OFF_EXT, Access, Aeth, CqeOp, Op, Syndrome, WqeOp, unpack
+from spec import params as P
+from spec.formats import RNR_TIMER_NS, AETH, ATOMIC_ACK_ETH, BTH, OFF_BTH, OFF_EXT, Access, Aeth, CqeOp, Op, Syndrome, WqeOp, unpack
+from tb.env import ENGINE_VERBS
 from tb.interop.rxe_env import (MTU, PD, ENGINE_IP, ENGINE_MAC, GUEST_IP, GUEST_MAC, RxeLink, aeth, bth,
                                 connect_rc, pattern, start, summary)
 
@@ -58,9 +63,10 @@ async def _connect(env, g, cq, *, engine_qpn, guest_qp, engine_psn, guest_psn, a
 def _requester_model(env, cq, qp, writes):
     """The golden requester of the engine's QP (``writes``: addr -> bytes it puts into GPU memory)."""
     m = RcRequester(ENGINE_PORT, {cq.cqn: CqContext(cq.cqn, cq.log_depth, base=cq.base)}, env.mem.read,
-                    remote_ops=True, write_memory=lambda a, d: writes.__setitem__(a, bytes(d)))
+                    remote_ops=True, write_memory=lambda a, d: writes.__setitem__(a, bytes(d)), **ENGINE_VERBS)
     m.add_qp(QpContext(qpn=qp.qpn, remote_qpn=qp.remote_qpn, dmac=qp.dmac, dip=qp.dip, start_psn=qp.start_psn,
-                       mtu=qp.mtu, cqn=cq.cqn, user_index=qp.user_index), timeout_ns=NEVER)
+                       mtu=qp.mtu, cqn=cq.cqn, user_index=qp.user_index, rnr_retry=getattr(qp, "rnr_retry", 7)),
+             timeout_ns=NEVER)
     m.expect = []                    # the frames it sends (``_post``)
     return m
 
@@ -94,12 +100,12 @@ RXE_ERROR_COUNTERS = ("duplicate_request", "out_of_seq_request", "rcvd_rnr_err",
                       "retry_exceeded_err", "retry_rnr_exceeded_err", "completer_retry_err", "send_err")
 
 
-def _check_rxe_counters(g, before, link):
+def _check_rxe_counters(g, before, link, allowed=()):
     """rxe received every frame the engine sent and sent every frame the engine got, and
-    counted no error."""
+    counted no error (but those ``allowed``)."""
     after = g.counters()
     delta = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
-    bad = {k: delta[k] for k in RXE_ERROR_COUNTERS if delta.get(k)}
+    bad = {k: delta[k] for k in RXE_ERROR_COUNTERS if delta.get(k) and k not in allowed}
     assert not bad, f"rxe error counters moved: {bad}"
     got = (delta.get("rcvd_pkts"), delta.get("sent_pkts"))
     assert got == (len(link.frames("tx")), len(link.frames("rx"))), \
@@ -354,9 +360,9 @@ async def odd_lengths_padded_by_rxe(dut):
     3 bytes, PadCnt 1) into the engine, READs 203 bytes of it, and the engine READs 203 and
     1027 bytes of rxe's buffer (rxe's READ RESPONSE ONLY/LAST carry PadCnt 1). The engine
     strips the pad: exactly the bytes land, not one more, on both sides; every completion
-    succeeds. The engine's READ RESPONSE ONLY of 203 bytes goes out with PadCnt 0 (as the
+    succeeds. The engine's READ RESPONSE ONLY of 203 bytes goes out with PadCnt 1 (as the
     golden responder builds it) and rxe's requester takes it. (The engine's own WRITEs of
-    such lengths are not tried: rxe NAKs them, interop/README.md.)"""
+    such lengths: tb/suites/interop_mtu.py's engine_odd_lengths_*.)"""
     g, br, env, cq = await _start(dut)
     await env.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
     qp, gq = await _connect(env, g, cq, engine_qpn=5, guest_qp=4, engine_psn=0x10, guest_psn=0x20)
@@ -412,7 +418,7 @@ async def odd_lengths_padded_by_rxe(dut):
         want = [o for r in results for o in (r.read_responses or ([r.response] if r.response is not None else []))]
         assert to_rxe5 == want, f"engine sends {summary(to_rxe5)}, golden responder {summary(want)}"
         assert [(bth(f)["opcode"], bth(f)["psn"], pad(f), len(f)) for f in to_rxe5] == [
-            (Op.ACK, 0x20, 0, 62), (Op.ACK, 0x22, 0, 62), (Op.READ_RESP_ONLY, 0x23, 0, 62 + 203)], summary(to_rxe5)
+            (Op.ACK, 0x20, 0, 62), (Op.ACK, 0x22, 0, 62), (Op.READ_RESP_ONLY, 0x23, 1, 62 + 204)], summary(to_rxe5)
         _check_requester(env, link, req, cqes, writes, qp=qp2)
         assert [(c.opcode, c.wqe_counter, c.byte_cnt, c.syndrome) for c in cqes] == [
             (CqeOp.REQ, 0, 203, 0), (CqeOp.REQ, 1, 1027, 0)], cqes
@@ -515,3 +521,137 @@ async def mtu4096_both_ways(dut):
                          engine_psn=0x00ABC0)
     await C.rxe_reads(g, br, env, cq, name="mtu4096_rxe_reads", mtu=m, n=3 * m + 8, engine_qpn=4, guest_psn=0x7FFFFE)
     await C.atomics(g, br, env, cq, name="mtu4096_atomics", mtu=m, engine_qpn=5)
+
+
+async def _feed(model, link, qp):
+    """The golden requester given rxe's answers to ``qp`` at the cycles they came, its RNR
+    timers run at those cycles (the frames it then sends join ``model.expect``)."""
+    ns = 1000 // P.CLOCK_MHZ
+    for cycle, d, f in link.log:
+        if d != "rx" or bth(f)["dqpn"] != qp.qpn:
+            continue
+        deadline = model.next_deadline()
+        if deadline is not None and deadline <= cycle * ns:
+            model.expect += [t.frame for t in model.on_timeout(deadline)[0]]
+        model.expect += [t.frame for t in model.on_response(f, cycle * ns).retransmit]
+    deadline = model.next_deadline()
+    if deadline is not None and deadline <= link.now * ns:
+        model.expect += [t.frame for t in model.on_timeout(deadline)[0]]
+
+
+@cocotb.test()
+async def engine_sends_to_rxe(dut):
+    """The engine as requester of the two-sided verbs: SEND of 300 B (ONLY) and 3000 B
+    (FIRST/MIDDLE/LAST) into rxe's receive WQEs of three buffers each, SEND_IMM of 5 B
+    inline (padded: PadCnt 3), a 0-byte SEND with immediate, WRITE_IMM of 1027 B (padded).
+    rxe's receive completions (RECV / RECV_RDMA_WITH_IMM, byte_len, immediate) and buffers
+    hold what was sent; the engine's frames and CQEs are the golden requester's."""
+    g, br, env, cq = await _start(dut)
+    qp, gq = await _connect(env, g, cq, engine_qpn=6, guest_qp=60, engine_psn=0x00FFF0, guest_psn=0x10)
+    m = g.reg_mr(60, 65536)
+    for k in range(5):                                 # 3 buffers each: 1000 B at 4 KiB strides
+        g.post_recv(60, 60, sges=[(0x1000 * (3 * k + j) + 8 * j, 1000) for j in range(3)], wr=100 + k)
+    before = g.counters()
+    link = RxeLink(env, br, "engine_sends_to_rxe", {6: MTU})
+    writes = {}
+    model = _requester_model(env, cq, qp, writes)
+    try:
+        s300, d300 = env.payload(300, seed=11)
+        s3000, d3000 = env.payload(3000, seed=12)
+        s1027, d1027 = env.payload(1027, seed=13)
+        _post(model, qp, qp.post_send(local_addr=s300, length=300))
+        _post(model, qp, qp.post_send(local_addr=s3000, length=3000))
+        _post(model, qp, qp.post_send(inline=b"hello", imm=0x11223344))
+        _post(model, qp, qp.post_send(imm=0xA5A5A5A5))
+        _post(model, qp, qp.post_write(m["addr"] + 0xF000, m["rkey"], local_addr=s1027, length=1027,
+                                       opcode=WqeOp.RDMA_WRITE_IMM, imm=0xFEEDC0DE))
+        await qp.ring_rdma_core()
+        cqes = await cq.poll(5, CQE_CYCLES)
+        await link.settle()
+        _link_clean(link)
+        tx = link.frames("tx")
+        assert [(bth(f)["opcode"], (bth(f)["flags"] >> 4) & 3) for f in tx] == [
+            (Op.SEND_ONLY, 0), (Op.SEND_FIRST, 0), (Op.SEND_MIDDLE, 0), (Op.SEND_LAST, 0), (Op.SEND_ONLY_IMM, 3),
+            (Op.SEND_ONLY_IMM, 0), (Op.WRITE_FIRST, 0), (Op.WRITE_LAST_IMM, 1)], summary(tx)
+        _check_requester(env, link, model, cqes, writes)
+        assert all((c.opcode, c.syndrome) == (CqeOp.REQ, 0) for c in cqes), cqes
+        # rxe's side: a receive completion per message, in order, and the bytes
+        wcs = g.wait_cq(60, 5)
+        got = [(w["wr"], w["status_name"], w["opcode"], w["byte_len"], w.get("imm") if w["with_imm"] else None)
+               for w in wcs]
+        assert got == [(100, "IBV_WC_SUCCESS", "RECV", 300, None), (101, "IBV_WC_SUCCESS", "RECV", 3000, None),
+                       (102, "IBV_WC_SUCCESS", "RECV", 5, 0x11223344), (103, "IBV_WC_SUCCESS", "RECV", 0, 0xA5A5A5A5),
+                       (104, "IBV_WC_SUCCESS", "RECV_RDMA_WITH_IMM", 1027, 0xFEEDC0DE)], got
+        def scattered(k, n):
+            return b"".join(g.read_mem(60, 0x1000 * (3 * k + j) + 8 * j, min(1000, n - 1000 * j))
+                            for j in range(3) if n > 1000 * j)
+        assert scattered(0, 300) == d300 and scattered(1, 3000) == d3000 and scattered(2, 5) == b"hello"
+        assert g.read_mem(60, 0xF000, 1027) == d1027 and g.read_mem(60, 0xF000 + 1027, 4) == bytes(4)
+        _check_rxe_counters(g, before, link)
+    finally:
+        link.close()
+
+
+@cocotb.test()
+async def rnr_from_rxe(dut):
+    """rxe has no receive WQE for the engine's SEND: it answers RNR NAK (timer code 1,
+    10 us); the engine resends no earlier than 5,000 cycles after it came; after the second
+    RNR NAK a receive is posted and the third copy lands. On a second QP with rnr_retry 1
+    and nothing posted, the second RNR NAK fails the SEND with RNR_RETRY_EXC_ERR and the
+    WRITE behind it is flushed. Frames and CQEs are the golden requester's; rxe counts
+    the RNR NAKs it sent (send_rnr_err) and nothing else."""
+    g, br, env, cq = await _start(dut)
+    qp, gq = await connect_rc(env, g, cq, engine_qpn=7, guest_qp=61, engine_psn=0x300, guest_psn=0x30,
+                              engine_timeout=NEVER, min_rnr=1)
+    qp2, gq2 = await connect_rc(env, g, cq, engine_qpn=8, guest_qp=62, engine_psn=0x800, guest_psn=0x80,
+                                engine_timeout=NEVER, min_rnr=1, rnr_retry=1)
+    g.reg_mr(61, 4096)
+    before = g.counters()
+    link = RxeLink(env, br, "rnr_from_rxe", {7: MTU, 8: MTU})
+    writes = {}
+    model = _requester_model(env, cq, qp, writes)
+    model2 = _requester_model(env, cq, qp2, writes)
+    wait = RNR_TIMER_NS[1] * P.CLOCK_MHZ // 1000             # 5,000 cycles
+    try:
+        src, data = env.payload(200, seed=21)
+        _post(model, qp, qp.post_send(local_addr=src, length=200, imm=0x5EED))
+        await qp.ring_rdma_core()
+        rnr = lambda q: [(c, f) for c, d, f in link.log if d == "rx" and bth(f)["dqpn"] == q
+                         and aeth(f)[0] >> 5 == Aeth.KIND_RNR]
+        await env.wait_for(lambda: len(rnr(7)) >= 2, 60_000, lambda: f"two RNR NAKs (got {len(rnr(7))})")
+        g.post_recv(61, 61, 0x100, 256, wr=7)
+        c1 = await cq.poll(1, 60_000)
+        # the second QP: rnr_retry 1, nothing posted
+        _post(model2, qp2, qp2.post_send(local_addr=src, length=200))
+        _post(model2, qp2, qp2.post_write(0x1000, 0x77, local_addr=src, length=8))
+        await qp2.ring_rdma_core()
+        c2 = await cq.poll(2, 60_000)
+        await link.settle()
+        _link_clean(link)
+        sends = [(c, f) for c, d, f in link.log if d == "tx" and bth(f)["dqpn"] == gq["qpn"]]
+        assert [bth(f)["opcode"] for _, f in sends] == [Op.SEND_ONLY_IMM] * 3, summary([f for _, f in sends])
+        for (nak_at, nak), (resent, f) in zip(rnr(7), sends[1:]):
+            assert aeth(nak)[0] == Aeth.RNR_NAK | 1 and bth(nak)["psn"] == 0x300
+            assert resent >= nak_at + wait, f"resent at cycle {resent}, RNR NAK at {nak_at}: waited < {wait}"
+        for mod, q, cqes in ((model, qp, c1), (model2, qp2, c2)):
+            await _feed(mod, link, q)
+            got = [f for f in link.frames("tx") if bth(f)["dqpn"] == q.remote_qpn]
+            assert got == mod.expect, f"QP {q.qpn}: engine {summary(got)}; golden requester {summary(mod.expect)}"
+            assert [c.raw for c in cqes] == [c.cqe for c in mod.completions], (q.qpn, cqes, mod.completions)
+        assert (c1[0].opcode, c1[0].syndrome) == (CqeOp.REQ, 0)
+        assert [(c.opcode, c.syndrome) for c in c2] == [(CqeOp.REQ_ERR, Syndrome.RNR_RETRY_EXC_ERR),
+                                                        (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR)], c2
+        assert len(rnr(8)) == 2
+        wc = g.poll_cq(61, ms=5000)
+        assert (wc["wr"], wc["status_name"], wc["opcode"], wc["byte_len"], wc["imm"]) == (
+            7, "IBV_WC_SUCCESS", "RECV", 200, 0x5EED), wc
+        assert g.read_mem(61, 0x100, 200) == data
+        # rxe's responder: an RNR NAK per copy of the SENDs (2 + 2, send_rnr_err) and, on the
+        # second QP, the WRITE behind the RNR'd SEND out of sequence each time (its PSN
+        # sequence NAK: out_of_seq_request 2), which the engine ignores while it waits
+        _check_rxe_counters(g, before, link, allowed=("send_rnr_err", "out_of_seq_request"))
+        after = g.counters()
+        assert after["out_of_seq_request"] - before["out_of_seq_request"] == 2
+        assert (await env.ctl.read_counters())["rnr_naks_received"] == 4
+    finally:
+        link.close()

@@ -9,10 +9,9 @@ MTU + 5 B of rxe (rxe's READ RESPONSEs padded); rxe READs 3 x MTU + 8 B of the e
 FETCH_ADD and a COMPARE_SWAP each way. The cases are tb/interop/mtu_cases.py (what each
 checks is written there); each test resets the engine and makes its own QPs.
 
-``engine_unpadded_odd_lengths_mtu*``: the engine WRITEs 1 B, 203 B and 3 x MTU + 5 B and
-answers rxe's READ of 3 x MTU + 5 B, checked against IBTA's padding. They FAIL today: the
-engine sends no pad and rxe NAKs its unpadded WRITE (docs/interoperability.md, finding 1);
-the pytest side marks them xfail(strict=True), so they flip once the engine pads.
+``engine_odd_lengths_mtu*``: the engine WRITEs 1 B, 203 B and 3 x MTU + 5 B and answers
+rxe's READ of 3 x MTU + 5 B, checked against IBTA's padding (the engine pads its last
+packets since finding 1 of docs/interoperability.md was fixed; rxe NAKs an unpadded WRITE).
 """
 import cocotb
 
@@ -46,7 +45,7 @@ async def _atomics(dut, mtu, name):
     await C.atomics(g, br, env, cq, name=name, mtu=mtu, engine_qpn=5)
 
 
-async def _unpadded(dut, mtu, name):
+async def _odd_lengths(dut, mtu, name):
     """The engine's WRITEs and READ RESPONSEs of lengths that are not multiples of 4."""
     g, br, env, cq = await start(dut)
     await C.rxe_reads(g, br, env, cq, name=name + "_read", mtu=mtu, n=3 * mtu + 5, engine_qpn=4, guest_psn=0x10)
@@ -80,8 +79,8 @@ async def atomics_mtu1024(dut):
 
 
 @cocotb.test()
-async def engine_unpadded_odd_lengths_mtu1024(dut):
-    await _unpadded(dut, 1024, "engine_unpadded_odd_lengths_mtu1024")
+async def engine_odd_lengths_mtu1024(dut):
+    await _odd_lengths(dut, 1024, "engine_odd_lengths_mtu1024")
 
 
 @cocotb.test()
@@ -110,5 +109,5 @@ async def atomics_mtu4096(dut):
 
 
 @cocotb.test()
-async def engine_unpadded_odd_lengths_mtu4096(dut):
-    await _unpadded(dut, 4096, "engine_unpadded_odd_lengths_mtu4096")
+async def engine_odd_lengths_mtu4096(dut):
+    await _odd_lengths(dut, 4096, "engine_odd_lengths_mtu4096")

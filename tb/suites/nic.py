@@ -40,7 +40,55 @@ async def inline_writes(dut):
     pred = env.check(await env.drain())
     env.check_cycles()
     await env.check_counters(pred)
-    assert [len(f.data) for f in env.wire.frames] == [74 + n for n in sizes]
+    assert [len(f.data) for f in env.wire.frames] == [74 + n + (-n & 3) for n in sizes]    # the IBTA pad
+
+
+@cocotb.test()
+async def sends_and_write_imm(dut):
+    """SEND, SEND with immediate and WRITE with immediate, from pointers, inline and of 0
+    bytes, one packet and several (MTU 256): frames byte for byte, CQEs and cycles as the
+    models', and the opcodes, ImmDt and pad checked by hand."""
+    env, (qp,) = await env_with(dut, sq_depth=8, mtu=256)
+    sizes = [1, 8, 255, 256, 257, 700]
+    want = []                                  # (BTH opcodes, the ImmDt of the last or None, pad of the last)
+    for i, n in enumerate(sizes):
+        addr, _ = env.payload(n)
+        imm = 0xA0B0C000 + i
+        if i % 2:
+            qp.post_send(local_addr=addr, length=n, imm=imm)
+        else:
+            qp.post_send(local_addr=addr, length=n)
+        qp.post_write(0x8000_0000 + 0x1000 * i, 0x77, local_addr=addr, length=n, opcode=WqeOp.RDMA_WRITE_IMM,
+                      imm=imm)
+        k = -(-n // 256)
+        first = (0x04, 0x05)[i % 2]                         # SEND ONLY / ONLY_IMM
+        if k > 1:
+            want.append(([0x00] + [0x01] * (k - 2) + [(0x02, 0x03)[i % 2]], imm if i % 2 else None, -n & 3))
+            want.append(([0x06] + [0x07] * (k - 2) + [0x09], imm, -n & 3))
+        else:
+            want.append(([first], imm if i % 2 else None, -n & 3))
+            want.append(([0x0B], imm, -n & 3))
+        await qp.ring_nvshmem()
+    qp.post_send(inline=b"hello, receiver")                # 15 bytes inline: SEND ONLY, pad 1
+    qp.post_send(imm=0x1234_5678)                          # 0 bytes: SEND ONLY_IMM, header only
+    qp.post_write(0x9000_0000, 0x77, inline=b"imm!", opcode=WqeOp.RDMA_WRITE_IMM, imm=7)
+    want += [([0x04], None, 1), ([0x05], 0x1234_5678, 0), ([0x0B], 7, 0)]
+    await qp.ring_nvshmem()
+    pred = env.check(await env.drain())
+    env.check_cycles()
+    await env.check_counters(pred)
+    frames = [f.data for f in env.wire.frames]
+    at = 0
+    for ops, imm, pad in want:
+        fs = frames[at:at + len(ops)]
+        at += len(ops)
+        assert [f[OFF_BTH] for f in fs] == ops
+        last = fs[-1]
+        hdr = OFF_BTH + 12 + (16 if last[OFF_BTH] in (0x0A, 0x0B) else 0)
+        assert (last[OFF_BTH + 1] >> 4) & 3 == pad
+        if imm is not None:
+            assert int.from_bytes(last[hdr:hdr + 4], "big") == imm
+    assert at == len(frames)
 
 
 @cocotb.test()

@@ -35,16 +35,16 @@ def _kind(syn):
     return syn >> 5 & 3
 
 
-def _is_nak(syn):
-    return _kind(syn) == Aeth.KIND_NAK
+def _is_nak(syn):                   # a NAK or an RNR NAK: acknowledges every PSN before its own
+    return _kind(syn) in (Aeth.KIND_NAK, Aeth.KIND_RNR)
 
 
 def _fatal(syn):
-    return _is_nak(syn) and syn != Aeth.NAK_PSN_SEQ
+    return _kind(syn) == Aeth.KIND_NAK and syn != Aeth.NAK_PSN_SEQ
 
 
-def _inert(syn):                    # RNR NAK (or a reserved kind): moves nothing
-    return _kind(syn) not in (Aeth.KIND_ACK, Aeth.KIND_NAK)
+def _inert(syn):                    # a reserved kind: moves nothing
+    return _kind(syn) not in (Aeth.KIND_ACK, Aeth.KIND_NAK, Aeth.KIND_RNR)
 
 
 def _implied(rec):

@@ -15,7 +15,8 @@ from amaranth.hdl import Signal
 from amaranth.sim import Simulator
 
 from rtl.requester.completion_tracker import CompletionTracker
-from spec.formats import PSN_HALF, PSN_MASK, Aeth, Syndrome
+from spec.formats import PSN_HALF, PSN_MASK, RNR_TIMER_NS, Aeth, Syndrome
+from spec.params import CLOCK_MHZ
 from tests.blocks.helpers import put
 
 
@@ -279,6 +280,88 @@ def test_completion_tracker_timer_without_completions():
     q2 = [r for r in rtx if r[1] == 2]
     assert q2 and q2[0][4] == (base + 10) & PSN_MASK, q2
     assert q2[0][0] - marks["late_send"] >= timeout - 2, (marks, q2)
+
+
+def test_completion_tracker_rnr():
+    """RNR NAKs: QP 0 (rnr_retry 2) has five packets and their completions out; an RNR
+    NAK at the third releases the first two completions and, no earlier than its timer
+    (code 1: 10 us, 5,000 cycles), sends a retransmission skipping to it; the same NAK
+    again, and a sequence NAK at its PSN, during the wait change nothing; two more RNR
+    NAKs at that PSN: one more retransmission, then the failure walk with
+    RNR_RETRY_EXC_ERR. QP 1 (rnr_retry 7: no limit): eight RNR NAKs, eight
+    retransmissions, no failure, then its ACK releases everything. Without the wait the
+    retransmissions come at once; without the count QP 0 never fails."""
+    dut = CompletionTracker(num_qps=4, num_cqs=4, pool=32)
+    base, wait = 0xFFFFFE, RNR_TIMER_NS[1] * CLOCK_MHZ // 1000
+    rtx, out, naks = [], [], {0: [], 1: []}
+    cycle = Signal(32)
+
+    async def note(ctx, q, psn):
+        ctx.set(dut.packets.valid, 1)
+        ctx.set(dut.packets.qpn, q)
+        ctx.set(dut.packets.psn, psn & PSN_MASK)
+        await ctx.tick()
+        ctx.set(dut.packets.valid, 0)
+
+    async def rnr(ctx, q, psn):
+        naks[q].append(ctx.get(cycle))
+        await send_ack(ctx, dut, q, psn & PSN_MASK, Aeth.RNR_NAK | 1)
+
+    async def drive(ctx):
+        ctx.set(dut.retransmit.ready, 1)
+        ctx.set(dut.completions.ready, 1)
+        await put(ctx, dut.commit, qpn=0, start_psn=base, timeout=1 << 24, retry_cnt=7, rnr_retry=2)
+        await put(ctx, dut.commit, qpn=1, start_psn=base, timeout=1 << 24, retry_cnt=7, rnr_retry=7)
+        for k in range(5):
+            for q in (0, 1):
+                await note(ctx, q, base + k)
+                await put(ctx, dut.sent, qpn=q, index=k, next_index=k + 1, psn=(base + k) & PSN_MASK)
+        await rnr(ctx, 0, base + 2)
+        await rnr(ctx, 1, base)
+        await ctx.tick().repeat(100)
+        await rnr(ctx, 0, base + 2)                            # the same again: nothing
+        await send_ack(ctx, dut, 0, (base + 2) & PSN_MASK, Aeth.NAK_PSN_SEQ)   # nothing either
+        seen = {0: 0, 1: 0}
+        while seen[0] < 2 or seen[1] < 8:
+            await ctx.tick()
+            for q in (0, 1):
+                mine = [r for r in rtx if r[1] == q and not r[5]]
+                if len(mine) > seen[q]:
+                    seen[q] = len(mine)
+                    await ctx.tick().repeat(50)
+                    await note(ctx, q, base + 2 * (1 - q))       # the resend leaves ...
+                    if q == 0 or seen[1] < 8:
+                        await rnr(ctx, q, base + 2 * (1 - q))    # ... and finds no receive WQE again
+        await ctx.tick().repeat(wait + 200)
+        await send_ack(ctx, dut, 1, (base + 4) & PSN_MASK, Aeth.ACK)
+        await ctx.tick().repeat(200)
+
+    async def sink(ctx):
+        async for _, _, v, p, rv, rp, n in ctx.tick().sample(dut.completions.valid, dut.completions.p,
+                                                             dut.retransmit.valid, dut.retransmit.p, cycle):
+            if v:
+                out.append((p.qpn, p.index, p.error, p.syndrome))
+            if rv:
+                rtx.append((n, rp.qpn, rp.index, rp.psn, rp.skip_to, rp.fail, rp.syndrome))
+            ctx.set(cycle, n + 1)
+
+    sim = Simulator(dut)
+    sim.add_clock(2e-9)
+    sim.add_testbench(drive)
+    sim.add_process(sink)
+    sim.run_until(2e-9 * 13 * wait)
+    q0 = [r for r in rtx if r[1] == 0]
+    s2 = (base + 2) & PSN_MASK
+    assert [r[2:6] for r in q0] == [(2, s2, s2, 0), (2, s2, s2, 0), (2, s2, s2, 1)], q0
+    assert q0[2][6] == Syndrome.RNR_RETRY_EXC_ERR, q0      # (the syndrome means something with fail only)
+    # each resend at least the timer after its NAK (the repeated first NAK did not restart it)
+    assert q0[0][0] - naks[0][0] >= wait and q0[0][0] - naks[0][1] < wait, (naks[0], q0)
+    assert q0[1][0] - naks[0][2] >= wait, (naks[0], q0)
+    assert [o for o in out if o[0] == 0][:2] == [(0, 0, 0, 0), (0, 1, 0, 0)], out
+    q1 = [r for r in rtx if r[1] == 1]
+    assert len(q1) == 8 and all(r[2:6] == (0, base, base, 0) for r in q1), q1
+    assert all(b[0] - a >= wait for a, b in zip(naks[1], q1)), (naks[1], q1)
+    assert [o for o in out if o[0] == 1] == [(1, k, 0, 0) for k in range(5)], out
 
 
 def test_completion_tracker_shared_pool():

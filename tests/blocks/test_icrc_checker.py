@@ -71,11 +71,12 @@ def _frames(rnd):
     def rand(n):
         return bytes(rnd.randrange(256) for _ in range(n))
 
+    # (no IBTA pad, so that every frame length occurs: a peer that does not pad)
     def write(p):                    # WRITE ONLY = 74 + p bytes, up to MTU 1024 a packet
-        return build_write_frames(qp, port, 0x1000 + p, 0x55, rand(p), rnd.randrange(1 << 24))
+        return build_write_frames(qp, port, 0x1000 + p, 0x55, rand(p), rnd.randrange(1 << 24), pad=False)
 
     def middle(p):                   # WRITE MIDDLE: 58 + p bytes
-        return build_packet(qp, port, F.Op.WRITE_MIDDLE, rnd.randrange(1 << 24), rand(p))
+        return build_packet(qp, port, F.Op.WRITE_MIDDLE, rnd.randrange(1 << 24), rand(p), pad=False)
 
     def ack():                       # 62 bytes
         return build_response(qp, port, rnd.randrange(1 << 24), 0, rnd.randrange(1 << 24))
@@ -89,9 +90,9 @@ def _frames(rnd):
         """A WRITE ONLY whose bytes cut-4..cut-1 are the ICRC of the bytes before: the
         register holds the residue after byte cut-1 although the frame goes on."""
         payload = bytearray(rand(300))
-        f = build_write_frames(qp, port, 0, 0x55, bytes(payload), 0)[0]
+        f = build_write_frames(qp, port, 0, 0x55, bytes(payload), 0, pad=False)[0]
         payload[cut - 4 - F.HDR_LEN_RETH:cut - F.HDR_LEN_RETH] = _icrc_unchecked(f[:cut - 4])
-        f = build_write_frames(qp, port, 0, 0x55, bytes(payload), 0)[0]
+        f = build_write_frames(qp, port, 0, 0x55, bytes(payload), 0, pad=False)[0]
         assert f[cut - 4:cut] == _icrc_unchecked(f[:cut - 4])
         return f
 
@@ -157,7 +158,7 @@ def _place(items):
     qp = QpContext(qpn=5, remote_qpn=0x77, dmac=0x020000000002, dip=0x0A000002, mtu=1024)
     port = Port(smac=0x020000000001, sip=0x0A000001)
     fill = {2: lambda: [build_response(qp, port, 1, 0, 2)],                          # 2 quarters
-            3: lambda: [build_packet(qp, port, F.Op.WRITE_MIDDLE, 3, bytes(20))]}     # 3 quarters
+            3: lambda: [build_packet(qp, port, F.Op.WRITE_MIDDLE, 3, bytes(20), pad=False)]}     # 3 quarters
     fill[1] = lambda: fill[2]() + fill[3]()
     pairs, starts = [], []
     pos = 0

@@ -120,12 +120,12 @@ class Ref:
             return NAMES.index("duplicate_nak")
         if kind == Aeth.KIND_ACK:
             d.acked, d.nak_valid = psn, False
-        elif kind == Aeth.KIND_NAK:
+        elif kind in (Aeth.KIND_NAK, Aeth.KIND_RNR):         # both acknowledge every PSN before theirs
             if not no_progress:
                 d.acked, d.nak_valid = (psn - 1) & MASK, False
             if syn == Aeth.NAK_PSN_SEQ:
                 d.nak_valid, d.nak_psn = True, psn
-            else:
+            elif kind == Aeth.KIND_NAK:                      # (an RNR NAK fails nothing here)
                 d.failed = True
         return None
 

@@ -25,7 +25,7 @@ from model.network import FaultEvent, Link
 from model.parse import WRITE_OPCODES, Aeth, CqeSyndrome, build_rc_packet, build_response, parse_frame
 from model.requester import RcRequester
 from model.responder import RcResponder
-from spec.formats import PSN_MASK, Access, CqeOp, MrCheck, Op, QpState, Syndrome, WqeOp
+from spec.formats import OFF_BTH, PSN_MASK, Access, CqeOp, MrCheck, Op, QpState, Syndrome, WqeOp
 from tb.roce_check import check_frame
 
 A_MAC, A_IP = "02:00:00:00:00:0a", "10.0.0.1"      # requester
@@ -433,14 +433,31 @@ def test_invalid_request_nak(case):
         (CqeOp.REQ_ERR, 0, CqeSyndrome.REMOTE_INVAL_REQ_ERR), (CqeOp.REQ_ERR, 1, CqeSyndrome.WR_FLUSH_ERR)]
 
 
+def _without_ibta_pad(frame):
+    """``frame`` (a 1..3-byte payload behind the BTH) as a peer that sends no IBTA pad
+    would: PadCnt 0, the pad bytes gone, lengths, IP checksum and ICRC made again."""
+    f = bytearray(frame[:-4 - (frame[OFF_BTH + 1] >> 4 & 3)])
+    f[OFF_BTH + 1] = 0
+    n = len(f) + 4
+    f[16:18] = (n - 14).to_bytes(2, "big")
+    f[38:40] = (n - 34).to_bytes(2, "big")
+    f[24:26] = b"\0\0"
+    f[24:26] = ipv4_checksum(f[14:34]).to_bytes(2, "big")
+    return bytes(f) + icrc(bytes(f))
+
+
 def test_short_frame_with_ethernet_padding():
-    """A WRITE LAST with 1 byte is a 59-byte frame; padded to Ethernet's 60 it is still
-    accepted (the IP length bounds the packet); a longer frame with a trailing byte is not."""
+    """A WRITE LAST with 1 byte is 62 bytes with its IBTA pad (3 bytes, PadCnt 3); sent
+    without it (59 bytes) and padded to Ethernet's 60, it is still accepted (the IP length
+    bounds the packet); a longer frame with a trailing byte is not."""
     req_ctx, resp = responder_only()
     fr = message_frames(req_ctx, 0, DST, bytes(range(256)) + b"!")
-    assert len(fr[1]) == 59
+    assert len(fr[1]) == 54 + 1 + 3 + 4 and fr[1][OFF_BTH + 1] == 3 << 4 and fr[1][55:58] == bytes(3)
+    short = _without_ibta_pad(fr[1])
+    assert len(short) == 59
+    check_frame(short)
     assert resp.receive(fr[0]).accepted
-    r = resp.receive(fr[1] + b"\0")
+    r = resp.receive(short + b"\0")
     assert r.accepted and r.writes == [(DST + 256, b"!")]
     long_ = message_frames(req_ctx, 2, DST, b"x" * 8)[0] + b"\0"          # 83 bytes
     assert resp.receive(long_).reason == "bad_length"
