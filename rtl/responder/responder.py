@@ -192,8 +192,8 @@ class Responder(wiring.Component):
     the QP's next WQE from the ``RecvGate`` (``rwqe``; none: not posted). After the PSN and
     opcode-sequence checks it takes the QP's spare WQE (one a packet before it did not take)
     or its own, the other becoming the spare; with neither it gets an RNR NAK (AETH 0x20 |
-    the QP's ``min_rnr_timer``, its PSN, the MSN; later packets dropped until it comes
-    again). A SEND's payload goes to the WQE's segments from where the message's last packet
+    the QP's ``min_rnr_timer``, its PSN, the MSN; the next packet ahead of it gets the gap's
+    PSN-sequence NAK). A SEND's payload goes to the WQE's segments from where the message's last packet
     ended (``recv``); one that does not fit is NAKed invalid request, the WQE completes with
     LOCAL_LENGTH_ERR and the QP goes to ERR. A message's last packet, and a fatal error
     with a WQE held, give a receive completion (``cqes``) and a CQE fence among the payload
@@ -325,11 +325,15 @@ class Responder(wiring.Component):
             fits.eq(send_end <= cap),
         ]
         # where the payload goes: the first segment that ends past the message's bytes so far
-        send_addr = sig("send_addr", 64)
+        # (a packet that runs on into the next segment is written into this one only, up to
+        # its end: the payload writer takes one write per frame; docs/architecture.md)
+        send_addr, send_room = sig("send_addr", 64), sig("send_room", 32)
         for j in reversed(range(self.max_sge)):
             start = wq.end[j - 1] if j else C(0, 32)
             with m.If(soff < wq.end[j]):
-                m.d.comb += send_addr.eq(wq.addr[j] + (soff - start))
+                m.d.comb += [send_addr.eq(wq.addr[j] + (soff - start)), send_room.eq(wq.end[j] - soff)]
+        wlen = sig("wlen", 13)
+        m.d.comb += wlen.eq(Mux(send & (send_room < p.payload_len), send_room, p.payload_len))
         # an atomic: its size (log 2 or 3 bytes, IBTA's always 3) and alignment
         atomic, atomic_dup, size_ok = sig("atomic"), sig("atomic_dup"), sig("size_ok")
         m.d.comb += size_ok.eq(((p.atomic.log_size == 3) & (p.reth.va[:3] == 0))
@@ -433,8 +437,9 @@ class Responder(wiring.Component):
             m.d.comb += [verdict.eq(RxVerdict.INVALID_REQUEST), fatal.eq(1), fatal_syn.eq(Aeth.NAK_INVALID_REQ)]
         with m.Elif(rwr & ~have):
             # no receive WQE: RNR NAK at the packet's PSN; like a sequence NAK it
-            # acknowledges every earlier PSN, later packets wait for this one again
-            m.d.comb += [rnr.eq(1), new.dyn.nak_sent.eq(1), new.dyn.unacked.eq(0), respond.eq(1),
+            # acknowledges every earlier PSN; unlike one it is not the gap's NAK: the next
+            # packet ahead gets that (rxe's check_psn, model.responder)
+            m.d.comb += [rnr.eq(1), new.dyn.nak_sent.eq(0), new.dyn.unacked.eq(0), respond.eq(1),
                          resp_psn.eq(p.psn), resp_syn.eq(Aeth.RNR_NAK | cfg.min_rnr_timer)]
         with m.Elif(~send & is_first & (status != MrCheck.OK)):
             m.d.comb += [took.eq(rwr), verdict.eq(RxVerdict.ACCESS_ERROR), fatal.eq(1),
@@ -493,7 +498,7 @@ class Responder(wiring.Component):
         addr = sig("addr", 64)
         m.d.comb += addr.eq(Mux(send, send_addr, va + off))
         return {"new": new, "verdict": verdict, "write": write, "respond": respond,
-                "psn": resp_psn, "syndrome": resp_syn, "addr": addr, "rnr": rnr,
+                "psn": resp_psn, "syndrome": resp_syn, "addr": addr, "rnr": rnr, "wlen": wlen,
                 "cqe": cqe, "cqe_op": cqe_op, "cqe_syn": cqe_syn, "cqe_index": cqe_index, "cqe_bytes": cqe_bytes,
                 "atomic": atomic, "atomic_dup": atomic_dup, "read": read | read_dup, "counted": read | atomic}
 
@@ -671,7 +676,7 @@ class Responder(wiring.Component):
         for k in range(2):
             c_ = Signal(RxWriteCommand, name=f"cmd{k}")
             m.d.comb += [c_.write.eq(dec[k]["write"]), c_.addr.eq(dec[k]["addr"]),
-                         c_.offset.eq(p[k].payload_offset), c_.length.eq(p[k].payload_len),
+                         c_.offset.eq(p[k].payload_offset), c_.length.eq(dec[k]["wlen"]),
                          c_.inline.eq(p[k].inline | fenced[k] | (rresp[k] & (p[k].payload_len == 0))
                                       | (dec[k]["cqe"] & (p[k].payload_len == 0))),
                          c_.cqe.eq(dec[k]["cqe"]),
