@@ -10,7 +10,8 @@ GPU memory answers each read ``dma_latency`` cycles after it is issued, one beat
 per cycle per port, in issue order per port (the memory model of tb/memory.py); the
 WQE fetch and the payload fetch have a read port each.
 
-It covers RDMA WRITE (inline and pointer) and NOP WQEs on QPs in RTS.
+It covers RDMA WRITE, WRITE with immediate, SEND and SEND with immediate (inline, one
+pointer segment or a gather list of up to ``REQUESTER_GATHER``) and NOP WQEs on QPs in RTS.
 Tolerance: zero cycles for every event.
 """
 import copy
@@ -33,6 +34,23 @@ WITH_IMM = (F.WqeOp.RDMA_WRITE_IMM, F.WqeOp.SEND_IMM)
 def inline_offset(w):
     """Where a WRITE-like WQE's inline data starts in it: a SEND has no raddr segment."""
     return F.SEND_INLINE_OFFSET if w.opcode in SENDS else INLINE_OFFSET
+
+
+def gather(w):
+    """``(held, segments)`` of a WQE record as the parser hands it on: ``held``, a pointer
+    data WQE of two or more segments (ds past the first; the parser holds it a cycle to
+    sum them); ``segments``, its non-empty pointer segments ``[(addr, length)]`` in order
+    (what the payload fetch reads and the builder packs). From the WQE's bytes (``wqe``)
+    when the record has them, else its ``local_addr`` and ``length``."""
+    if w.opcode not in WRITE_LIKE or w.inline:
+        return False, []
+    head = 1 if w.opcode in SENDS else 2
+    raw, ds = getattr(w, "wqe", None), getattr(w, "ds", None)
+    if raw is None or ds is None or ds <= head + 1:
+        return False, [(w.local_addr, w.length)] if w.length else []
+    from model.frames import parse_wqe
+    segs = parse_wqe(raw, two_sided=True, max_gather=P.REQUESTER_GATHER).segments
+    return True, [(a, n) for a, n, _ in segs if n]
 
 
 class _Fifo:
@@ -269,7 +287,8 @@ class EngineCycleModel:
                 msg_fifo.push(t, emitted)
                 w = emitted["wqe"]
                 if w.opcode in WRITE_LIKE and not w.inline and w.length:
-                    pf_bursts = deque(n for _, n in P.axi_bursts(w.local_addr, w.length, BEAT, P.PAYLOAD_MAX_BURST_BEATS))
+                    pf_bursts = deque(n for a, k in gather(w)[1]          # segment after segment
+                                      for _, n in P.axi_bursts(a, k, BEAT, P.PAYLOAD_MAX_BURST_BEATS))
                     pf_msg = emitted
 
             # --- builder, ICRC stage, MAC port -------------------------------------------------
@@ -336,7 +355,7 @@ class EngineCycleModel:
                 ps.update(state="RUN", qpn=job[0], start=job[1], index=job[1], left=job[2], count=job[2], bf=job[4],
                           bound=job[5],
                           own=job[3], end=(job[1] + job[2]) & 0xFFFF, fresh=True, cut=False, stale=False,
-                          report=None, got=0)
+                          report=None, got=0, gsum=False)
             else:
                 ps["state"] = "IDLE"
 
@@ -383,6 +402,9 @@ class EngineCycleModel:
                 ps["got"] += 1
                 ps["left"] -= 1
                 return None
+            if gather(w)[0] and not ps["gsum"]:
+                ps["gsum"] = True               # a gather list: summed this cycle, taken in the next
+                return None
             send_inline = w.opcode in WRITE_LIKE and w.inline and w.length
             if not msg_ready or (send_inline and not inline_fifo.can_push()):
                 return None
@@ -399,6 +421,7 @@ class EngineCycleModel:
             ps["index"] = (ps["index"] + w.nwqebbs) & 0xFFFF
             ps["left"] -= 1
             ps["got"] = 0
+            ps["gsum"] = False
             ps["fresh"] = False
             q.ci = ps["index"]                  # the parser's own copy (the RTL writes it at END)
             if send_inline and inline_offset(w) + w.length > BEAT:
@@ -456,7 +479,7 @@ class _StreamBuilder:
     """Packet builder + ICRC stage + MAC port + completion hand-off, cycle by cycle.
 
     The builder is followed byte count by byte count, as rtl/requester/packet_builder.py
-    packs: one chunk per cycle (a chunk ends at a raw-beat or packet boundary), 4
+    packs: one chunk per cycle (a chunk ends at a raw-beat, segment or packet boundary), 4
     ICRC bytes at each packet's end, a last beat of at most 64 bytes held and
     merged with the next packet's first beat (which then starts at lane 64) when
     that chunk is there in the next cycle and fills the beat.
@@ -489,7 +512,9 @@ class _StreamBuilder:
             self.msg_left = w.length
             self.rest = w.length
             self.pkt_first = True
-            self.pos = inline_offset(w) if w.inline else (w.local_addr or 0) % BEAT
+            segs = [(inline_offset(w), w.length)] if w.inline else gather(w)[1] or [(w.local_addr or 0, 0)]
+            self.pos = segs[0][0] % BEAT
+            self.seg_left, self.seg_q = segs[0][1], segs[1:]     # the current segment, the ones after
             self.psn_k = 0
             self._start_packet()
             self.state = "PACKET"
@@ -576,8 +601,9 @@ class _StreamBuilder:
             src = inline_fifo if self.msg["wqe"].inline else payload_buf
             need_raw = self.pkt_left != 0
             has = (not need_raw) or src.head(t) is not None
-            n = min(self.pkt_left, BEAT - self.pos)
+            n = min(self.pkt_left, BEAT - self.pos, self.seg_left)
             chunk_last = n == self.pkt_left
+            seg_end = n == self.seg_left
             icrc = self.tail if chunk_last else 0
             merge = (self.held is not None and self.pkt_start and has and self.flen > SEG + F.ICRC_LEN
                      and SEG + self.hlen + n + icrc >= BEAT)
@@ -600,11 +626,16 @@ class _StreamBuilder:
                             self.emitted += 1
                         else:
                             new_beat = self._beat(last=chunk_last and total <= BEAT)
-                    if need_raw and (self.pos + n == BEAT or n == self.msg_left):
+                    if need_raw and (self.pos + n == BEAT or seg_end):
                         src.pop()
                         if src is payload_buf:
                             pops += 1
-                    self.pos = (self.pos + n) % BEAT
+                    if seg_end and self.seg_q:        # the next segment, from its first beat's offset
+                        addr, self.seg_left = self.seg_q.pop(0)
+                        self.pos = addr % BEAT
+                    else:
+                        self.pos = (self.pos + n) % BEAT
+                        self.seg_left -= n
                     self.msg_left -= n
                     self.pkt_left -= n
                     self.pkt_start = False

@@ -78,9 +78,11 @@ PAYLOAD_MAX_BURST_BEATS = 32       # 4 KiB AXI bursts
 # read round trip: 1 us x 471 M msg/s = 471 at the small-message rate.
 MESSAGE_QUEUE_DEPTH = 512
 # Pointer data segments the requester's WQE parser takes per data WQE (WRITE, WRITE with
-# immediate, SEND): a WQE with more is malformed (LOCAL_QP_OP_ERR). Gather lists longer
-# than one are the model's (``model.frames.parse_wqe``'s ``max_gather``), not yet the RTL's.
-REQUESTER_GATHER = 1
+# immediate, SEND, SEND with immediate): a gather list, the message being the segments'
+# concatenation in order (an empty one adds nothing); a WQE with more is malformed
+# (LOCAL_QP_OP_ERR), as ``model.frames.parse_wqe`` says with ``max_gather``. A WQE of two
+# or more takes the parser a cycle more (its total summed), two during a go-back walk.
+REQUESTER_GATHER = 4
 INLINE_QUEUE_BEATS = 64           # inline WQE beats parsed ahead (64 x 128 B)
 DMA_READ_LATENCY_NS = 1000         # PCIe-like read latency to GPU memory (1 us)
 DMA_READ_LATENCY_CYCLES = int(DMA_READ_LATENCY_NS / CLOCK_PERIOD_NS)

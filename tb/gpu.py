@@ -17,6 +17,7 @@ from spec.formats import (ATOMIC_FORMS, ATOMIC_SEG, CQE64, CQE_SIZE, CTRL_SEG, D
                           UAR_DB_OFFSET_ALT, UAR_PAGE_SHIFT, WQEBB, CqeOp, QpState, WqeOp, pack, unpack)
 from spec.params import DB_DATA_BYTES
 
+from model.frames import build_data_wqe, read_gather
 from model.recv_queue import RecvPoster, RecvQueue
 
 from .clock import CycleCounter
@@ -89,7 +90,9 @@ class PostedWqe:
     WQEBB in the ring); wqe (bytes written, nwqebbs*64, zero padded); ds;
     nwqebbs; signaled; opcode; raddr; rkey; payload (bytes read from GPU memory
     at post time, or the inline bytes); length; inline; local_addr; lkey;
-    post_cycle; db_cycle (W handshake cycle of the first doorbell covering it).
+    post_cycle; db_cycle (W handshake cycle of the first doorbell covering it);
+    segments (a gather list's ``(addr, length, lkey)`` each, in order; () otherwise:
+    ``local_addr``, ``length`` and ``lkey`` are then its first segment's and its total).
     """
     qpn: int
     index: int
@@ -108,6 +111,7 @@ class PostedWqe:
     lkey: int
     post_cycle: int
     db_cycle: int | None = None
+    segments: tuple = ()
 
 
 @dataclass
@@ -428,14 +432,38 @@ class Qp:
         self.pi += nwqebbs
         return p
 
+    def _gather(self, opcode, segments, lkey, signaled, imm, raddr=0, rkey=0):
+        """Post a data WQE whose data is a gather list: ``segments`` ``(addr, length[,
+        lkey])`` each (``lkey`` by default), its segments' bytes (and a WRITE's remote
+        address segment) as ``model.frames.build_data_wqe`` lays them out."""
+        segs = []
+        for i, sg in enumerate(segments):
+            if not isinstance(sg, (tuple, list)) or len(sg) not in (2, 3):
+                raise ValueError(f"segment {i} must be (addr, length) or (addr, length, lkey), not {sg!r}")
+            _check(f"segment {i} addr", sg[0], 0, 2**64 - 1), _check(f"segment {i} length", sg[1], 0, 2**31 - 1)
+            segs.append((sg[0], sg[1], sg[2] if len(sg) == 3 else lkey))
+        wqe = build_data_wqe(opcode if opcode in (WqeOp.RDMA_WRITE, WqeOp.RDMA_WRITE_IMM, WqeOp.SEND,
+                                                  WqeOp.SEND_IMM) else WqeOp.RDMA_WRITE,
+                             0, self.qpn, raddr=raddr, rkey=rkey, segments=segs)
+        ds = unpack(CTRL_SEG, wqe)["qpn_ds"] & 0x3F
+        total = sum(n for _, n, _ in segs)
+        payload = read_gather(self.gpu.read, segs) if total < 2**31 else b""
+        first = segs[0] if segs else (None, 0, 0)
+        return self._post([wqe[DS_UNIT:ds * DS_UNIT]], opcode, signaled, raddr=raddr, rkey=rkey, payload=payload,
+                          length=total, imm=imm, local_addr=first[0], lkey=first[2], inline=False,
+                          segments=tuple(segs))
+
     def post_write(self, raddr, rkey, *, local_addr=None, length=None, lkey=0x100, inline=None, signaled=True,
-                   opcode=WqeOp.RDMA_WRITE, imm=0):
-        """Post ctrl + raddr + (data pointer | inline) segments; return the :class:`PostedWqe`.
+                   opcode=WqeOp.RDMA_WRITE, imm=0, segments=None):
+        """Post ctrl + raddr + (data pointer | inline | gather list) segments; return the
+        :class:`PostedWqe`.
 
         Parameters:
             raddr, rkey: remote address (64-bit) and key (32-bit).
             local_addr, length, lkey: pointer segment source (payload read now).
             inline: bytes to carry inline instead of a pointer segment.
+            segments: a gather list instead, ``[(addr, length[, lkey]), ...]`` (``lkey`` by
+            default): the message is their concatenation (payload read now).
             signaled: set CQ_UPDATE. opcode: ctrl opcode (any 8-bit value, for
             error tests). imm: immediate (ctrl bytes 12-15).
         """
@@ -443,6 +471,10 @@ class Qp:
         _check("rkey", rkey, 0, 2**32 - 1)
         _check("opcode", opcode, 0, 0xFF)
         _check("imm", imm, 0, 2**32 - 1)
+        if segments is not None:
+            if inline is not None or local_addr is not None or length is not None:
+                raise ValueError("give segments= or inline= or local_addr/length, one of them")
+            return self._gather(opcode, segments, lkey, signaled, imm, raddr, rkey)
         raddr_seg = self._seg(RADDR_SEG, raddr=raddr, rkey=rkey)
         if inline is not None:
             if local_addr is not None or length is not None:
@@ -461,19 +493,26 @@ class Qp:
         return self._post([bytes(raddr_seg), bytes(seg)], opcode, signaled, raddr=raddr, rkey=rkey,
                           payload=payload, length=len(payload), imm=imm, **rec)
 
-    def post_send(self, *, local_addr=None, length=None, lkey=0x100, inline=None, imm=None, signaled=True):
-        """Post a SEND (``imm`` None) or SEND_IMM: ctrl + (data pointer | inline | nothing)
-        segments, no remote-address segment; return the :class:`PostedWqe`.
+    def post_send(self, *, local_addr=None, length=None, lkey=0x100, inline=None, imm=None, signaled=True,
+                  segments=None):
+        """Post a SEND (``imm`` None) or SEND_IMM: ctrl + (data pointer | inline | gather
+        list | nothing) segments, no remote-address segment; return the :class:`PostedWqe`.
 
         Parameters:
             local_addr, length, lkey: pointer segment source (payload read now); neither
             given and no ``inline``: a 0-byte SEND (ctrl only, ds 1).
             inline: bytes to carry inline instead of a pointer segment.
+            segments: a gather list instead, ``[(addr, length[, lkey]), ...]`` (``lkey`` by
+            default): the message is their concatenation.
             imm: the immediate (ctrl bytes 12-15, big-endian as on the wire).
         """
         if imm is not None:
             _check("imm", imm, 0, 2**32 - 1)
         opcode = WqeOp.SEND if imm is None else WqeOp.SEND_IMM
+        if segments is not None:
+            if inline is not None or local_addr is not None or length is not None:
+                raise ValueError("give segments= or inline= or local_addr/length, one of them")
+            return self._gather(opcode, segments, lkey, signaled, imm or 0)
         if inline is not None:
             if local_addr is not None or length is not None:
                 raise ValueError("give either inline data or local_addr/length, not both")

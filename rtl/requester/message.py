@@ -1,10 +1,24 @@
 """The message descriptor that flows from the WQE parser to the packet builder."""
-from amaranth.hdl import unsigned
+from amaranth.hdl import Mux, unsigned
 from amaranth.lib import data, enum
 
 from rtl.common.contexts import QpConfig, qp_bits
 
-__all__ = ["MessageKind", "Message"]
+__all__ = ["MessageKind", "Message", "GatherSegment", "GATHER_MORE", "first_segment_length"]
+
+# Segments of a gather list a message carries beyond its first (``addr``): the requester's
+# WQE parser takes up to spec.params.REQUESTER_GATHER pointer segments per data WQE
+GATHER_MORE = 3
+
+# One further segment of a gather list: its address and byte count (never 0: the parser
+# drops empty segments; below 2^31, as the message)
+GatherSegment = data.StructLayout({"addr": unsigned(64), "len": unsigned(31)})
+
+
+def first_segment_length(msg):
+    """Bytes of a message's first segment (from ``addr``): ``length`` for a message of one
+    segment (``nseg`` 0, every message but a gather list's), else ``seg_len``."""
+    return Mux(msg.nseg == 0, msg.length, msg.seg_len)
 
 
 class MessageKind(enum.Enum, shape=3):
@@ -44,6 +58,14 @@ def Message(num_qps, num_cqs):
         "imm":      unsigned(32),     # its immediate: ctrl bytes 12..15 as they are in memory (= wire order)
         "se":       unsigned(1),      # WRITE kind: solicited event (ctrl fm_ce_se SOLICITED): BTH SE on the
                                       # last packet of a SEND or a WRITE with immediate
+        # WRITE kind from a gather list: the payload is the first segment (``seg_len`` bytes
+        # from ``addr``) then ``nseg`` more (``segs``, in order), none of them empty; ``length``
+        # is their total. ``nseg`` 0 (every other message, the responder's too): one segment,
+        # ``length`` bytes from ``addr``. (Addresses and counts only: 318 bits of the
+        # 512-deep message queue's width.)
+        "nseg":     unsigned(2),
+        "seg_len":  unsigned(31),
+        "segs":     data.ArrayLayout(GatherSegment, GATHER_MORE),
     })
 
 

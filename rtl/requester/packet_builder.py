@@ -1,12 +1,12 @@
 """Packet builder: messages -> RoCEv2 RDMA WRITE frames (ICRC left as zeros)."""
 from amaranth.hdl import *
-from amaranth.lib import wiring, stream
+from amaranth.lib import data, wiring, stream
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
 from rtl.common.headers import RoceWriteHeader, be, drive_roce_headers
 from rtl.common.records import Completion, PacketNote
-from rtl.requester.message import Message, MessageKind
+from rtl.requester.message import GATHER_MORE, Message, MessageKind, first_segment_length
 from rtl.common.tx_beat import TxBeat, SEGMENT as SEG
 from spec.params import DATA_BYTES
 
@@ -23,10 +23,18 @@ class PacketBuilder(wiring.Component):
     message with ``has_imm`` (the _IMM opcodes), AckReq on LAST/ONLY. The payload comes from the payload fetch
     (raw beats, the data starting at ``addr % 128``) or from the WQE (inline beats,
     the data starting at ``addr``, its offset in the WQE: 36, more when resumed). An aligner cuts the raw beats into chunks at packet
-    boundaries and a packer shifts each chunk behind the header, so every frame
+    and segment boundaries and a packer shifts each chunk behind the header, so every frame
     leaves as full 128-byte beats and a partial last beat; behind the payload the IBTA pad
     (PadCnt zero bytes up to a multiple of 4, in the BTH) and 4 zero bytes for the ICRC,
     which the next block fills in.
+
+    A gather list (``nseg`` segments after the first) arrives segment after segment, each
+    segment's first raw beat holding its data from its ``addr % 128``: each chunk is
+    ``min(packet left, beat left, segment left)``; at a segment's end its last raw beat is
+    popped and the next segment starts at its offset (a packet may span segments, a
+    segment packets). The aligner keeps ``lim``, the bytes to the nearer boundary, and the
+    segment's bytes past the packet's (``seg_over``, fixed within both), so that the chunk
+    is cut as for one segment.
 
     A READ message is one header-only READ REQUEST (RETH: ``raddr``, ``rkey``, ``length``),
     AckReq set; its completion and its ``sent`` note carry the PSN of its last response
@@ -88,6 +96,23 @@ class PacketBuilder(wiring.Component):
         pkt_start = Signal()         # no byte of the current packet packed yet
         psn = Signal(24)
         pos = Signal(range(BEAT))    # read position in the current raw beat
+        # Segments: the current one's bytes past the packet's end (negative: it ends first),
+        # the bytes to the nearer end (the chunk's limit), which ends there; the segments after
+        lim = Signal(13)
+        lim_pkt, lim_seg = Signal(), Signal()
+        seg_over = Signal(signed(33))
+        seg_q = Signal(data.ArrayLayout(data.StructLayout({"off": unsigned(7), "len": unsigned(31)}), GATHER_MORE))
+        seg_qn = Signal(2)
+
+        def set_limits(pkt_bytes, seg_bytes):
+            # a packet or a segment (or both) starts: ``pkt_bytes`` of the packet, ``seg_bytes`` of the segment
+            over = Signal(signed(33))
+            m.d.comb += over.eq(seg_bytes - pkt_bytes)
+            m.d.sync += [seg_over.eq(over), lim.eq(Mux(over < 0, seg_bytes, pkt_bytes)),
+                         lim_pkt.eq(over >= 0), lim_seg.eq(over <= 0)]
+
+        def next_segment():
+            m.d.sync += [seg_qn.eq(seg_qn - 1), *[seg_q[i].eq(seg_q[i + 1]) for i in range(GATHER_MORE - 1)]]
 
         # ---- header of the current packet --------------------------------------------
         is_last_pkt = Signal()       # registered at each packet's start
@@ -196,12 +221,16 @@ class PacketBuilder(wiring.Component):
         avail = Signal(range(BEAT + 1))
         m.d.comb += avail.eq(BEAT - pos)
         n = Signal(range(BEAT + 1))
-        m.d.comb += n.eq(Mux(pkt_left < avail, pkt_left, avail))
+        m.d.comb += n.eq(Mux(lim < avail, lim, avail))
         chunk = Signal(8 * BEAT)
         ones = Const((1 << (8 * BEAT)) - 1, 8 * BEAT)
         m.d.comb += chunk.eq((raw_data >> (pos * 8)) & (ones >> ((BEAT - n) * 8).as_unsigned()))
-        chunk_last = Signal()        # chunk ends the packet
-        m.d.comb += chunk_last.eq(n == pkt_left)
+        at_lim = Signal()            # the chunk reaches the nearer end ...
+        m.d.comb += at_lim.eq(n == lim)
+        chunk_last = Signal()        # ... the packet's
+        m.d.comb += chunk_last.eq(at_lim & lim_pkt)
+        seg_end = Signal()           # ... the segment's (at the message's end too)
+        m.d.comb += seg_end.eq(at_lim & lim_seg)
 
         # ---- held tail -------------------------------------------------------------------
         # A packet whose last beat has at most 64 bytes leaves that beat in ``hold``; the
@@ -276,6 +305,8 @@ class PacketBuilder(wiring.Component):
             with m.If(self.messages.valid):
                 p = self.messages.p
                 first_len = Mux(p.length <= (128 << p.cfg.mtu), p.length, 128 << p.cfg.mtu)
+                set_limits(first_len, first_segment_length(p))
+                m.d.sync += [seg_q.eq(Cat(*[Cat(s.addr[:7], s.len) for s in p.segs])), seg_qn.eq(p.nseg)]
                 m.d.sync += [
                     msg.eq(p), msg_left.eq(p.length), pkt_len.eq(first_len), pkt_left.eq(first_len),
                     rest.eq(p.length - first_len), is_last_pkt.eq(p.length == first_len),
@@ -287,12 +318,14 @@ class PacketBuilder(wiring.Component):
                 with m.Elif(p.kind == MessageKind.ATOMIC):
                     # one packet without payload (length is the operand size, for the CQE)
                     m.d.sync += [msg_left.eq(0), pkt_len.eq(0), pkt_left.eq(0), rest.eq(0), is_last_pkt.eq(1)]
+                    set_limits(0, 0)
                     m.next = "ATOMIC"
                 with m.Elif(p.kind == MessageKind.READ):
                     # one READ REQUEST without payload (length is the READ's, in its RETH and
                     # CQE); its responses take a PSN each, ceil(length / MTU), at least one
                     m.d.sync += [msg_left.eq(0), pkt_len.eq(0), pkt_left.eq(0), rest.eq(0), is_last_pkt.eq(1),
                                  read_last.eq(p.psn)]
+                    set_limits(0, 0)
                     with m.Switch(p.cfg.mtu):
                         for code in range(1, 6):
                             with m.Case(code):
@@ -315,6 +348,10 @@ class PacketBuilder(wiring.Component):
                 take_message()
             with m.Else():
                 nxt = Mux(rest <= mtu, rest, mtu)
+                # the segment goes on past the packet, or (both ended) the next one starts
+                set_limits(nxt, Mux(lim_seg, seg_q[0].len, seg_over))
+                with m.If(lim_seg):
+                    next_segment()
                 m.d.sync += [pkt_first.eq(0), psn.eq(psn + 1), pkt_start.eq(1),
                              pkt_len.eq(nxt), pkt_left.eq(nxt), rest.eq(rest - nxt),
                              is_last_pkt.eq(rest - nxt == 0)]
@@ -379,10 +416,14 @@ class PacketBuilder(wiring.Component):
                             m.d.comb += out.p.nbytes.eq(BEAT)
                     with m.If(has & (~fires | out.ready)):
                         # take the chunk
-                        with m.If(need_raw & ((pos + n == BEAT) | (n == msg_left))):
+                        with m.If(need_raw & ((pos + n == BEAT) | seg_end)):
                             m.d.comb += raw_ready.eq(1)
-                        m.d.sync += [pos.eq(pos + n), msg_left.eq(msg_left - n), pkt_left.eq(pkt_left - n),
-                                     pkt_start.eq(0)]
+                        m.d.sync += [pos.eq(Mux(seg_end, seg_q[0].off, pos + n)), msg_left.eq(msg_left - n),
+                                     pkt_left.eq(pkt_left - n), lim.eq(lim - n), pkt_start.eq(0)]
+                        with m.If(seg_end & ~chunk_last):
+                            # the segment ends inside the packet: the next one goes on with it
+                            set_limits(-seg_over, seg_q[0].len)
+                            next_segment()
                         with m.If(merge):
                             m.d.sync += held.eq(0)
                         with m.If(emit):

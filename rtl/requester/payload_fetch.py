@@ -1,12 +1,12 @@
 """Payload fetch: AXI4 burst reads of the data-pointer payloads, ahead of the builder."""
 from amaranth.hdl import *
-from amaranth.lib import wiring, stream, fifo
+from amaranth.lib import data, wiring, stream, fifo
 from amaranth.lib.wiring import In, Out
 
 from spec.params import AXI_PAGE
 from spec.params import AXI_ID_PAYLOAD_FETCH
 from rtl.common.axi import AxiReadSignature, Burst, Cache, beats_to_page_end
-from rtl.requester.message import Message, MessageKind
+from rtl.requester.message import GATHER_MORE, GatherSegment, Message, MessageKind, first_segment_length
 
 __all__ = ["PayloadFetch"]
 
@@ -19,6 +19,11 @@ class PayloadFetch(wiring.Component):
     at most ``max_burst_beats`` that never cross a 4 KiB boundary (AXI rule). A
     burst is issued only when the payload buffer has room for all its beats, so
     the read data channel never stalls; the buffer depth is the most data in flight.
+
+    A gather list (``nseg`` segments after the first) is read segment after segment,
+    each as above from its own address (its first beat holds its data from ``addr %
+    128``): the first segment's last burst and the next's first go in consecutive
+    cycles, so its bursts are those of the segments one after the other.
 
     Parameters
     ----------
@@ -78,11 +83,20 @@ class PayloadFetch(wiring.Component):
         m.d.comb += burst.eq(Mux(to_4k < by_len, to_4k, by_len))
 
         msg = self.messages_in.p
+        # a gather list's further segments, in order, and their count (shifted on as each
+        # segment's last burst goes)
+        queue = Signal(data.ArrayLayout(GatherSegment, GATHER_MORE))
+        queued = Signal(2)
         needs_dma = (((msg.kind == MessageKind.WRITE) | (msg.kind == MessageKind.DUMP) | (msg.kind == MessageKind.READ_RESPONSE))
                      & ~msg.inline & (msg.length != 0))
-        first_beat = msg.addr & ~((1 << beat_shift) - 1)
-        last_byte = msg.addr + msg.length - 1
-        nbeats = ((last_byte >> beat_shift) - (msg.addr >> beat_shift) + 1)[:32]
+
+        def span(start, length):
+            # the aligned first beat and the beats of ``length`` (> 0) bytes from ``start``
+            last_byte = start + length - 1
+            return start & ~((1 << beat_shift) - 1), ((last_byte >> beat_shift) - (start >> beat_shift) + 1)[:32]
+
+        first_beat, nbeats = span(msg.addr, first_segment_length(msg))
+        next_beat, next_beats = span(queue[0].addr, queue[0].len)
 
         m.d.comb += [
             dma.arid.eq(self.arid), dma.araddr.eq(addr), dma.arlen.eq(burst - 1), dma.arsize.eq(beat_shift),
@@ -96,17 +110,21 @@ class PayloadFetch(wiring.Component):
                      fire.eq(dma.arvalid & dma.arready)]
         free = Signal()
         m.d.comb += [
-            free.eq(~busy | (fire & (beats == burst))),
+            free.eq(~busy | (fire & (beats == burst) & (queued == 0))),
             self.messages_out.valid.eq(self.messages_in.valid & free),
             self.messages_in.ready.eq(self.messages_out.ready & free),
         ]
         with m.If(fire):
             m.d.comb += issued.eq(burst)
             m.d.sync += [addr.eq(addr + (burst << beat_shift)), beats.eq(beats - burst)]
-            with m.If(beats == burst):
+            with m.If((beats == burst) & (queued != 0)):
+                # the segment's last burst: the next segment's first goes in the next cycle
+                m.d.sync += [addr.eq(next_beat), beats.eq(next_beats), queued.eq(queued - 1),
+                             *[queue[i].eq(queue[i + 1]) for i in range(GATHER_MORE - 1)]]
+            with m.Elif(beats == burst):
                 m.d.sync += busy.eq(0)
         with m.If(self.messages_in.valid & self.messages_in.ready & needs_dma):
-            m.d.sync += [addr.eq(first_beat), beats.eq(nbeats), busy.eq(1)]
+            m.d.sync += [addr.eq(first_beat), beats.eq(nbeats), busy.eq(1), queue.eq(msg.segs), queued.eq(msg.nseg)]
 
         m.d.comb += [
             dma.rready.eq(1), buf.w_en.eq(dma.rvalid), buf.w_data.eq(dma.rdata),

@@ -10,7 +10,7 @@ from spec import params as P
 from rtl.common.contexts import qp_bits
 from rtl.common.headers import from_be
 from rtl.requester.qp_table import FetchJob, QpTurn, QpUpdate, UpdateKind
-from rtl.requester.message import Message, MessageKind
+from rtl.requester.message import GATHER_MORE, Message, MessageKind
 
 __all__ = ["WqeParser", "RemoteOpNote", "RemoteOpPop"]
 
@@ -43,9 +43,18 @@ class WqeParser(wiring.Component):
 
     For each burst of a QP it reads the WQEs in order: ctrl segment first (its ds
     gives the WQE's length in WQEBBs), then the remote-address segment and either
-    one data-pointer segment or one inline segment. A WQE leaves as a message (and
-    its inline beat) in the cycle its last WQEBB arrives: one single-WQEBB WQE per
-    cycle, plus one cycle per burst to store the QP's state.
+    a gather list of up to ``REQUESTER_GATHER`` data-pointer segments or one inline
+    segment. A WQE leaves as a message (and its inline beat) in the cycle its last
+    WQEBB arrives: one single-WQEBB WQE per cycle, plus one cycle per burst to store
+    the QP's state.
+
+    Gather lists: a WQE of two or more pointer segments is held a cycle, in which its
+    total, prefix sums and checks (no more than ``REQUESTER_GATHER`` segments, no inline
+    one after the first, a total below 2^31; else malformed) are summed into registers,
+    so no adder tree lies on the take's path; it leaves in the next cycle with its
+    non-empty segments (``nseg``, ``seg_len``, ``segs``: the message is their
+    concatenation). Resumed by a go-back walk, it is held a cycle more to find the
+    segment the resume point falls in and the offset in it: the message starts there.
 
     The parser owns each QP's consumer index, next PSN (one per packet:
     ``ceil(length / MTU)``, at least one) and failure state, in a RAM read when a burst
@@ -277,6 +286,28 @@ class WqeParser(wiring.Component):
         seg_addr = from_be(data_seg, *F.get_field(F.DATA_SEG, "addr"))
         is_inline = byte_count[31]
         inline_len = byte_count[:31]
+        # Gather lists (REQUESTER_GATHER pointer segments, segment k at ds head_ds + k): a
+        # WQE of two or more (``multi``) is held a cycle (``g_sum``) while its total, prefix
+        # sums and checks are summed into registers, off the take's path; during a go-back
+        # walk a cycle more (``g_res``) to find the segment and offset the resume point
+        # falls in. Its message carries the non-empty segments (``nseg``, ``seg_len``, ``segs``).
+        G = P.REQUESTER_GATHER
+        assert G - 1 == GATHER_MORE, "the message carries the segments after the first"
+        g_segs = [Mux(is_send, view[128 * (1 + k):128 * (2 + k)], view[128 * (2 + k):128 * (3 + k)])
+                  for k in range(G)]
+        g_bc = [from_be(sg, *F.get_field(F.DATA_SEG, "byte_count")) for sg in g_segs]
+        g_addr = [from_be(sg, *F.get_field(F.DATA_SEG, "addr")) for sg in g_segs]
+        g_len = [Signal(31, name=f"g_len{k}") for k in range(G)]    # 0 for the segments ds does not hold
+        for k in range(G):
+            m.d.comb += g_len[k].eq(Mux(ds > head_ds + k, g_bc[k][:31], 0))
+        multi = Signal()
+        m.d.comb += multi.eq((is_write | is_send) & (ds > head_ds + 1) & ~is_inline)
+        g_sum, g_res, g_ok = Signal(), Signal(), Signal()
+        g_total = Signal(33)
+        g_pre = [Signal(32, name=f"g_pre{k + 1}") for k in range(G - 1)]   # bytes before segment k + 1
+        g_adv = Signal(36)                           # the go-back walk's advance into the WQE
+        g_j = Signal(range(G))                       # the segment it falls in ...
+        g_off = Signal(32)                           # ... and where
         # DUMP: ctrl + one data segment (where the raddr segment of a WRITE is)
         dump_count = from_be(raddr_seg, *F.get_field(F.DATA_SEG, "byte_count"))
         dump_addr = from_be(raddr_seg, *F.get_field(F.DATA_SEG, "addr"))
@@ -291,7 +322,7 @@ class WqeParser(wiring.Component):
         fence = fm_ce_se[5:8] != 0
         length = Signal(32)
         kind = Signal(MessageKind)
-        m.d.comb += length.eq(Mux(no_data, 0, Mux(is_inline, inline_len, byte_count)))
+        m.d.comb += length.eq(Mux(no_data, 0, Mux(is_inline, inline_len, Mux(multi, g_total[:32], byte_count))))
         with m.If(no_ctrl):
             m.d.comb += kind.eq(MessageKind.ERROR)
         with m.Elif(opcode == F.WqeOp.NOP):
@@ -305,7 +336,8 @@ class WqeParser(wiring.Component):
         with m.Elif((is_write | is_send)
                     & (no_data
                        | ((ds > head_ds) & is_inline & ((inline_len + 4 + 15) >> 4 == ds - head_ds))
-                       | ((ds == head_ds + 1) & ~is_inline))):
+                       | ((ds == head_ds + 1) & ~is_inline)
+                       | (multi & g_ok))):
             m.d.comb += kind.eq(MessageKind.WRITE)
         with m.Else():
             m.d.comb += kind.eq(MessageKind.ERROR)
@@ -373,6 +405,56 @@ class WqeParser(wiring.Component):
         op_last = Signal(24)                         # its last PSN (a READ's last response's)
         m.d.comb += op_last.eq(cur_psn + npk - 1)
 
+        # Gather list, the held cycle: the total and prefix sums (an adder tree), and the
+        # checks: at most G segments, no inline one after the first, a total below 2^31
+        s01, s23 = Signal(32), Signal(32)
+        m.d.comb += [s01.eq(g_len[0] + g_len[1]), s23.eq(g_len[2] + g_len[3])]
+        sum_total = Signal(33)
+        m.d.comb += sum_total.eq(s01 + s23)
+        sum_ok = Signal()
+        m.d.comb += sum_ok.eq((ds <= head_ds + G) & (sum_total[31:] == 0)
+                              & ~Cat(*[(ds > head_ds + k) & g_bc[k][31] for k in range(1, G)]).any())
+        # the go-back walk's cycle: the segment j holding the advance (the prefix sums at or
+        # below it: an empty segment is passed, one past ds never reached) and the offset in it
+        g_ge = Cat(*[p <= g_adv for p in g_pre])
+        res_j = Signal(range(G))
+        m.d.comb += res_j.eq(sum(g_ge[k] for k in range(G - 1)))
+        res_before = Signal(32)
+        with m.Switch(res_j):
+            for k in range(1, G):
+                with m.Case(k):
+                    m.d.comb += res_before.eq(g_pre[k - 1])
+        hold_gather = Signal()                       # a gather list's WQE, held this cycle
+        m.d.comb += hold_gather.eq(multi & (~g_sum | (resuming_now & ~g_res)))
+
+        def gather_step():
+            with m.If(~g_sum):
+                m.d.sync += [g_sum.eq(1), g_total.eq(sum_total), g_ok.eq(sum_ok), g_adv.eq(advance),
+                             g_pre[0].eq(g_len[0]), g_pre[1].eq(s01), g_pre[2].eq(s01 + g_len[2]),
+                             g_j.eq(0), g_off.eq(0)]
+            with m.Else():
+                m.d.sync += [g_res.eq(1), g_j.eq(res_j), g_off.eq(g_adv - res_before)]
+
+        # The message's segments: segment j starts at the offset (0 unless resumed), the
+        # ones before it and the empty ones are dropped, the rest packed in order
+        j_addr, j_len = Signal(64), Signal(31)
+        with m.Switch(g_j):
+            for k in range(G):
+                with m.Case(k):
+                    m.d.comb += [j_addr.eq(g_addr[k]), j_len.eq(g_len[k])]
+        eff = [(Mux(g_j == k, j_addr + g_off, g_addr[k]), Mux(g_j == k, j_len - g_off, g_len[k])) for k in range(G)]
+        g_valid = Cat(*[(g_len[k] != 0) & (g_j <= k) for k in range(G)])
+        slot_addr = [Signal(64, name=f"slot_addr{i}") for i in range(G)]
+        slot_len = [Signal(31, name=f"slot_len{i}") for i in range(G)]
+        g_nseg = Signal(2)
+        with m.Switch(g_valid):
+            for pattern in range(1 << G):
+                idx = [k for k in range(G) if pattern >> k & 1]
+                with m.Case(pattern):
+                    m.d.comb += g_nseg.eq(max(len(idx) - 1, 0))
+                    for i, k in enumerate(idx):
+                        m.d.comb += [slot_addr[i].eq(eff[k][0]), slot_len[i].eq(eff[k][1])]
+
         # READs and atomics: registered (first transmissions), limited, and waited for by fences.
         rtail, rlast, rhead, rhead_fresh = Signal(5), Signal(24), Signal(5), Signal()
         cur_rtail, cur_rlast, cur_rhead = Signal(5), Signal(24), Signal(5)
@@ -422,7 +504,12 @@ class WqeParser(wiring.Component):
             # inline: the data's offset in the WQE (the builder starts there in the first beat)
             self.messages.p.addr.eq(Mux(kind == MessageKind.DUMP, dump_addr,
                                         Mux(kind == MessageKind.ATOMIC, res_addr,
-                                            Mux(is_inline, data_off, Mux(resume_wqe, seg_addr + advance, seg_addr))))),
+                                            Mux(is_inline, data_off,
+                                                Mux(multi, slot_addr[0],
+                                                    Mux(resume_wqe, seg_addr + advance, seg_addr)))))),
+            self.messages.p.nseg.eq(Mux(multi, g_nseg, 0)), self.messages.p.seg_len.eq(slot_len[0]),
+            *[self.messages.p.segs[i].addr.eq(slot_addr[i + 1]) for i in range(G - 1)],
+            *[self.messages.p.segs[i].len.eq(slot_len[i + 1]) for i in range(G - 1)],
             self.remote.qpn.eq(job.qpn), self.remote.slot.eq(cur_rtail), self.remote.psn.eq(cur_psn),
             self.remote.last.eq(op_last), self.remote.addr.eq(Mux(kind == MessageKind.READ, seg_addr, res_addr)),
             self.remote.size8.eq(size8), self.remote.read.eq(kind == MessageKind.READ),
@@ -517,7 +604,7 @@ class WqeParser(wiring.Component):
                 with m.If(self.bursts.valid):
                     m.d.sync += [job.eq(self.bursts.p), left.eq(self.bursts.p.count), index.eq(self.bursts.p.ci),
                                  fresh.eq(1), cut.eq(0), stale.eq(0), got.eq(0), rhead_fresh.eq(1),
-                                 recreated.eq(0), park.eq(0)]
+                                 recreated.eq(0), park.eq(0), g_sum.eq(0), g_res.eq(0)]
                     m.next = "RUN"
 
         # Where the QP's consumer index stands in this burst: WQEBBs the previous burst
@@ -585,6 +672,10 @@ class WqeParser(wiring.Component):
                         park_at(cur_rtail, Mux(fence & (in_flight != 0), 0, limit - 1),
                                 ~self.retransmit.valid & ~recreated)
                         drop_then(left)
+                    with m.Elif(hold_gather):
+                        # A gather list: summed this cycle (and split at the resume point,
+                        # a cycle more, in a go-back walk); taken in the next
+                        gather_step()
                     with m.Else():
                         # The WQE is whole: hand it on with its inline beat (or skip it:
                         # it was acknowledged before the retransmission's first PSN).
@@ -602,6 +693,7 @@ class WqeParser(wiring.Component):
                             m.d.comb += [src.ready.eq(1), self.remote.valid.eq(new_op)]
                             note_take()
                             m.d.sync += [index.eq(index + nbb), left.eq(left - 1), got.eq(0), fresh.eq(0),
+                                         g_sum.eq(0), g_res.eq(0),
                                          psn.eq(cur_psn + npk), wqe.eq(view), resuming.eq(skip_wqe),
                                          failing.eq(next_fail), fsyn.eq(next_syn),
                                          rtail.eq(cur_rtail + new_op), rlast.eq(Mux(new_op, op_last, cur_rlast))]

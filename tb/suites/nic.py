@@ -3,6 +3,7 @@ import cocotb
 from cocotb.triggers import ClockCycles
 
 from spec.formats import BTH, INLINE_FLAG, OFF_BTH, CqeOp, Syndrome, WqeOp, QpState, read_field
+from spec import params as P
 from tb.env import NicEnv
 
 
@@ -627,10 +628,11 @@ async def wqe_sizes(dut):
     pred = env.check(await env.drain())
     await env.check_counters(pred)
     # Which are good, stated here (not taken from the model): a NOP of ds 1..63, a WRITE
-    # of ds 2 (no data) or 3 (one pointer), the inline WRITE whose data fills its ds (4).
+    # of ds 2 (no data) or 3..2 + REQUESTER_GATHER (a pointer, then empty segments: a
+    # gather list), the inline WRITE whose data fills its ds (4).
     npoint = 2 * len(dss)
     good = {q for q, (op, ds, _) in enumerate(cases[:npoint])
-            if (op == WqeOp.NOP and 1 <= ds <= 63) or (op == WqeOp.RDMA_WRITE and ds in (2, 3))}
+            if (op == WqeOp.NOP and 1 <= ds <= 63) or (op == WqeOp.RDMA_WRITE and 2 <= ds <= 2 + P.REQUESTER_GATHER)}
     good.add(npoint + 1)
     bad = len(cases) - len(good)                          # each: its error CQE and the NOP's flush
     assert (pred.totals.error_cqes, pred.totals.flushed_wqes) == (2 * bad, bad), (pred.totals, bad)
@@ -687,3 +689,87 @@ async def stale_and_over_depth_doorbells(dut):
     await qp.ring_nvshmem()
     pred = env.check(await env.drain())
     await env.check_counters(pred)
+
+
+def _payloads(frames):
+    """The payload of each request frame (after BTH, RETH and ImmDt; before pad and ICRC)."""
+    reth_ops, imm_ops = (0x06, 0x0A, 0x0B), (0x03, 0x05, 0x09, 0x0B)
+    out = []
+    for f in frames:
+        op = f[OFF_BTH]
+        start = OFF_BTH + 12 + (16 if op in reth_ops else 0) + (4 if op in imm_ops else 0)
+        out.append(f[start:len(f) - 4 - ((f[OFF_BTH + 1] >> 4) & 3)])
+    return out
+
+
+@cocotb.test()
+async def gather_lists(dut):
+    """Gather lists of 2, 3 and 4 pointer segments (``REQUESTER_GATHER``) on WRITE, WRITE
+    with immediate, SEND and SEND with immediate at MTU 256: odd lengths and addresses, empty
+    segments (also first, also all), segments across 4 KiB, packets spanning segments and a
+    segment spanning packets, 4 segments inside one beat, one-segment WQEs between them.
+    Frames and CQEs as the golden model's, cycles as the cycle model's, and each message's
+    payload, taken from its frames, the concatenation of its segments' bytes."""
+    env, (qp,) = await env_with(dut, sq_depth=8, mtu=256)
+    cases = [   # (opcode, [(length, offset from a 4 KiB boundary)])
+        (WqeOp.RDMA_WRITE, [(300, 4096 - 37), (77, 5)]),
+        (WqeOp.RDMA_WRITE_IMM, [(1, 127), (0, 3), (513, 64)]),
+        (WqeOp.SEND, [(100, 17), (200, 4096 - 100), (0, 0), (333, 91)]),
+        (WqeOp.SEND_IMM, [(3, 1), (5, 2), (7, 3), (11, 4)]),
+        (WqeOp.RDMA_WRITE, [(256, 0), (256, 128)]),
+        (WqeOp.RDMA_WRITE, [(64, 64)]),                          # one segment between them
+        (WqeOp.SEND, [(0, 5), (40, 9)]),
+        (WqeOp.RDMA_WRITE, [(0, 1), (0, 2), (0, 3), (0, 4)]),    # 0 bytes: a header-only packet
+        (WqeOp.RDMA_WRITE_IMM, [(5000, 1234), (129, 4096 - 1), (2, 126)]),
+        (WqeOp.SEND, [(255, 1), (1, 0), (256, 0), (3, 125)]),
+    ]
+    want = []
+    for i, (op, segs) in enumerate(cases):
+        gl, data = [], b""
+        for k, (n, off) in enumerate(segs):
+            addr, d = env.payload(n, align=4096, offset=off, seed=7 * i + k)
+            gl.append((addr, n))
+            data += d
+        if op in (WqeOp.SEND, WqeOp.SEND_IMM):
+            qp.post_send(segments=gl, imm=0xC0DE0000 + i if op == WqeOp.SEND_IMM else None)
+        else:
+            qp.post_write(0x5000_0000 + 0x10000 * i, 0x99, segments=gl, opcode=op, imm=0xD00D0000 + i)
+        want.append(data)
+        if i % 3 == 2:
+            await qp.ring_nvshmem()
+    await qp.ring_nvshmem()
+    pred = env.check(await env.drain())
+    env.check_cycles()
+    await env.check_counters(pred)
+    payloads = _payloads([f.data for f in env.wire.frames])
+    at = 0
+    for data in want:
+        k = max(1, -(-len(data) // 256))
+        assert b"".join(payloads[at:at + k]) == data, f"message {want.index(data)}: payload is not its gather list"
+        at += k
+    assert at == len(payloads)
+
+
+@cocotb.test()
+async def gather_list_too_long(dut):
+    """A data WQE of 5 pointer segments, one more than ``REQUESTER_GATHER``, is malformed
+    (LOCAL_QP_OP_ERR, no packet) and fails its QP (the WQEs after it flush); 4 before it
+    on the same QP and on another QP go on. Frames and CQEs as the golden model's."""
+    env, (a, b) = await env_with(dut, 2, sq_depth=8, mtu=256)
+    segs = [env.payload(10 + k, offset=k)[0] for k in range(5)]
+    a.post_write(0x100, 1, segments=[(s, 10 + k) for k, s in enumerate(segs[:4])])
+    a.post_write(0x200, 1, segments=[(s, 10 + k) for k, s in enumerate(segs)])
+    a.post_send(segments=[(s, 10 + k) for k, s in enumerate(segs[:2])], signaled=False)
+    a.post_nop(signaled=False)
+    await a.ring_nvshmem()
+    b.post_send(segments=[(s, 10 + k) for k, s in enumerate(segs)])
+    b.post_send(segments=[(s, 10 + k) for k, s in enumerate(segs[1:])])
+    await b.ring_nvshmem()
+    pred = env.check(await env.drain())
+    await env.check_counters(pred)
+    cqes = await a.cq.poll(4, timeout_cycles=1000)
+    assert [(c.opcode, c.syndrome, c.wqe_counter) for c in cqes] == [
+        (CqeOp.REQ, 0, 0), (CqeOp.REQ_ERR, Syndrome.LOCAL_QP_OP_ERR, 2),     # 2 WQEBBs each
+        (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 4), (CqeOp.REQ_ERR, Syndrome.WR_FLUSH_ERR, 5)]
+    assert [c.opcode for c in await b.cq.poll(2, timeout_cycles=1000)] == [CqeOp.REQ_ERR, CqeOp.REQ_ERR]
+    assert len(env.wire.frames) == 1
