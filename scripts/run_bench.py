@@ -73,13 +73,21 @@ def pair_points(quick):
     """Two-node points (tb/suites/bench_pair.py): RC with the responder in the loop, lossless and lossy."""
     if quick:
         return [{"size": 4096, "qps": 4, "msgs": 32, "loss": l} for l in (0, 0.01)] \
-            + [{"size": 7168, "qps": 4, "msgs": 32, "loss": 0, "signal": "count", "batch": 8}] + read_points(quick)
+            + [{"size": 7168, "qps": 4, "msgs": 32, "loss": 0, "signal": "count", "batch": 8}] + read_points(quick) \
+            + two_sided_points(quick)
     # DeepEP's low-latency pattern: per peer, batches of token WRITEs, each followed by a
     # 4-byte masked fetch-add on the peer's count
     deepep = [{"size": s, "qps": 8, "msgs": 96, "loss": 0, "signal": "count", "batch": 8} for s in (4096, 7168)]
     return [{"size": 4096, "qps": 4, "msgs": 128, "loss": l} for l in (0, 0.001, 0.01)] \
         + [{"size": 1024, "qps": 4, "msgs": 256, "loss": 0}, {"size": 8, "qps": 4, "msgs": 1024, "loss": 0}] + deepep \
-        + read_points(quick)
+        + read_points(quick) + two_sided_points(quick)
+
+
+def two_sided_points(quick):
+    """8-byte SENDs and WRITEs with immediate between two engines (kinds "send" and
+    "write_imm" of tb/suites/bench_pair.py), receive CQE included: target >= 400 M/s each."""
+    n = 128 if quick else 512
+    return [{"kind": k, "size": 8, "qps": 16, "msgs": n} for k in ("send", "write_imm")]
 
 
 def read_points(quick):
@@ -171,14 +179,15 @@ def main():
             (out / name).write_bytes(data)
     pairs = [json.loads(f.read_text()) for f in sorted(out.glob("pair_*.json"))]
     reads = [r for r in pairs if r["kind"] == "pair_read"]
-    pairs = [r for r in pairs if r["kind"] != "pair_read"]
+    two_sided = [r for r in pairs if r["kind"] in ("pair_send", "pair_write_imm")]
+    pairs = [r for r in pairs if r["kind"] == "pair"]
     recs = [json.loads(f.read_text()) for f in sorted(out.glob("write_*.json"))]
     recs.sort(key=lambda r: (r["dma_latency_ns"], r["doorbell_batch"], r["qps"], r["payload_bytes"]))
     shares = [json.loads(f.read_text()) for f in sorted(out.glob("share_*.json"))]
     lats = [json.loads(f.read_text()) for f in sorted(out.glob("latency_*.json"))]
     rxs = [json.loads(f.read_text()) for f in sorted(out.glob("rx_*.json"))]
     atomics = [json.loads(f.read_text()) for f in sorted(out.glob("atomic_*.json"))]
-    (out / "results.json").write_text(json.dumps(recs + lats + shares + rxs + atomics + pairs + reads, indent=2))
+    (out / "results.json").write_text(json.dumps(recs + lats + shares + rxs + atomics + pairs + reads + two_sided, indent=2))
     print(f"\n{'payload':>8} {'QPs':>4} {'batch':>5} {'DMA ns':>6} {'msgs':>6} {'M msg/s':>8} {'Gb/s':>7} "
           f"{'limit':>7} {'ratio':>6} {'model Gb/s':>10}")
     for r in recs:
@@ -243,6 +252,15 @@ def main():
                   f"{r['response_wire_limit_gbps']:>10.1f} {r['response_ratio_to_wire_limit']:>10.4f} "
                   f"{r['estimate_reads_per_s'] / 1e6:>8.1f} {r['estimate_bound']:>14} "
                   f"{r['request_wire_limit_per_s'] / 1e6:>9.1f} {r['underrun_cycles']['responses']:>8}")
+    if two_sided:
+        print("\ntwo-sided verbs, two nodes (cable 100 cycles each way, 1 us GPU memory; M msg/s from NIC 0's "
+              "first frame to NIC 1's last receive CQE; target >= 400 M/s):")
+        print(f"{'verb':>10} {'payload':>8} {'QPs':>4} {'msgs':>6} {'frame':>6} {'M msg/s':>8} {'steady':>7} "
+              f"{'wire limit':>10}")
+        for r in sorted(two_sided, key=lambda r: r["kind"]):
+            print(f"{r['kind'][5:]:>10} {r['payload_bytes']:>8} {r['qps']:>4} {r['messages']:>6} {r['frame_bytes']:>6} "
+                  f"{r['messages_per_s'] / 1e6:>8.1f} {(r['steady_frames_per_s'] or 0) / 1e6:>7.1f} "
+                  f"{r['wire_limit_per_s'] / 1e6:>10.1f}")
     plots(recs, out)
     print(f"\nresults: {out / 'results.json'}; plots and one pcap per point beside it")
 

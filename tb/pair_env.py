@@ -87,11 +87,12 @@ class NicNetEnv:
                     nic.rx.send(d.frame, cycle=max(d.cycle, now))
 
     async def connect(self, a, qa, b, qb, *, cq_a, cq_b, mtu=P.DEFAULT_MTU, psn_a=None, psn_b=None, pd=0,
-                      ack_every=1, log_depth=8, **reliability):
+                      ack_every=1, log_depth=8, b_kw=None, **reliability):
         """Create RC QP ``qa`` on NIC ``a`` and QP ``qb`` on NIC ``b``, connected to each other.
 
         ``reliability``: ``timeout`` (cycles) and ``retry_cnt`` of both QPs, and any other
-        attribute ``NicEnv.qp`` takes (``weight``, ``max_wqebbs``)."""
+        attribute ``NicEnv.qp`` takes (``weight``, ``max_wqebbs``); ``b_kw``: attributes of
+        QP ``qb`` only (``recv``, ``rcq``: its receive queue and CQ)."""
         na, nb = self.nics[a], self.nics[b]
         psn_a = (0x1000 * qa + 3) & 0xFFFFFF if psn_a is None else psn_a
         psn_b = (0x2000 * qb + 5) & 0xFFFFFF if psn_b is None else psn_b
@@ -100,7 +101,7 @@ class NicNetEnv:
                            **reliability)
         qp_b = await nb.qp(qb, cq_b, log_depth=log_depth, mtu=mtu, start_psn=psn_b, remote_qpn=qa, uc=False,
                            dmac=na.port_mac, dip=na.port_ip, rq_psn=psn_a, pd=pd, ack_every=ack_every,
-                           **reliability)
+                           **{**reliability, **(b_kw or {})})
         return qp_a, qp_b
 
 

@@ -498,7 +498,7 @@ async def test_control_and_gpu(dut):
     counters = await ctl.read_counters()
     assert counters["packets"] == 77 and counters["doorbells"] == 0 and counters["rx_accepted"] == 12
     # transmit, receive, requester counters, and the checks on what arrives from outside
-    assert len(counters) == 6 + 16 + 5 + 16
+    assert len(counters) == 6 + 16 + 6 + 16
     for bad in (dict(qpn=NUM_QPS), dict(sq_base=0x1001), dict(log_depth=16), dict(mtu_code=6), dict(dmac=1 << 48)):
         args = dict(qpn=1, sq_base=0x1000, log_depth=4, cqn=0, remote_qpn=2, start_psn=0, dmac=1, dip=2, mtu_code=5)
         args.update(bad)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from model.cqe import parse_cqe
 from spec import params as P
-from spec.formats import Access
+from spec.formats import Access, CqeOp, WqeOp
 from model.network import FaultSpec
 from model.timing import read_rate_estimate
 from tb.pair_env import NicPairEnv
@@ -45,6 +45,8 @@ SOURCE = 0xA000_0000
 
 
 def point_name(p):
+    if p.get("kind") in ("send", "write_imm"):
+        return f"pair_{p['kind']}_{p['size']}B_{p['qps']}qp"
     if p.get("kind") == "read":
         return f"pair_read_{p['size']}B_{p['qps']}qp" + (f"_dma{p['dma']}" if "dma" in p else "")
     sig = f"_count{p['batch']}" if p.get("signal") == "count" else ""
@@ -203,7 +205,79 @@ async def _read_point(dut, p):
             "underrun_cycles": {"requests": a.wire.underrun_cycles, "responses": b.wire.underrun_cycles}}
 
 
+RECV_BUFS = 0xB000_0000               # NIC 1's receive buffers (one per message, 64 bytes apart)
+
+
+async def _two_sided_point(dut, p):
+    """``kind`` "send" (SEND, inline) or "write_imm" (WRITE with immediate, inline) of
+    ``size`` bytes, ``msgs`` per QP on ``qps`` RC QPs, NIC 0 to NIC 1 (cable 100 cycles,
+    1 us GPU memory). NIC 1's QPs have a receive queue each (every receive WQE posted
+    before the first message, so the doorbell record and the WQEs are read while the
+    messages arrive: the prefetch, not the posting, is measured) and a receive CQ each.
+    The rate counts every message from NIC 0's first frame to NIC 1's last receive CQE
+    (written after its message's payload landed), the receive CQE included as the target
+    asks; steady: NIC 0's frames over the middle half. Every payload byte, immediate and
+    receive CQE is checked (opcode, byte count, immediate, WQE counter, in order per QP)."""
+    kind, size, nq, msgs = p["kind"], p["size"], p["qps"], p["msgs"]
+    env = await NicPairEnv(dut, latency_cycles=100).start()
+    a, b = env.nics
+    cq_a = await a.cq(0, 0, collapsed=True)
+    log_rq = max(4, (msgs - 1).bit_length())
+    rcqs = [await b.cq(1 + q, log_rq) for q in range(nq)]
+    await b.ctl.register_mr(KEY, DST, 1 << 20, Access.LOCAL_WRITE | Access.REMOTE_WRITE, PD)
+    pairs = []
+    for q in range(nq):
+        pairs.append(await env.connect(0, q + 1, 1, q + 1, cq_a=cq_a, cq_b=rcqs[q], mtu=4096, pd=PD, ack_every=8,
+                                       timeout=TIMEOUT_CYCLES, log_depth=max(8, (msgs * 2).bit_length()),
+                                       max_wqebbs=1, b_kw=dict(recv=(log_rq, 4), rcq=rcqs[q])))
+    for q, (_, qb) in enumerate(pairs):
+        qb.post_recv(*[[(RECV_BUFS + ((q * msgs + i) << 6), max(size, 1))] for i in range(msgs)])
+    rnd = random.Random(5)
+    sent = []
+    for i in range(msgs):
+        for q, (qa, _) in enumerate(pairs):
+            data, imm = bytes(rnd.randrange(256) for _ in range(size)), rnd.randrange(1 << 32)
+            last = i % 32 == 31 or i == msgs - 1
+            if kind == "send":
+                qa.post_send(inline=data, imm=imm, signaled=last)
+            else:
+                qa.post_write(DST + ((q * msgs + i) << 6), KEY, inline=data, opcode=WqeOp.RDMA_WRITE_IMM, imm=imm,
+                              signaled=last)
+            sent.append((q, i, data, imm))
+    for qa, _ in pairs:
+        await qa.ring_nvshmem()
+    want = nq * msgs
+    await b.wait_for(lambda: len(b.cqe_writes()) >= want, 5_000_000, f"{want} receive CQEs")
+    by_q = {}
+    for cqn, _, raw, cycle in b.cqe_writes():
+        by_q.setdefault(cqn - 1, []).append((parse_cqe(raw), cycle))
+    op = CqeOp.RESP_SEND_IMM if kind == "send" else CqeOp.RESP_WR_IMM
+    for q, i, data, imm in sent:
+        c, _ = by_q[q][i]
+        got = (c["opcode"], c["byte_cnt"], c["imm"], c["wqe_counter"], c["syndrome"])
+        assert got == (op, size, imm, i & 0xFFFF, 0), f"QP {q + 1} message {i}: receive CQE {got}"
+        where = RECV_BUFS + ((q * msgs + i) << 6) if kind == "send" else DST + ((q * msgs + i) << 6)
+        assert b.mem.read(where, size) == data, f"QP {q + 1} message {i}: payload at {where:#x}"
+    frames = a.wire.frames
+    first = frames[0].start_bytes / P.WIRE_BYTES_PER_CYCLE
+    last_cqe = max(c for cs in by_q.values() for _, c in cs)
+    ns = (last_cqe - first) * P.CLOCK_PERIOD_NS
+    n = len(frames)
+    lo, hi = frames[n // 4], frames[3 * n // 4]
+    steady_ns = (hi.start_bytes - lo.start_bytes) / P.WIRE_BYTES_PER_CYCLE * P.CLOCK_PERIOD_NS
+    wire_limit = P.WIRE_BYTES_PER_CYCLE * 1e3 / P.CLOCK_PERIOD_NS / P.wire_bytes(len(frames[n // 2].data))
+    OUT.mkdir(parents=True, exist_ok=True)
+    a.wire.write_pcap(OUT / f"{point_name(p)}.pcap")
+    return {"point": point_name(p), "kind": f"pair_{kind}", "payload_bytes": size, "qps": nq, "messages": want,
+            "frame_bytes": len(frames[n // 2].data), "messages_per_s": want / ns * 1e9,
+            "steady_frames_per_s": (3 * n // 4 - n // 4) / steady_ns * 1e9 if steady_ns else None,
+            "wire_limit_per_s": wire_limit * 1e6, "frames_sent": n, "acks": len(b.wire.frames),
+            "rnr_naks": (await b.ctl.read_counters())["naks_sent"], "simulated_ns": ns}
+
+
 async def _run(dut, p):
+    if p.get("kind") in ("send", "write_imm"):
+        return await _two_sided_point(dut, p)
     return await (_read_point if p.get("kind") == "read" else _point)(dut, p)
 
 
