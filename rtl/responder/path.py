@@ -1,7 +1,8 @@
 """``ResponderPath``: the responder, wired along its data flow.
 
-    requests (from the port) -> RecvGate (receive WQEs: RecvQueue) -> Responder -> payload commands -> ReadResponseJoin (READ RESPONSEs
-      received: the requester's verdicts) -> RxWriteSorter
+    requests (from the port) -> RecvFlush (flush requests of QPs gone to ERR) -> RecvGate (receive WQEs: RecvQueue) -> Responder -> payload commands -> ReadResponseJoin (READ RESPONSEs
+      received: the requester's verdicts) -> RxScatterSplit (a SEND packet over receive
+      segments: a command per piece) -> RxWriteSorter
       -> RxWriteIssuer -> m_axi / m_axi_rx        (payload beats: RxResegmenter
       -> RxPayloadWriter -> issuer)
     Responder -> answers -> AckCoalescer -> AtomicAckJoin -> AckAddresser -> AckBuilder
@@ -13,6 +14,7 @@
     Responder -> receive completions -> RecvCqeWriter (after RxWriteIssuer's CQE fence) -> m_axi_rx
 """
 from amaranth.hdl import *
+from rtl.common.contexts import qp_bits
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 
@@ -35,10 +37,12 @@ from rtl.responder.payload_writer import RxPayloadWriter, RxWriteCommand
 from rtl.responder.read_response_join import ReadResponseJoin
 from rtl.responder.read_response_source import ReadResponseSource
 from rtl.responder.recv_cqe_writer import RecvCqeWriter
+from rtl.responder.recv_flush import RecvFlush
 from rtl.responder.recv_gate import RecvGate
 from rtl.responder.recv_queue import RecvCreate, RecvQueue
 from rtl.responder.response_merge import ResponseMerge
 from rtl.responder.resegmenter import RxResegmenter
+from rtl.responder.scatter_split import RxScatterSplit
 from rtl.responder.responder import ReadJob, RecvCqe, Responder, ResponderAck
 from rtl.responder.write_issuer import RxWriteIssuer
 from rtl.responder.write_sorter import RxWriteOrder, RxWriteSorter
@@ -143,6 +147,8 @@ class ResponderPath(WiringLevel):
             "rx_cmd_fifo": StreamFifo(Pair(RxWriteCommand), COMMAND_QUEUE),
             # a READ RESPONSE this NIC received: its payload's fate is the requester's
             "read_join": ReadResponseJoin(),
+            # a SEND packet whose payload runs over receive segments: one command per piece
+            "scatter_split": RxScatterSplit(),
             "rx_write_sorter": RxWriteSorter(),
             "rx_order_fifo": StreamFifo(Pair(RxWriteOrder), ORDER_QUEUE),
             "rx_write_issuer": RxWriteIssuer(),
@@ -183,6 +189,10 @@ class ResponderPath(WiringLevel):
             # top's QP commit needs a ready that does not depend on its valid)
             "recv_create_fifo": StreamFifo(RecvCreate(nq), 2),
             "recv_gate": RecvGate(num_qps=nq, max_sge=P.RECV_MAX_SGE, depth=RECV_GATE_DEPTH),
+            # a QP gone to ERR (fatal error, QP_MODIFY): its receive WQEs flushed in order, by
+            # flush requests that go the packets' way through the gate and the responder
+            "recv_flush": RecvFlush(num_qps=nq),
+            "recv_error_split": PairSplitter(unsigned(qp_bits(nq))),
             "recv_cqe_split": PairSplitter(RecvCqe),
             "recv_cqe_fifo": StreamFifo(RecvCqe, RECV_CQE_QUEUE),
             "recv_cqe_writer": RecvCqeWriter(num_cqs=nc),
@@ -190,7 +200,7 @@ class ResponderPath(WiringLevel):
         b = self._blocks
         self._ports = [
             (b["rx_resegmenter"], {"beats": "beats", "keep": "keep"}),
-            (b["recv_gate"], {"requests": "i"}),
+            (b["recv_flush"], {"requests": "i"}),
             (b["recv_create_fifo"], {"recv_create": "i"}),
             (b["recv_queue"], {"recv_dma": "m_axi"}),
             (b["recv_cqe_writer"], {"cq_commit": "commit", "recv_cqe_dma": "dma", "recv_cqes": "written",
@@ -214,7 +224,12 @@ class ResponderPath(WiringLevel):
         rsp, rpw = b["responder"], b["rx_writer"]
         wiring.connect(m, b["rx_resegmenter"].o, b["rx_seg_fifo"].i)
         wiring.connect(m, b["rx_seg_fifo"].o, rpw.beats)
-        gate, rq = b["recv_gate"], b["recv_queue"]
+        gate, rq, fl = b["recv_gate"], b["recv_queue"], b["recv_flush"]
+        wiring.connect(m, fl.o, gate.i)
+        wiring.connect(m, rsp.errors, b["recv_error_split"].i)
+        wiring.connect(m, b["recv_error_split"].o, fl.errors)
+        m.d.comb += [fl.modify.valid.eq(rsp.modify.valid), fl.modify.p.eq(rsp.modify.p),
+                     fl.flushed.eq(rsp.flushed), fl.more.eq(rsp.flush_more)]
         wiring.connect(m, b["recv_create_fifo"].o, rq.create)
         wiring.connect(m, gate.query, rq.query)
         wiring.connect(m, rq.answer, gate.answer)
@@ -227,7 +242,8 @@ class ResponderPath(WiringLevel):
         wiring.connect(m, b["recv_cqe_fifo"].o, b["recv_cqe_writer"].cqes)
         wiring.connect(m, rsp.commands, b["rx_cmd_fifo"].i)
         wiring.connect(m, b["rx_cmd_fifo"].o, b["read_join"].i)
-        wiring.connect(m, b["read_join"].o, b["rx_write_sorter"].i)
+        wiring.connect(m, b["read_join"].o, b["scatter_split"].i)
+        wiring.connect(m, b["scatter_split"].o, b["rx_write_sorter"].i)
         wiring.connect(m, b["rx_write_sorter"].commands, rpw.commands)
         wiring.connect(m, b["rx_write_sorter"].orders, b["rx_order_fifo"].i)
         wiring.connect(m, b["rx_order_fifo"].o, b["rx_write_issuer"].orders)

@@ -1,12 +1,13 @@
 """Receive payload writer: the payload of accepted RDMA WRITE packets into GPU memory."""
 from amaranth.hdl import *
 from amaranth.lib import wiring, data, stream, fifo
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from rtl.common.axi import AxiWriteSignature, Burst, Cache, beats_to_page_end
 from rtl.common.rx_beat import RxSegmentBeat, SEGMENT as SEG
 from rtl.common.rx_packet import INLINE_MAX
-from spec.params import AXI_ID_RX_WRITE, DATA_BYTES
+from spec.params import AXI_ID_RX_WRITE, DATA_BYTES, RECV_MAX_SGE
 
 __all__ = ["RxWriteCommand", "RxPayloadWriter"]
 
@@ -14,6 +15,9 @@ BEAT = DATA_BYTES               # bytes per beat (the segment format is defined 
 BEAT_SHIFT = (BEAT - 1).bit_length()
 AWID = AXI_ID_RX_WRITE
 W_QUEUE = 4                     # W beats between the aligner and the W channel
+# The beats of a frame written in pieces (a SEND packet over receive segments), but its last:
+# a 4096-byte payload behind up to 78 bytes of headers and ICRC, from lane 64, spans 34 beats.
+REPLAY_BEATS = 33
 
 
 # The low bits of a QP number that the write ordering compares (a larger table only
@@ -23,7 +27,7 @@ QP_TAG_BITS = 10
 RxWriteCommand = data.StructLayout({
     "write":  unsigned(1),      # 1: write the payload; 0: discard the frame
     "addr":   unsigned(64),     # GPU address of the payload's first byte
-    "offset": unsigned(8),      # payload's byte offset within the frame (54, 58, 70, 74)
+    "offset": unsigned(13),     # payload's byte offset within the frame (54, 58, 70, 74; a piece: further on)
     "length": unsigned(13),     # payload bytes, 0..4096
     "inline": unsigned(1),      # the payload is in ``data`` (RxPacket.inline): not for this writer
     "data":   unsigned(8 * INLINE_MAX),     # with inline: the payload bytes, first in bits 7..0
@@ -35,6 +39,13 @@ RxWriteCommand = data.StructLayout({
     "fence_local": unsigned(1),     # with fence: a READ of this NIC's requester completes
     "cqe":    unsigned(1),      # a receive completion follows this frame's write (a CQE fence
                                 # after it: the CQE is written once the writes before it landed)
+    # A SEND packet over receive segments: the payload past ``length`` goes on, in order, to
+    # the pieces with a length (each from its segment's start; the responder's), which
+    # ``RxScatterSplit`` makes commands of their own; and, on such a command, ``more``: more
+    # of this frame's pieces follow (the payload writer goes over its beats again).
+    "extra":  data.ArrayLayout(data.StructLayout({"addr": unsigned(64), "length": unsigned(13)}),
+                               RECV_MAX_SGE - 1),
+    "more":   unsigned(1),
 })
 RxWriteCommand.__doc__ = """What to do with one received frame (see :class:`RxPayloadWriter`)."""
 
@@ -47,6 +58,7 @@ _Frame = data.StructLayout({
     "nw":       unsigned(7),    # W beats of the frame
     "end_lane": unsigned(8),    # 1..128: lanes of the last W beat
     "nb0":      unsigned(7),    # W beats in the first burst (the rest go in a second one)
+    "more":     unsigned(1),    # more pieces of the frame follow (its command's ``more``)
 })
 
 _WBeat = data.StructLayout({"data": unsigned(8 * BEAT), "strb": unsigned(BEAT), "last": unsigned(1)})
@@ -78,6 +90,15 @@ class RxPayloadWriter(wiring.Component):
     being a one-beat carry. The shift of ``{0, cur}`` by the same ``r`` (the upper
     half of the shifter) gives a frame's last W beat in the cycle of its last input
     beat when no byte of it is in a later beat, so no extra flush cycle is spent.
+
+    A frame written in pieces (a SEND packet over receive segments: ``RxScatterSplit``
+    gives it consecutive commands, each with its piece's ``offset``, ``length`` and
+    ``addr``, ``more`` on all but the last) is gone over once per piece: the first piece
+    takes its beats from ``beats`` and keeps all but the last in a RAM of
+    ``REPLAY_BEATS``; its last beat stays at the head of ``beats`` (a frame that starts at
+    lane 64 of it is hidden until the last piece); each later piece takes the kept beats,
+    then that beat, as a frame of its own that starts where the first did. A piece costs
+    its frame's beats in cycles; a frame written whole costs nothing more.
 
     Completion: each write command (``write`` = 1, also with ``length`` = 0) is
     completed in command order once every burst of its payload has its B response:
@@ -158,7 +179,7 @@ class RxPayloadWriter(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        dma, beat, cmd = self.dma, self.beats.p, self.commands.p
+        dma, cmd = self.dma, self.commands.p
 
         m.submodules.aw_jobs = aw_jobs = fifo.SyncFIFOBuffered(width=_AwJob.size, depth=4)
         m.submodules.pending = pending = fifo.SyncFIFOBuffered(width=_Pending.size,
@@ -169,13 +190,29 @@ class RxPayloadWriter(wiring.Component):
         cur = Signal(_Frame)         # the loaded frame
         prev = Signal(8 * BEAT)      # carry: the last input beat taken
 
+        # A frame written in pieces (commands with ``more`` but the last): its first piece
+        # takes its beats from ``beats`` and keeps all but the last in ``replay``; every later
+        # piece goes over those again, then the last beat, which stays at the head of
+        # ``beats`` until the frame's last piece takes it. So each piece is a frame of its own
+        # here, with its payload further on in it (``offset``), and a one-piece frame (every
+        # WRITE, a SEND packet within one segment) costs nothing more.
+        m.submodules.replay = replay = Memory(shape=8 * BEAT, depth=REPLAY_BEATS, init=[])
+        rp_wr = replay.write_port()
+        rp_rd = replay.read_port(domain="comb")
+        again = Signal()             # the frame's next piece goes over its beats again
+        rp_n = Signal(range(REPLAY_BEATS + 1))      # beats kept of the frame
+        rp_idx = Signal(range(REPLAY_BEATS + 1))    # the next kept beat to go over
+        rp_hi = Signal()             # the frame starts at lane 64 of its first beat
+        from_buf = Signal()          # this step's beat is a kept one
+        m.d.comb += [from_buf.eq(again & (rp_idx != rp_n)), rp_rd.addr.eq(rp_idx)]
+
         # ---- a new frame's state, from the command ------------------------------------
         # Starts at lane 64 when it follows a frame in the same beat (a merge while a
         # frame is loaded, or the second pass of a held beat), else at lane 0.
         new = Signal(_Frame)
         start = Signal(7)
-        m.d.comb += start.eq(Mux(in_frame | part_hi, SEG, 0))
-        delta = Signal(signed(11))   # -127..319
+        m.d.comb += start.eq(Mux(in_frame | part_hi | (again & rp_hi), SEG, 0))
+        delta = Signal(signed(15))   # -127..4255
         m.d.comb += delta.eq(start + cmd.offset - cmd.addr[:BEAT_SHIFT])
         span = Signal(14)            # lanes from the first W beat's lane 0 to the payload's end
         m.d.comb += span.eq(cmd.addr[:BEAT_SHIFT] + cmd.length)
@@ -194,6 +231,7 @@ class RxPayloadWriter(wiring.Component):
             new.nw.eq(nw),
             new.end_lane.eq(span_m1[:BEAT_SHIFT] + 1),
             new.nb0.eq(Mux(nw < to_page, nw, to_page)),
+            new.more.eq(cmd.more),
         ]
         new_emits = Signal()         # the new frame's first step already completes a W beat (q = -1)
         m.d.comb += new_emits.eq(new.wr & (new.jm == 0))
@@ -206,8 +244,17 @@ class RxPayloadWriter(wiring.Component):
             m.d.comb += act.eq(cur)
         with m.Else():
             m.d.comb += act.eq(new)
+        # The beat of this step: a kept one, or the input's (where a piece but the frame's last
+        # ends, the frame it starts at lane 64 is not this piece's business: it stays hidden)
+        beat = Signal(RxSegmentBeat(BEAT))
+        beat_valid = Signal()
+        with m.If(from_buf):
+            m.d.comb += [beat.data.eq(rp_rd.data), beat_valid.eq(1)]    # never a frame's last beat
+        with m.Else():
+            m.d.comb += [beat.data.eq(self.beats.p.data), beat.last.eq(self.beats.p.last),
+                         beat.sop_hi.eq(self.beats.p.sop_hi & ~act.more), beat_valid.eq(self.beats.valid)]
         stepping = Signal()
-        m.d.comb += stepping.eq(self.beats.valid & (in_frame | (self.commands.valid & room)))
+        m.d.comb += stepping.eq(beat_valid & (in_frame | (self.commands.valid & room)))
         # a frame started at lane 64 runs into the next beat: it never ends in its first
         step_last = Signal()
         m.d.comb += step_last.eq(beat.last & (in_frame | ~part_hi))
@@ -280,7 +327,9 @@ class RxPayloadWriter(wiring.Component):
         consume = Signal()
         jm_sat = Signal(signed(8))   # stop counting past the last W beat (long discarded frames)
         m.d.comb += jm_sat.eq(Mux(act.jm < act.nw, act.jm + 1, act.jm))
-        m.d.comb += self.beats.ready.eq(consume)
+        merge = Signal()             # the next frame's first step merged into this one
+        keep = Signal()              # a beat of a frame written in pieces: kept (its first piece)
+        final = Signal()             # the last piece of a frame written in pieces ends
         with m.If(ok):
             with m.If(~in_frame):
                 m.d.comb += load.eq(1)
@@ -288,16 +337,33 @@ class RxPayloadWriter(wiring.Component):
                 # The next frame starts at lane 64 of this beat. Merge its first step into
                 # this cycle when it completes no W beat (its W lanes would need its own shift).
                 with m.If(in_frame & self.commands.valid & room & ~new_emits):
-                    m.d.comb += [load.eq(1), consume.eq(1)]
-                    m.d.sync += [cur.eq(new), cur.jm.eq(new.jm + 1), in_frame.eq(1), part_hi.eq(0)]
+                    m.d.comb += [load.eq(1), consume.eq(1), merge.eq(1), keep.eq(cmd.more)]
+                    m.d.sync += [cur.eq(new), cur.jm.eq(new.jm + 1), in_frame.eq(1), part_hi.eq(0),
+                                 rp_hi.eq(1)]
                 with m.Else():
                     m.d.sync += [in_frame.eq(0), part_hi.eq(1)]
             with m.Elif(step_last):
                 m.d.comb += consume.eq(1)
                 m.d.sync += [in_frame.eq(0), part_hi.eq(0)]
             with m.Else():
-                m.d.comb += consume.eq(1)
+                m.d.comb += [consume.eq(1), keep.eq(act.more & ~again)]
                 m.d.sync += [cur.eq(act), cur.jm.eq(jm_sat), in_frame.eq(1), part_hi.eq(0)]
+            with m.If(~in_frame & ~again):
+                m.d.sync += rp_hi.eq(part_hi)
+            with m.If(step_last & act.more):
+                m.d.sync += [again.eq(1), rp_idx.eq(0)]      # its next piece goes over it again
+            with m.If(step_last & again & ~act.more):
+                m.d.comb += final.eq(1)
+                m.d.sync += [again.eq(0), rp_n.eq(0), rp_idx.eq(0)]
+        # the input's beat is taken unless it is the last of a piece that more pieces follow
+        m.d.comb += self.beats.ready.eq(consume & ~from_buf & ~(step_last & act.more))
+        with m.If(consume & from_buf):
+            m.d.sync += rp_idx.eq(rp_idx + 1)
+        keep_at = Signal.like(rp_n)
+        m.d.comb += [keep_at.eq(Mux(final, 0, rp_n)), rp_wr.addr.eq(keep_at), rp_wr.data.eq(beat.data),
+                     rp_wr.en.eq(keep)]
+        with m.If(keep):
+            m.d.sync += rp_n.eq(keep_at + 1)
         with m.If(consume):
             m.d.sync += prev.eq(beat.data)
         m.d.comb += self.commands.ready.eq(load)

@@ -10,18 +10,25 @@ from rtl.common.rx_packet import RxPacket
 from rtl.common.stream import Pair, StreamFifo
 from rtl.responder.recv_queue import RecvAnswer, RecvConsume, RecvQuery, RecvWqe
 
-__all__ = ["RecvGate", "GateWqe", "GatedPair", "RWR_OPS", "SEND_OPS", "is_rwr"]
+__all__ = ["RecvGate", "GateWqe", "GatedPair", "RWR_OPS", "SEND_OPS", "FLUSH_HELD", "FLUSH_NEXT", "is_rwr"]
 
 # The packets that consume a receive WQE (rxe's RXE_RWR_MASK, model.responder.RWR_OPCODES)
 RWR_OPS = (F.Op.SEND_FIRST, F.Op.SEND_ONLY, F.Op.SEND_ONLY_IMM, F.Op.WRITE_ONLY_IMM, F.Op.WRITE_LAST_IMM)
 SEND_OPS = (F.Op.SEND_FIRST, F.Op.SEND_MIDDLE, F.Op.SEND_LAST, F.Op.SEND_LAST_IMM, F.Op.SEND_ONLY,
             F.Op.SEND_ONLY_IMM)
+# The RecvFlush's requests (never from the wire: transport bits 111 are no RC opcode, and
+# RxDispatch passes RC requests only): complete the WQE a QP holds in the responder
+# (FLUSH_HELD), or its next one, which the gate asks the RecvQueue for as for a packet
+# that consumes one (FLUSH_NEXT).
+FLUSH_HELD = 0xE0 | F.Op.SEND_MIDDLE
+FLUSH_NEXT = 0xE0 | F.Op.SEND_ONLY
 
 
 def is_rwr(opcode):
-    """The packet of BTH opcode ``opcode`` (a Value) consumes a receive WQE."""
+    """The packet of BTH opcode ``opcode`` (a Value) consumes a receive WQE (or is a
+    flush request for the QP's next one)."""
     out = C(0, 1)
-    for op in RWR_OPS:
+    for op in RWR_OPS + (FLUSH_NEXT,):
         out = out | (opcode == op)
     return out
 

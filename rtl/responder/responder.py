@@ -19,7 +19,7 @@ from rtl.common.rx_packet import RxPacket
 from rtl.common.stream import Pair, pack_pair
 from rtl.responder.atomic_unit import AtomicOp, AtomicRequest
 from rtl.responder.payload_writer import RxWriteCommand
-from rtl.responder.recv_gate import GateWqe, SEND_OPS, is_rwr
+from rtl.responder.recv_gate import FLUSH_HELD, FLUSH_NEXT, GateWqe, SEND_OPS, is_rwr
 
 __all__ = ["Responder", "ResponderAck", "ReadJob", "RecvCqe", "ResponderConfig", "ResponderEntry", "RxVerdict",
            "RX_VERDICT_NAMES"]
@@ -275,6 +275,8 @@ class Responder(wiring.Component):
             "reads": Out(stream.Signature(Pair(ReadJob(num_qps)))),
             "rwqe": In(data.ArrayLayout(GateWqe(max_sge), 2)),
             "cqes": Out(stream.Signature(Pair(RecvCqe))),
+            "errors": Out(stream.Signature(Pair(unsigned(qp_bits(num_qps))))),
+            "flushed": Out(1), "flush_more": Out(1),
             "answered": In(1), "answered_qpn": In(qp_bits(num_qps)),
             "verdict_valid": Out(2),
             "verdict": Out(data.ArrayLayout(RxVerdict, 2)),
@@ -324,9 +326,11 @@ class Responder(wiring.Component):
                                p.payload_len == Const(128, 13) << cfg.mtu)),
             fits.eq(send_end <= cap),
         ]
-        # where the payload goes: the first segment that ends past the message's bytes so far
-        # (a packet that runs on into the next segment is written into this one only, up to
-        # its end: the payload writer takes one write per frame; docs/architecture.md)
+        # where the payload goes: from the first segment that ends past the message's bytes so
+        # far, at that offset in it (the command's piece), on into the segments after it from
+        # their starts (``extra``: the pieces a packet over a segment boundary has there, 0
+        # bytes in a segment that starts at or before ``soff`` or past the packet's end;
+        # RxScatterSplit makes them commands of their own)
         send_addr, send_room = sig("send_addr", 64), sig("send_room", 32)
         for j in reversed(range(self.max_sge)):
             start = wq.end[j - 1] if j else C(0, 32)
@@ -334,6 +338,13 @@ class Responder(wiring.Component):
                 m.d.comb += [send_addr.eq(wq.addr[j] + (soff - start)), send_room.eq(wq.end[j] - soff)]
         wlen = sig("wlen", 13)
         m.d.comb += wlen.eq(Mux(send & (send_room < p.payload_len), send_room, p.payload_len))
+        extra = []
+        for j in range(1, self.max_sge):
+            stop, xlen = sig(f"x{j}_stop", 33), sig(f"x{j}_len", 13)
+            m.d.comb += stop.eq(Mux(send_end < wq.end[j], send_end, wq.end[j]))
+            with m.If((wq.end[j - 1] > soff) & (stop > wq.end[j - 1])):
+                m.d.comb += xlen.eq(stop - wq.end[j - 1])
+            extra.append((wq.addr[j], xlen))
         # an atomic: its size (log 2 or 3 bytes, IBTA's always 3) and alignment
         atomic, atomic_dup, size_ok = sig("atomic"), sig("atomic_dup"), sig("size_ok")
         m.d.comb += size_ok.eq(((p.atomic.log_size == 3) & (p.reth.va[:3] == 0))
@@ -377,7 +388,12 @@ class Responder(wiring.Component):
             full.eq(~held[-1] & (held >= limit)),
         ]
 
-        with m.If(_is_read_response(p)):
+        is_flush, err_state = sig("is_flush"), sig("err_state")
+        m.d.comb += [is_flush.eq((p.opcode == FLUSH_HELD) | (p.opcode == FLUSH_NEXT)),
+                     err_state.eq((cfg.state == QpState.ERR) | (ctl_state == QpState.ERR))]
+        with m.If(is_flush):
+            pass        # a RecvFlush request: below
+        with m.Elif(_is_read_response(p)):
             pass        # the requester's: its payload command's verdict is the ResponseChecker's
         with m.Elif(~ready_state | (p.dqpn >= self.num_qps)):
             m.d.comb += verdict.eq(RxVerdict.QP_NOT_READY)
@@ -495,10 +511,30 @@ class Responder(wiring.Component):
                              cqe_syn.eq(Mux(len_err, F.Syndrome.LOCAL_LENGTH_ERR,
                                             Mux(fatal_syn == Aeth.NAK_REMOTE_ACCESS, F.Syndrome.REMOTE_ACCESS_ERR,
                                                 F.Syndrome.REMOTE_INVAL_REQ_ERR)))]
+        # A QP in ERR: its receive WQEs complete with WR_FLUSH_ERR in order (RecvFlush): a flush
+        # request completes the WQE of the SEND in progress, else the spare, else its own (a
+        # FLUSH_NEXT's); any packet with a WQE while the spare is held completes the spare and
+        # leaves its own as the spare, so that no WQE is lost and the order holds.
+        flush_cur, flush_spare, flush_w = sig("flush_cur"), sig("flush_spare"), sig("flush_w")
+        m.d.comb += [
+            flush_cur.eq(is_flush & err_state & dyn.in_msg & dyn.msg_send),
+            flush_spare.eq(err_state & dyn.spare.valid & ~flush_cur & (is_flush | w.valid)),
+            flush_w.eq(is_flush & err_state & ~dyn.spare.valid & w.valid & ~flush_cur),
+        ]
+        with m.If(flush_cur):
+            m.d.comb += new.dyn.in_msg.eq(0)
+        with m.If(flush_spare):
+            m.d.comb += new.dyn.spare.eq(w)
+        with m.If(flush_w):
+            m.d.comb += new.dyn.spare.eq(0)
+        with m.If(flush_cur | flush_spare | flush_w):
+            m.d.comb += [cqe.eq(1), cqe_op.eq(F.CqeOp.RESP_ERR), cqe_bytes.eq(0), cqe_syn.eq(F.Syndrome.WR_FLUSH_ERR),
+                         cqe_index.eq(Mux(flush_cur, dyn.cur.index, Mux(flush_spare, dyn.spare.index, w.index)))]
         addr = sig("addr", 64)
         m.d.comb += addr.eq(Mux(send, send_addr, va + off))
         return {"new": new, "verdict": verdict, "write": write, "respond": respond,
-                "psn": resp_psn, "syndrome": resp_syn, "addr": addr, "rnr": rnr, "wlen": wlen,
+                "psn": resp_psn, "syndrome": resp_syn, "addr": addr, "rnr": rnr, "wlen": wlen, "extra": extra,
+                "send": send, "flush": is_flush, "flush_more": flush_cur | flush_spare | flush_w, "fatal": fatal,
                 "cqe": cqe, "cqe_op": cqe_op, "cqe_syn": cqe_syn, "cqe_index": cqe_index, "cqe_bytes": cqe_bytes,
                 "atomic": atomic, "atomic_dup": atomic_dup, "read": read | read_dup, "counted": read | atomic}
 
@@ -645,18 +681,24 @@ class Responder(wiring.Component):
 
         # Outputs: registered, so no valid depends on a ready; the pair decides when every
         # output has room. Payload commands and responses are packed to the front.
-        cmd, resp, ato, rds, cqs = self.commands, self.responses, self.atomics, self.reads, self.cqes
+        cmd, resp, ato, rds, cqs, errs = self.commands, self.responses, self.atomics, self.reads, self.cqes, self.errors
         out_ready = Signal()
         m.d.comb += [
             out_ready.eq((~cmd.valid | cmd.ready) & (~resp.valid | resp.ready) & (~ato.valid | ato.ready)
-                         & (~rds.valid | rds.ready) & (~cqs.valid | cqs.ready)),
+                         & (~rds.valid | rds.ready) & (~cqs.valid | cqs.ready) & (~errs.valid | errs.ready)),
             mrts[0].results.ready.eq(out_ready), mrts[1].results.ready.eq(out_ready),
             c_go.eq(mrts[0].results.valid & out_ready),
         ]
         for k in range(2):
-            m.d.comb += [self.verdict_valid[k].eq(c_go & present[k] & ~_is_read_response(p[k]) & ~dec[k]["rnr"]),
+            m.d.comb += [self.verdict_valid[k].eq(c_go & present[k] & ~_is_read_response(p[k]) & ~dec[k]["rnr"]
+                                                  & ~dec[k]["flush"]),
                          self.verdict[k].eq(dec[k]["verdict"])]
-        for s_ in (cmd, resp, ato, rds, cqs):
+        # the responder's answer to a flush request (RecvFlush: one in flight, alone in its pair)
+        m.d.comb += [self.flushed.eq(c_go & _any(present[k] & dec[k]["flush"] for k in range(2))),
+                     self.flush_more.eq(_any(present[k] & dec[k]["flush"] & dec[k]["flush_more"] for k in range(2)))]
+        # a QP a fatal error moved to ERR: its receive WQEs are flushed (RecvFlush)
+        to_err = [present[k] & dec[k]["fatal"] for k in range(2)]
+        for s_ in (cmd, resp, ato, rds, cqs, errs):
             with m.If(s_.valid & s_.ready):
                 m.d.sync += s_.valid.eq(0)
         # An atomic (new or retried) goes to the AtomicUnit, and a fence to the write path:
@@ -680,6 +722,9 @@ class Responder(wiring.Component):
                          c_.inline.eq(p[k].inline | fenced[k] | (rresp[k] & (p[k].payload_len == 0))
                                       | (dec[k]["cqe"] & (p[k].payload_len == 0))),
                          c_.cqe.eq(dec[k]["cqe"]),
+                         *[c_.extra[j].addr.eq(a) for j, (a, _) in enumerate(dec[k]["extra"])],
+                         *[c_.extra[j].length.eq(Mux(dec[k]["write"] & dec[k]["send"], n_, 0))
+                           for j, (_, n_) in enumerate(dec[k]["extra"])],
                          c_.fence.eq(fenced[k]), c_.fence_read.eq(to_read[k]), c_.read_response.eq(rresp[k]),
                          c_.data.eq(p[k].inline_data), c_.qp.eq(p[k].dqpn)]
             r_ = Signal(ResponderAck, name=f"resp{k}")
@@ -714,7 +759,8 @@ class Responder(wiring.Component):
                          resp.valid.eq(has_resp[0] | has_resp[1]), *pack_pair(resp.p, has_resp, resps),
                          ato.valid.eq(to_unit[0] | to_unit[1]), *pack_pair(ato.p, to_unit, atos),
                          rds.valid.eq(to_read[0] | to_read[1]), *pack_pair(rds.p, to_read, jobs),
-                         cqs.valid.eq(has_cqe[0] | has_cqe[1]), *pack_pair(cqs.p, has_cqe, cqes)]
+                         cqs.valid.eq(has_cqe[0] | has_cqe[1]), *pack_pair(cqs.p, has_cqe, cqes),
+                         errs.valid.eq(to_err[0] | to_err[1]), *pack_pair(errs.p, to_err, qp)]
 
         # Context writes: the decisions (lane 0's only when lane 1 is of another QP; none of
         # a lane read before a create of its QP), and a QP create from the control path.

@@ -17,7 +17,7 @@ from model.cqe import CqContext, parse_cqe
 from model.frames import Port, QpContext, build_message_frames
 from model.mr import MemoryRegion
 from model.responder import RcResponder
-from spec.formats import AETH, OFF_EXT, Access, Aeth, CqeOp, Syndrome, WqeOp, unpack
+from spec.formats import AETH, OFF_EXT, Access, Aeth, CqeOp, QpState, Syndrome, WqeOp, unpack
 from tb.env import PORT_IP, PORT_MAC, NicEnv, peer_ip, peer_mac
 from tb.rc_env import match_coalesced, peer_port
 
@@ -170,6 +170,44 @@ async def send_scatter(dut):
 
 
 @cocotb.test()
+async def send_over_segments(dut):
+    """SEND packets whose payload runs over receive-segment boundaries, scattered over
+    every segment they span (the payload writer goes over such a frame once per piece):
+    3000 bytes at MTU 1024 into segments of 700, 1100 and 1500 bytes (two packets span two
+    segments each), 4- and 3-byte SENDs into 1-byte segments, a 0-length segment in the
+    middle of a list, a SEND_IMM over all four segments of its WQE, and at MTU 256 1000
+    bytes over segments of 333, 333 and 400; unaligned addresses, frames back to back.
+    ACKs and CQEs as the model, the bytes where the scatter worked out here puts them."""
+    r = await RecvEnv.start(dut, {1: 1024, 2: 256})
+    segs = {
+        1: [[(BUFS + 0x0003, 700), (BUFS + 0x0405, 1100), (BUFS + 0x0903, 1500)],
+            [(BUFS + 0x1001, 1), (BUFS + 0x1081, 1), (BUFS + 0x1082, 1), (BUFS + 0x10FF, 1)],
+            [(BUFS + 0x1101, 1), (BUFS + 0x1140, 1), (BUFS + 0x1180, 1)],
+            [(BUFS + 0x1201, 100), (BUFS + 0x1300, 0), (BUFS + 0x1377, 200)],
+            [(BUFS + 0x1501, 10), (BUFS + 0x1580, 20), (BUFS + 0x15F0, 30), (BUFS + 0x1700, 1000)]],
+        2: [[(BUFS + 0x2007, 333), (BUFS + 0x2401, 333), (BUFS + 0x2800, 400)],
+            [(BUFS + 0x2C00 + 100, 1), (BUFS + 0x2C00 + 0x7F, 64)]],
+    }
+    for q, lists in segs.items():
+        r.qps[q].post_recv(*lists)
+    sends = {1: [(WqeOp.SEND, 3000, None), (WqeOp.SEND, 4, None), (WqeOp.SEND, 3, None), (WqeOp.SEND, 250, None),
+                 (WqeOp.SEND_IMM, 500, 0x5EED0001)],
+             2: [(WqeOp.SEND, 1000, None), (WqeOp.SEND_IMM, 65, 0x5EED0002)]}
+    frames, want = [], []
+    for q, msgs in sends.items():
+        for i, (op, n, imm) in enumerate(msgs):
+            p = _payload(n, 20 + 8 * q + i)
+            frames += r.message(q, op, p, imm=imm)
+            r.scatter(segs[q][i], p)
+            want.append((CqeOp.RESP_SEND if imm is None else CqeOp.RESP_SEND_IMM, q, i, n, imm or 0))
+    await r.exchange(frames)
+    cqes = r.check()
+    assert len(cqes) == len(want)
+    for c, w in zip(sorted(cqes, key=lambda c: (c["qpn"], c["wqe_counter"])), want):
+        _cqe_numbers(c, *w)
+
+
+@cocotb.test()
 async def write_imm(dut):
     """WRITE with immediate, ONLY_IMM and FIRST..LAST_IMM: written at the RETH address, a
     receive WQE consumed by the last packet only, RESP_WR_IMM with the RETH length."""
@@ -230,6 +268,59 @@ async def length_error(dut):
     assert len(cqes) == 2
     _cqe_numbers(cqes[0], CqeOp.RESP_SEND, 1, 0, 32)
     _cqe_numbers(cqes[1], CqeOp.RESP_ERR, 1, 1, 0, syndrome=Syndrome.LOCAL_LENGTH_ERR)
+
+
+@cocotb.test()
+async def flush(dut):
+    """The receive WQEs of a QP that goes to ERR complete with RESP_ERR / WR_FLUSH_ERR, in
+    order, as the model's: QP 1, 5 posted, 2 consumed, QP_MODIFY to ERR: 3 flushed, then 2
+    posted and QP_MODIFY to ERR again (the model's ``flush_receives``): 2 more; QP 2, a SEND
+    FIRST accepted and QP_MODIFY to ERR: the WQE it holds, then the 2 posted behind it;
+    QP 3, a SEND too long for its WQE: LOCAL_LENGTH_ERR, then the 3 posted behind it (a
+    packet after the error, with a WQE, keeps its place); QP 4 without a WQE posted:
+    nothing. CQEs byte for byte as the model and as numbers."""
+    r = await RecvEnv.start(dut, {1: 256, 2: 256, 3: 256, 4: 256})
+    ctl, model = r.env.ctl, r.model
+    r.qps[1].post_recv(*[[(BUFS + 0x100 * k, 64)] for k in range(5)])
+    r.qps[2].post_recv(*[[(BUFS + 0x800 + 0x400 * k, 1024)] for k in range(3)])
+    r.qps[3].post_recv(*[[(BUFS + 0x2000 + 0x100 * k, 100)] for k in range(4)])
+    frames = []
+    for k in range(2):
+        p = _payload(40 + k, 30 + k)
+        frames += r.message(1, WqeOp.SEND, p)
+        r.scatter([(BUFS + 0x100 * k, 64)], p)
+    p = _payload(600, 33)
+    first = r.message(2, WqeOp.SEND, p)[:1]            # its FIRST only: the WQE stays held
+    r.scatter([(BUFS + 0x800, 256)], p[:256])
+    frames += first
+    frames += r.message(3, WqeOp.SEND, _payload(200, 34))     # 200 > 100
+    frames += r.message(3, WqeOp.SEND, _payload(8, 35))       # dropped: the QP is in ERR
+    res = await r.exchange(frames)
+    assert [x.response_kind for x in res][-2:] == ["nak_invalid_request", None]
+
+    async def to_err(q, *, again=False):
+        await ctl.modify_qp(q, state=QpState.ERR)
+        got = model.flush_receives(q) if again else model.modify(q, QpState.ERR)
+        await ClockCycles(dut.clk, 2000)
+        return got
+
+    assert len(await to_err(1)) == 3
+    assert len(await to_err(2)) == 3
+    assert len(await to_err(4)) == 0
+    r.qps[1].post_recv([(BUFS + 0x500, 64)], [(BUFS + 0x600, 64)])
+    assert len(await to_err(1, again=True)) == 2
+    cqes = r.check()
+    by_qp = {}
+    for c in cqes:
+        by_qp.setdefault(c["qpn"], []).append(c)
+    flush = CqeOp.RESP_ERR, Syndrome.WR_FLUSH_ERR
+    assert [(c["opcode"], c["wqe_counter"]) for c in by_qp[1]] == [(CqeOp.RESP_SEND, 0), (CqeOp.RESP_SEND, 1)] + [
+        (CqeOp.RESP_ERR, k) for k in range(2, 7)]
+    assert all((c["opcode"], c["syndrome"]) == flush for c in by_qp[1][2:] + by_qp[2])
+    assert [c["wqe_counter"] for c in by_qp[2]] == [0, 1, 2]
+    _cqe_numbers(by_qp[3][0], CqeOp.RESP_ERR, 3, 0, 0, syndrome=Syndrome.LOCAL_LENGTH_ERR)
+    assert [(c["syndrome"], c["wqe_counter"]) for c in by_qp[3][1:]] == [(Syndrome.WR_FLUSH_ERR, k) for k in (1, 2, 3)]
+    assert 4 not in by_qp
 
 
 @cocotb.test()
