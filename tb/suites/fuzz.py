@@ -135,9 +135,10 @@ async def fuzz_receive(dut):
     setup, peers, va = [], {}, {}
     for q, mtu in ((1, 256), (2, 1024), (3, 4096)):
         start, every = rnd.randrange(1 << 24), rnd.choice([1, 2, 4])
-        await env.qp(q, cq, mtu=mtu, remote_qpn=0x100 + q, rq_psn=start, pd=PD, ack_every=every)
+        # (the RNR NAK's timer code, the same for both: SENDs get RNR NAKs, no receive queue)
+        await env.qp(q, cq, mtu=mtu, remote_qpn=0x100 + q, rq_psn=start, pd=PD, ack_every=every, min_rnr_timer=q)
         setup.append((QpContext(qpn=q, remote_qpn=0x100 + q, dmac=peer_mac(q), dip=peer_ip(q), start_psn=start,
-                                mtu=mtu), every))
+                                mtu=mtu, min_rnr_timer=q), every))
         peers[q] = QpContext(qpn=0x100 + q, remote_qpn=q, dmac=PORT_MAC, dip=PORT_IP, start_psn=start, mtu=mtu)
         va[q] = DST + 0x40000 * q
     await env.qp(4, cq, mtu=1024, remote_qpn=0x104, rq_psn=0, pd=PD, state=QpState.INIT)   # not ready
@@ -145,9 +146,11 @@ async def fuzz_receive(dut):
         await env.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
 
     def make_model(image=None):
-        # the engine executes READs and atomics: the model does too, on its image of GPU memory
+        # the engine executes READs and atomics: the model does too, on its image of GPU memory;
+        # and SENDs (two-sided verbs): these QPs have no receive queue, so a SEND that passes
+        # the PSN and opcode-sequence checks gets an RNR NAK, as the engine's
         image = SparseMemory() if image is None else image
-        m = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), remote_ops=True, read_memory=image.read)
+        m = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), remote_ops=True, two_sided=True, read_memory=image.read)
         for ctx, every in setup:
             m.add_qp(ctx, PD, ack_every=every)
         for r in REGIONS:
