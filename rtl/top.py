@@ -258,6 +258,7 @@ class IbgdaNic(wiring.Component):
         incs["acks_sent"], incs["naks_sent"] = rsp.acks_sent, rsp.naks_sent
         incs["acks_coalesced"] = rsp.acks_coalesced
         incs["qp_modify_rejected"] = host.modify_rejected
+        incs["rnr_naks_sent"] = rsp.rnr_naks
         incs.update({"naks_received": req.naks, "retransmits": req.retransmits, "timeouts": req.timeouts,
                      "retry_exceeded": req.retry_exceeded, "acks_merged": req.acks_merged,
                      "rnr_naks_received": req.rnr_naks})

@@ -151,7 +151,9 @@ CHECK_COUNTERS = _block(0x400, [r for r in _RX if r[0][3:] in _LATER]
                         + [("acks_coalesced", "re-ACKs not sent: identical to the last ACK queued, while the ACK "
                             "queue was backlogged (16 or more queued) (acks_sent + acks_coalesced = ACKs owed)"),
                            ("qp_modify_rejected", "QP_MODIFY writes refused: not a transition verbs allows "
-                            "(answered SLVERR)")])
+                            "(answered SLVERR)"),
+                           ("rnr_naks_sent", "RNR NAKs sent (a request that needed a receive WQE found none "
+                            "posted; not counted in the rx_<verdict> counters; in naks_sent)")])
 COUNTERS = TX_COUNTERS + RX_COUNTERS + REQ_COUNTERS + CHECK_COUNTERS
 COUNTER_NAMES = tuple(c.name for c in COUNTERS)
 

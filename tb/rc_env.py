@@ -164,7 +164,7 @@ async def run_and_check(env, model, frames, *, acks=(), settle=300, image=None, 
     c = await env.ctl.read_counters()
     mc = model.counters
     want = {"rx_accepted": mc.accepted, "acks_sent": mc.acks_sent - merged, "acks_coalesced": merged,
-            "naks_sent": sum(mc.naks_sent.values())}
+            "naks_sent": sum(mc.naks_sent.values()), "rnr_naks_sent": mc.rnr_naks}
     for reason in DROP_REASONS:
         want[f"rx_{reason}"] = mc.dropped[reason]
     diff = {k: (c[k], v) for k, v in want.items() if c[k] != v}

@@ -135,6 +135,8 @@ class ResponderPath(WiringLevel):
         ACK and NAK records queued for MAC TX this cycle (0..2 each).
     acks_coalesced : Out(2)
         Re-ACKs dropped as identical to the last one queued (``AckCoalescer``).
+    rnr_naks : Out(2)
+        RNR NAKs the responder decided this cycle (0..2; also in ``naks_sent``).
     """
     def __init__(self, *, num_qps, num_cqs):
         nq, nc = num_qps, num_cqs
@@ -206,7 +208,8 @@ class ResponderPath(WiringLevel):
             (b["recv_cqe_writer"], {"cq_commit": "commit", "recv_cqe_dma": "dma", "recv_cqes": "written",
                                     "recv_errors": "errors"}),
             (b["responder"], {"commit": "commit", "modify": "modify",
-                              "mr_commit": "mr_commit", "verdict_valid": "verdict_valid", "verdict": "verdict"}),
+                              "mr_commit": "mr_commit", "verdict_valid": "verdict_valid", "verdict": "verdict",
+                              "rnr_naks": "rnr_naks"}),
             (b["ack_addresser"], {"peer_commit": "commit"}),
             (b["ack_builder"], {"port_mac": "port_mac", "port_ip": "port_ip"}),
             (b["response_merge"], {"frames": "o"}),

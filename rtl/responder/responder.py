@@ -246,6 +246,12 @@ class Responder(wiring.Component):
         A strobe per answer of a new READ or atomic that has left (``ResponseMerge``:
         the READ's first response beat, the ATOMIC ACK), and its QP: the resource it held
         is free again.
+    errors : Out(stream.Signature(Pair(unsigned(qp_bits(num_qps)))))
+        QPs a fatal error moved to ERR (their receive WQEs are to be flushed: ``RecvFlush``).
+    flushed : Out(1), flush_more : Out(1)
+        A ``RecvFlush`` request decided (strobe); it completed a receive WQE (WR_FLUSH_ERR).
+    rnr_naks : Out(2)
+        RNR NAKs decided this cycle (0..2).
     verdict_valid : Out(2), verdict : Out(ArrayLayout(RxVerdict, 2))
         Per lane, one strobe per packet with what became of it (for the counters):
         ACCEPTED or a QP-level verdict (QP_NOT_READY, PSN_DUPLICATE, PSN_OUT_OF_ORDER,
@@ -277,6 +283,7 @@ class Responder(wiring.Component):
             "cqes": Out(stream.Signature(Pair(RecvCqe))),
             "errors": Out(stream.Signature(Pair(unsigned(qp_bits(num_qps))))),
             "flushed": Out(1), "flush_more": Out(1),
+            "rnr_naks": Out(2),
             "answered": In(1), "answered_qpn": In(qp_bits(num_qps)),
             "verdict_valid": Out(2),
             "verdict": Out(data.ArrayLayout(RxVerdict, 2)),
@@ -693,6 +700,8 @@ class Responder(wiring.Component):
             m.d.comb += [self.verdict_valid[k].eq(c_go & present[k] & ~_is_read_response(p[k]) & ~dec[k]["rnr"]
                                                   & ~dec[k]["flush"]),
                          self.verdict[k].eq(dec[k]["verdict"])]
+        # RNR NAKs (no verdict counter: rnr_naks_sent), 0..2 a cycle
+        m.d.comb += self.rnr_naks.eq(sum(c_go & present[k] & dec[k]["rnr"] for k in range(2)))
         # the responder's answer to a flush request (RecvFlush: one in flight, alone in its pair)
         m.d.comb += [self.flushed.eq(c_go & _any(present[k] & dec[k]["flush"] for k in range(2))),
                      self.flush_more.eq(_any(present[k] & dec[k]["flush"] & dec[k]["flush_more"] for k in range(2)))]

@@ -248,6 +248,8 @@ async def rnr_then_posted(dut):
     r.scatter([(BUFS + 0x200, 64)], _payload(16, 10))
     cqes = r.check()
     assert [(c["wqe_counter"], c["byte_cnt"]) for c in cqes] == [(0, 40), (1, 24), (2, 16)]
+    c = await r.env.ctl.read_counters()
+    assert c["rnr_naks_sent"] == r.model.counters.rnr_naks == 1, c["rnr_naks_sent"]
 
 
 @cocotb.test()
