@@ -406,18 +406,19 @@ async def start(dut):
 
 
 async def connect_rc(env, g, cq, *, engine_qpn, guest_qp, engine_psn, guest_psn, engine_timeout, rxe_timeout=0,
-                     ack_every=16, mtu=MTU, rnr_retry=7, min_rnr=1):
+                     ack_every=16, mtu=MTU, rnr_retry=7, min_rnr=1, engine_kw=None):
     """An RC QP on each side, connected to each other: (the engine's QP, the guest's QP
     record). ``engine_timeout``: the engine's ACK timeout in cycles; ``rxe_timeout``: rxe's
     timer exponent (0: no retransmission); ``mtu``: the path MTU of both (the engine's QP
     context and the guest's RTR path_mtu; the guest's reply is checked to hold it: rxe
     takes the smaller of it and its port's active MTU, 4096 at the guest's netdev MTU 9000);
     ``rnr_retry``: the engine's RNR retry count; ``min_rnr``: the RNR NAK timer code rxe
-    sends when it has no receive WQE (1: 10 us)."""
+    sends when it has no receive WQE (1: 10 us); ``engine_kw``: more attributes of the
+    engine's QP (``recv``, ``rcq``, ``min_rnr_timer``: its receive queue)."""
     gq = g.create_qp(guest_qp, mtu=mtu, psn=guest_psn)
     qp = await env.qp(engine_qpn, cq, mtu=mtu, start_psn=engine_psn, remote_qpn=gq["qpn"],
                       dmac=mac_int(GUEST_MAC), dip=ip_int(GUEST_IP), uc=False, rq_psn=guest_psn, pd=PD,
-                      ack_every=ack_every, timeout=engine_timeout, rnr_retry=rnr_retry)
+                      ack_every=ack_every, timeout=engine_timeout, rnr_retry=rnr_retry, **(engine_kw or {}))
     qp.rnr_retry = rnr_retry
     r = g.connect(guest_qp, rqpn=engine_qpn, rpsn=engine_psn, ip=ENGINE_IP, mac=ENGINE_MAC, mtu=mtu,
                   timeout=rxe_timeout, min_rnr=min_rnr)

@@ -655,3 +655,74 @@ async def rnr_from_rxe(dut):
         assert (await env.ctl.read_counters())["rnr_naks_received"] == 4
     finally:
         link.close()
+
+
+@cocotb.test()
+async def rxe_sends_to_engine(dut):
+    """The engine as responder of the two-sided verbs: its receive queue (16 WQEs of up to 4
+    segments in its GPU memory, posted as rdma-core does) takes rxe's SEND of 300 B, SEND of
+    3000 B (three packets at MTU 1024, each into one of the WQE's MTU-sized segments), SEND
+    with immediate of 5 B (rxe pads it) and WRITE with immediate of 1027 B (written at its
+    RETH address, a WQE taken for its completion). The engine's ACKs are the golden
+    responder's for rxe's frames; its receive CQEs are the golden responder's (bytes) and,
+    as plain numbers, RESP_SEND / RESP_SEND_IMM / RESP_WR_IMM with byte count, immediate
+    and WQE counter; the bytes land; rxe completes every send."""
+    g, br, env, cq = await _start(dut)
+    await env.ctl.register_mr(REGION.key, REGION.base, REGION.length, REGION.access, REGION.pd)
+    rcq = await env.cq(1, 6)
+    qp, gq = await connect_rc(env, g, cq, engine_qpn=10, guest_qp=63, engine_psn=0x40, guest_psn=0xFFFFFE,
+                              engine_timeout=NEVER, engine_kw=dict(recv=(4, 6), rcq=rcq, min_rnr_timer=1))
+    g.reg_mr(63, 8192)
+    data = pattern(4096, 7)
+    g.write_mem(63, 0, data)
+    bufs = 0x0A00_0000
+    segs = [[(bufs + 0x10000 * k + 0x1000 * j, 1024 if j < 2 else 2048) for j in range(3)] for k in range(4)]
+    qp.post_recv(*segs)
+    before = g.counters()
+    link = RxeLink(env, br, "rxe_sends_to_engine", {10: MTU})
+    model = RcResponder(ENGINE_PORT, two_sided=True, read_memory=env.mem.read,
+                        cqs={1: CqContext(1, rcq.log_depth, base=rcq.base)})
+    model.add_qp(QpContext(qpn=10, remote_qpn=gq["qpn"], dmac=GUEST_MAC, dip=GUEST_IP, start_psn=0xFFFFFE, mtu=MTU,
+                           rq=qp.rq, rcqn=1, user_index=qp.user_index, min_rnr_timer=1), PD, ack_every=16)
+    model.register(REGION)
+    try:
+        posts = [("send", 0, 300, None, 31), ("send", 0, 3000, None, 32), ("send_imm", 5, 5, 0x11223344, 33),
+                 ("write_imm", 100, 1027, 0xCAFEF00D, 34)]
+        for verb, off, n, imm, wr in posts:
+            if verb == "send":
+                g.send(63, 63, off, n, wr=wr)
+            elif verb == "send_imm":
+                g.send_imm(63, 63, off, n, imm=imm, wr=wr)
+            else:
+                g.write_imm(63, 63, off, n, raddr=DST + 0x8000, rkey=KEY, imm=imm, wr=wr)
+            link.expect(-(-n // MTU) if n else 1)
+            await link.wait_seen("rx", link.seen["rx"] + (-(-n // MTU) if n else 1))
+        rcqes = await rcq.poll(4, CQE_CYCLES)
+        await link.settle()
+        _link_clean(link)
+        tx, rx = link.frames("tx"), link.frames("rx")
+        results = [model.receive(f) for f in rx]
+        assert all(r.accepted for r in results), [r.reason for r in results]
+        want = [r.response for r in results if r.response is not None]
+        assert tx == want, f"engine sends {summary(tx)}, golden responder {summary(want)}"
+        want_cqes = [c.cqe for r in results for c in r.cqes]
+        assert [c.raw for c in rcqes] == want_cqes, (rcqes, want_cqes)
+        assert [(c.opcode, c.byte_cnt, c.imm, c.wqe_counter, c.syndrome) for c in rcqes] == [
+            (CqeOp.RESP_SEND, 300, 0, 0, 0), (CqeOp.RESP_SEND, 3000, 0, 1, 0),
+            (CqeOp.RESP_SEND_IMM, 5, 0x11223344, 2, 0), (CqeOp.RESP_WR_IMM, 1027, 0xCAFEF00D, 3, 0)], rcqes
+        def landed(k, n, src_off):
+            out, at = b"", 0
+            for addr, size in segs[k]:
+                take = min(size, n - at)
+                if take <= 0:
+                    break
+                out += env.mem.read(addr, take)
+                at += take
+            return out == data[src_off:src_off + n]
+        assert landed(0, 300, 0) and landed(1, 3000, 0) and landed(2, 5, 5)
+        assert env.mem.read(DST + 0x8000, 1027) == data[100:1127]
+        wcs = g.wait_cq(63, 4)
+        assert [(w["wr"], w["status_name"]) for w in wcs] == [(wr, "IBV_WC_SUCCESS") for *_, wr in posts], wcs
+        _check_rxe_counters(g, before, link)
+    finally:
+        link.close()
