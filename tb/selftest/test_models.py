@@ -18,7 +18,7 @@ from cocotbext.axi.sparse_memory import SparseMemory as AxiSparseMemory
 from spec.formats import CQE64, CTRL_SEG, DATA_SEG, RADDR_SEG, CqeOp, WqeOp, pack, unpack
 from spec.params import NUM_CQS, NUM_QPS, wire_bytes
 from tb.clock import CycleCounter
-from spec.csr import ADDR, ID_VALUE
+from spec.csr import ADDR, CHECK_COUNTERS, ID_VALUE, REQ_COUNTERS, RX_COUNTERS, TX_COUNTERS
 from tb.control import NicControl
 from tb.gpu import GpuModel, be32
 from tb.memory import DmaMemory
@@ -498,7 +498,7 @@ async def test_control_and_gpu(dut):
     counters = await ctl.read_counters()
     assert counters["packets"] == 77 and counters["doorbells"] == 0 and counters["rx_accepted"] == 12
     # transmit, receive, requester counters, and the checks on what arrives from outside
-    assert len(counters) == 6 + 16 + 6 + 16
+    assert len(counters) == len(TX_COUNTERS) + len(RX_COUNTERS) + len(REQ_COUNTERS) + len(CHECK_COUNTERS)
     for bad in (dict(qpn=NUM_QPS), dict(sq_base=0x1001), dict(log_depth=16), dict(mtu_code=6), dict(dmac=1 << 48)):
         args = dict(qpn=1, sq_base=0x1000, log_depth=4, cqn=0, remote_qpn=2, start_psn=0, dmac=1, dip=2, mtu_code=5)
         args.update(bad)

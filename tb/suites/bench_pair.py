@@ -214,7 +214,12 @@ async def _two_sided_point(dut, p):
     1 us GPU memory). NIC 1's QPs have a receive queue each (every receive WQE posted
     before the first message, so the doorbell record and the WQEs are read while the
     messages arrive: the prefetch, not the posting, is measured) and a receive CQ each.
-    The rate counts every message from NIC 0's first frame to NIC 1's last receive CQE
+    A first round of one message per QP is sent and completed before the measured ones:
+    the responder learns each QP's receive counter from its doorbell record on the QP's
+    first SEND (a 1 us read that the receive queue's queries wait for in order: 16 QPs
+    queue 16 of them, ``first_round_ns``); the ACK timeout is 100 us, a real QP's order
+    (4.096 us x 2^n), so that first round does not trigger resends. The rate counts the
+    measured messages from NIC 0's first frame of them to NIC 1's last receive CQE
     (written after its message's payload landed), the receive CQE included as the target
     asks; steady: NIC 0's frames over the middle half. Every payload byte, immediate and
     receive CQE is checked (opcode, byte count, immediate, WQE counter, in order per QP)."""
@@ -228,22 +233,33 @@ async def _two_sided_point(dut, p):
     pairs = []
     for q in range(nq):
         pairs.append(await env.connect(0, q + 1, 1, q + 1, cq_a=cq_a, cq_b=rcqs[q], mtu=4096, pd=PD, ack_every=8,
-                                       timeout=TIMEOUT_CYCLES, log_depth=max(8, (msgs * 2).bit_length()),
+                                       timeout=READ_TIMEOUT_CYCLES, log_depth=max(8, (msgs * 2).bit_length()),
                                        max_wqebbs=1, b_kw=dict(recv=(log_rq, 4), rcq=rcqs[q])))
     for q, (_, qb) in enumerate(pairs):
         qb.post_recv(*[[(RECV_BUFS + ((q * msgs + i) << 6), max(size, 1))] for i in range(msgs)])
     rnd = random.Random(5)
     sent = []
-    for i in range(msgs):
+
+    def post(q, qa, i, last):
+        data, imm = bytes(rnd.randrange(256) for _ in range(size)), rnd.randrange(1 << 32)
+        if kind == "send":
+            qa.post_send(inline=data, imm=imm, signaled=last)
+        else:
+            qa.post_write(DST + ((q * msgs + i) << 6), KEY, inline=data, opcode=WqeOp.RDMA_WRITE_IMM, imm=imm,
+                          signaled=last)
+        sent.append((q, i, data, imm))
+
+    for q, (qa, _) in enumerate(pairs):           # the first round: message 0 of every QP
+        post(q, qa, 0, True)
+        await qa.ring_nvshmem()
+    t0 = a.counter.now
+    await b.wait_for(lambda: len(b.cqe_writes()) >= nq, 1_000_000, f"{nq} first receive CQEs")
+    first_round_ns = (a.counter.now - t0) * P.CLOCK_PERIOD_NS
+    await a.wait_for(lambda: len(a.cqe_writes()) >= nq, 1_000_000, f"{nq} first send CQEs")
+    n_first = len(a.wire.frames)
+    for i in range(1, msgs):
         for q, (qa, _) in enumerate(pairs):
-            data, imm = bytes(rnd.randrange(256) for _ in range(size)), rnd.randrange(1 << 32)
-            last = i % 32 == 31 or i == msgs - 1
-            if kind == "send":
-                qa.post_send(inline=data, imm=imm, signaled=last)
-            else:
-                qa.post_write(DST + ((q * msgs + i) << 6), KEY, inline=data, opcode=WqeOp.RDMA_WRITE_IMM, imm=imm,
-                              signaled=last)
-            sent.append((q, i, data, imm))
+            post(q, qa, i, i % 32 == 31 or i == msgs - 1)
     for qa, _ in pairs:
         await qa.ring_nvshmem()
     want = nq * msgs
@@ -252,16 +268,18 @@ async def _two_sided_point(dut, p):
     for cqn, _, raw, cycle in b.cqe_writes():
         by_q.setdefault(cqn - 1, []).append((parse_cqe(raw), cycle))
     op = CqeOp.RESP_SEND_IMM if kind == "send" else CqeOp.RESP_WR_IMM
+    sent.sort(key=lambda s: (s[0], s[1]))
     for q, i, data, imm in sent:
         c, _ = by_q[q][i]
         got = (c["opcode"], c["byte_cnt"], c["imm"], c["wqe_counter"], c["syndrome"])
         assert got == (op, size, imm, i & 0xFFFF, 0), f"QP {q + 1} message {i}: receive CQE {got}"
         where = RECV_BUFS + ((q * msgs + i) << 6) if kind == "send" else DST + ((q * msgs + i) << 6)
         assert b.mem.read(where, size) == data, f"QP {q + 1} message {i}: payload at {where:#x}"
-    frames = a.wire.frames
+    frames = a.wire.frames[n_first:]
     first = frames[0].start_bytes / P.WIRE_BYTES_PER_CYCLE
     last_cqe = max(c for cs in by_q.values() for _, c in cs)
     ns = (last_cqe - first) * P.CLOCK_PERIOD_NS
+    want -= nq                                   # the measured messages
     n = len(frames)
     lo, hi = frames[n // 4], frames[3 * n // 4]
     steady_ns = (hi.start_bytes - lo.start_bytes) / P.WIRE_BYTES_PER_CYCLE * P.CLOCK_PERIOD_NS
@@ -272,7 +290,8 @@ async def _two_sided_point(dut, p):
             "frame_bytes": len(frames[n // 2].data), "messages_per_s": want / ns * 1e9,
             "steady_frames_per_s": (3 * n // 4 - n // 4) / steady_ns * 1e9 if steady_ns else None,
             "wire_limit_per_s": wire_limit * 1e6, "frames_sent": n, "acks": len(b.wire.frames),
-            "rnr_naks": (await b.ctl.read_counters())["naks_sent"], "simulated_ns": ns}
+            "naks": (await b.ctl.read_counters())["naks_sent"], "retransmits": (await a.ctl.read_counters())["retransmits"],
+            "first_round_ns": first_round_ns, "simulated_ns": ns}
 
 
 async def _run(dut, p):

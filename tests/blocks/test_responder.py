@@ -148,7 +148,9 @@ def _group(rnd, frames):
 
 
 async def _setup(ctx, dut, qps, regions):
-    """Create the QPs (qpn -> (expected PSN, MTU, state, ack_every)) and register the regions."""
+    """Create the QPs (qpn -> (expected PSN, MTU, state, ack_every)) and register the regions;
+    the QPs that fatal errors move to ERR (``errors``, for the receive flush) are taken."""
+    ctx.set(dut.errors.ready, 1)
     for qpn, (psn, mtu, state, ack_every) in qps.items():
         _set(ctx, dut.commit.p, {"qpn": qpn, "epsn": psn, "cfg": {
             "state": state, "pd": PD, "ack_every": ack_every, "mtu": mtu_code(mtu)}})
