@@ -30,6 +30,15 @@ async def send_ack(ctx, dut, q, psn, syn):
     await put(ctx, dut.acks, qpn=q, psn=psn, syndrome=syn)
 
 
+async def note_packet(ctx, dut, q, psn):
+    """The transmit path's note of one RC packet sent (``packets``), for a cycle."""
+    ctx.set(dut.packets.valid, 1)
+    ctx.set(dut.packets.qpn, q)
+    ctx.set(dut.packets.psn, psn & PSN_MASK)
+    await ctx.tick()
+    ctx.set(dut.packets.valid, 0)
+
+
 def test_completion_tracker():
     rnd = random.Random(4)
     dut = CompletionTracker(num_qps=8, num_cqs=4, pool=32)
@@ -229,13 +238,6 @@ def test_completion_tracker_timer_without_completions():
     timeout, base = 400, 0xFFFFFC             # PSNs wrap at 2^24
     rtx, marks = [], {}
 
-    async def note(ctx, q, psn):
-        ctx.set(dut.packets.valid, 1)
-        ctx.set(dut.packets.qpn, q)
-        ctx.set(dut.packets.psn, psn & PSN_MASK)
-        await ctx.tick()
-        ctx.set(dut.packets.valid, 0)
-
     async def drive(ctx):
         ctx.set(dut.retransmit.ready, 1)
         ctx.set(dut.completions.ready, 1)
@@ -243,7 +245,7 @@ def test_completion_tracker_timer_without_completions():
             await put(ctx, dut.commit, qpn=q, start_psn=base, timeout=timeout, retry_cnt=2)
         for k in range(10):
             for q in range(3):
-                await note(ctx, q, base + k)
+                await note_packet(ctx, dut, q, base + k)
         await send_ack(ctx, dut, 0, (base + 5) & PSN_MASK, Aeth.ACK)
         await send_ack(ctx, dut, 1, (base + 9) & PSN_MASK, Aeth.ACK)
         await send_ack(ctx, dut, 2, (base + 9) & PSN_MASK, Aeth.ACK)
@@ -255,7 +257,7 @@ def test_completion_tracker_timer_without_completions():
         await ctx.tick().repeat(3 * timeout)
         ctx.set(dut.acks.valid, 0)
         marks["late_send"] = ctx.get(cycle)
-        await note(ctx, 2, base + 10)
+        await note_packet(ctx, dut, 2, base + 10)
 
     cycle = Signal(32)
 
@@ -296,13 +298,6 @@ def test_completion_tracker_rnr():
     rtx, out, naks = [], [], {0: [], 1: []}
     cycle = Signal(32)
 
-    async def note(ctx, q, psn):
-        ctx.set(dut.packets.valid, 1)
-        ctx.set(dut.packets.qpn, q)
-        ctx.set(dut.packets.psn, psn & PSN_MASK)
-        await ctx.tick()
-        ctx.set(dut.packets.valid, 0)
-
     async def rnr(ctx, q, psn):
         naks[q].append(ctx.get(cycle))
         await send_ack(ctx, dut, q, psn & PSN_MASK, Aeth.RNR_NAK | 1)
@@ -314,7 +309,7 @@ def test_completion_tracker_rnr():
         await put(ctx, dut.commit, qpn=1, start_psn=base, timeout=1 << 24, retry_cnt=7, rnr_retry=7)
         for k in range(5):
             for q in (0, 1):
-                await note(ctx, q, base + k)
+                await note_packet(ctx, dut, q, base + k)
                 await put(ctx, dut.sent, qpn=q, index=k, next_index=k + 1, psn=(base + k) & PSN_MASK)
         await rnr(ctx, 0, base + 2)
         await rnr(ctx, 1, base)
@@ -329,7 +324,7 @@ def test_completion_tracker_rnr():
                 if len(mine) > seen[q]:
                     seen[q] = len(mine)
                     await ctx.tick().repeat(50)
-                    await note(ctx, q, base + 2 * (1 - q))       # the resend leaves ...
+                    await note_packet(ctx, dut, q, base + 2 * (1 - q))       # the resend leaves ...
                     if q == 0 or seen[1] < 8:
                         await rnr(ctx, q, base + 2 * (1 - q))    # ... and finds no receive WQE again
         await ctx.tick().repeat(wait + 200)
