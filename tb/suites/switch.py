@@ -29,6 +29,7 @@ KEY = (0x09 << 8) | 0x31
 DST = 0x6000_0000
 REGION = MemoryRegion(key=KEY, base=DST, length=1 << 24, access=Access.LOCAL_WRITE | Access.REMOTE_WRITE, pd=PD)
 MTU = 1024
+WAIT_CYCLES = 300_000                            # for every CQE of the run
 
 
 def _is_ack(frame):
@@ -66,7 +67,7 @@ async def _all_to_all(dut, msgs, *, faults=None, seed=0, timeout=None):
                 await qp.ring_nvshmem()
     preds = [n.predict() for n in nics]
     want = [p.totals.cqes for p in preds]
-    await nics[0].wait_for(lambda: all(len(n.cqe_writes()) >= w for n, w in zip(nics, want)), 300_000,
+    await nics[0].wait_for(lambda: all(len(n.cqe_writes()) >= w for n, w in zip(nics, want)), WAIT_CYCLES,
                            f"CQEs {want} (got {[len(n.cqe_writes()) for n in nics]})")
     await ClockCycles(dut.clk, 1000)
     for j, raddr, data in sent:
