@@ -84,14 +84,19 @@ def cocotb_tests(module):
     return names
 
 
-def sim_cases(tests, verilator_only=()):
-    """``(sim, test)`` pairs for pytest: every test on both simulators, except those in
-    ``verilator_only`` (long streams that Icarus, at about 50 cycles a second on this
-    design, would take minutes for), which run on Verilator alone."""
-    for name in verilator_only:
+def sim_cases(tests, verilator_only=(), *, icarus=None):
+    """``(sim, test)`` pairs for pytest: every test on Verilator; on Icarus (about 50
+    cycles a second on this design, a hundred times slower) every test but those in
+    ``verilator_only``, or, when ``icarus`` is given, only those: a suite's smoke set, the
+    tests that between them take every block the suite covers through the second
+    simulator (docs/verification.md, "Both simulators")."""
+    for name in tuple(verilator_only) + tuple(icarus or ()):
         if name not in tests:
             raise ValueError(f"{name!r} is not one of the tests {tests}")
-    return [(sim, t) for sim in SIMULATORS for t in tests if sim == "verilator" or t not in verilator_only]
+    if icarus is not None and verilator_only:
+        raise ValueError("give verilator_only or icarus, not both")
+    on_icarus = set(icarus) if icarus is not None else set(tests) - set(verilator_only)
+    return [(sim, t) for sim in SIMULATORS for t in tests if sim == "verilator" or t in on_icarus]
 
 
 def require(sim):

@@ -5,9 +5,10 @@ import pytest
 from tb.runner import cocotb_tests, run, sim_cases
 
 COCOTB_TESTS = cocotb_tests("remote_responder")
-VERILATOR_ONLY = ()
+# Icarus runs the smoke set (the atomic unit and the READ responder); Verilator every test.
+ICARUS = ("responder_atomics_every_form", "responder_reads")
 
 
-@pytest.mark.parametrize("sim,testcase", sim_cases(COCOTB_TESTS, VERILATOR_ONLY))
+@pytest.mark.parametrize("sim,testcase", sim_cases(COCOTB_TESTS, icarus=ICARUS))
 def test_remote_responder(sim, testcase):
     run(sim, "tb.suites.remote_responder", testcase, test_dir=None)
