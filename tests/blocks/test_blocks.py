@@ -82,7 +82,8 @@ def test_icrc_inserter_matches_model(segments):
     dut = IcrcInserter(num_qps=4, num_cqs=4)
     frames = _frames()
     if segments:                     # lengths whose last beat leaves room for the next frame
-        frames = [f for p in zip(frames, reversed(frames)) for f in p]
+        short = [f for f in frames if len(f) < 512]          # (the long ones are the beat case's)
+        frames = [f for p in zip(short, reversed(short)) for f in p]
     beats = _beats(frames, segments)
     assert not segments or any(b[4] for b in beats)
     got = []
