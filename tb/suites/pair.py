@@ -25,6 +25,7 @@ from spec import params as P
 from spec.formats import BTH, OFF_BTH, Access, CQE64, CqeOp, Op, QpState, Syndrome, WqeOp, read_field, unpack
 from tb.suites import fault_matrix
 from model.network import FaultSpec
+from tb.env import ENGINE_VERBS
 from tb.pair_env import NIC_IPS, NIC_MACS, NicPairEnv
 
 PD = 3
@@ -473,7 +474,8 @@ async def _one_qp_pair(dut, faults, mtu, ack_every, timeout):
 
 def _one_qp_models(a, cq_a, qp_a, mtu, ack_every, timeout):
     """The golden RC requester and responder of ``_one_qp_pair`` (timeout in cycles of 2 ns)."""
-    req = RcRequester(Port(smac=NIC_MACS[0], sip=NIC_IPS[0]), {0: CqContext(0, 4, base=cq_a.base)}, a.mem.read)
+    req = RcRequester(Port(smac=NIC_MACS[0], sip=NIC_IPS[0]), {0: CqContext(0, 4, base=cq_a.base)}, a.mem.read,
+                      **ENGINE_VERBS)
     req.add_qp(QpContext(qpn=1, remote_qpn=11, dmac=NIC_MACS[1], dip=NIC_IPS[1], start_psn=qp_a.start_psn, mtu=mtu,
                          cqn=0, user_index=qp_a.user_index), timeout_ns=2 * timeout, retry_cnt=3)
     rsp = RcResponder(Port(smac=NIC_MACS[1], sip=NIC_IPS[1]), ack_every=ack_every)
@@ -957,7 +959,6 @@ async def rc_gather_resume(dut):
     (a NAK: resent from byte 512, 12 bytes into its second segment). The remote memory
     gets both messages (the segments' concatenation), and every frame on both directions
     and every CQE equals the golden model's (``simulate``)."""
-    from tb.env import ENGINE_VERBS
     mtu, timeout = 256, 400
     pattern = [(1, "drop"), (11, "drop")]        # frame 11: PSN 5 as resent after the first NAK
     a, b, cq_a, qp_a = await _one_qp_pair(dut, {("tx", 0): FaultSpec(pattern=pattern)}, mtu, 1, timeout)
@@ -978,7 +979,6 @@ async def rc_gather_resume(dut):
     for raddr, data in sent:
         assert b.mem.read(raddr, len(data)) == data, f"remote memory at {raddr:#x}"
     req, rsp = _one_qp_models(a, cq_a, qp_a, mtu, 1, timeout)
-    req.two_sided, req.max_gather = ENGINE_VERBS["two_sided"], ENGINE_VERBS["max_gather"]
     res = simulate(req, rsp, [(0, 1, w.wqe) for w in qp_a.posted], faults=pattern, latency_ns=200)
     assert not res.hung
     _assert_frames_as_model(res, a, b)
