@@ -13,9 +13,11 @@ class TxMux(wiring.Component):
     packet builder's beat stream.
 
     The output switches only at a boundary of the stream it is on: after a beat with
-    ``last`` = 1 and ``sop_hi`` = 0, or after a marker beat (``frame`` = 0, a single beat
-    that carries a completion). Never inside a frame, and never between a beat with
-    ``sop_hi`` = 1 (a frame starts at lane 64) and the beat that continues that frame.
+    ``last`` = 1 and ``sop_hi`` = 0, after one with ``last``, ``sop_hi`` and ``end_hi`` = 1
+    (the frame at lane 64 ends in it too: the ACK builder's two ACKs in one beat), or after
+    a marker beat (``frame`` = 0, a single beat that carries a completion). Never inside a
+    frame, and never between a beat with ``sop_hi`` = 1 and ``end_hi`` = 0 (a frame starts
+    at lane 64 and goes on) and the beat that continues that frame.
     At a boundary of the data stream a waiting responder frame goes first: ACKs are short
     and their latency bounds the peer's retransmission timer.
 
@@ -68,10 +70,13 @@ class TxMux(wiring.Component):
                          self.acks.ready.eq(self.o.ready)]
 
         # open after a beat that does not end its frame, or that starts one at lane 64
+        # which does not end in it too (``end_hi``: two ACK frames in one beat close both)
+        def opens(b):
+            return b.frame & ((b.sop_hi & ~b.end_hi) | ~b.last)
         with m.If(self.data.valid & self.data.ready):
-            m.d.sync += frame_open.eq(beat.frame & (beat.sop_hi | ~beat.last))
+            m.d.sync += frame_open.eq(opens(beat))
         ab = self.acks.p
         with m.If(self.acks.valid & self.acks.ready):
-            m.d.sync += ack_open.eq(ab.frame & (ab.sop_hi | ~ab.last))
+            m.d.sync += ack_open.eq(opens(ab))
         m.d.sync += data_offered.eq(~use_acks & self.data.valid & ~self.o.ready)
         return m

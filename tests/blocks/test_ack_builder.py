@@ -341,3 +341,45 @@ def test_tx_mux_without_acks_is_a_wire():
         assert op == dp, f"cycle {t}: payload not passed through"
         assert not ardy or not av
     assert sum(1 for e in log if e[0] and e[1]) == len(data)
+
+
+def test_tx_mux_two_acks_in_a_beat_close_the_frame():
+    """A beat of two ACK frames (the second at lane 64 and ending there too: ``sop_hi`` =
+    ``end_hi`` = 1) leaves no ACK frame open: the data frames waiting behind it go next.
+    (The mux took ``sop_hi`` alone for an open frame and gave the output to the responder
+    until its next single-frame beat, which may never come: the requester's frames then
+    waited for ever. The 4-NIC switch run with faults hung so: a duplicated request's two
+    ACKs left together as the responder's last beat, and the go-back's resend never left.)"""
+    pair = _pack(data=(1 << 496) - 1, nbytes=ACK_FRAME_LEN, last=1, frame=1, flen=ACK_FRAME_LEN,
+                 sop_hi=1, end_hi=1, flen_hi=ACK_FRAME_LEN)
+    data = _data_stream(random.Random(3))[:40]
+    dut = TxMux(num_qps=NQ, num_cqs=NC)
+    log = []
+    # the pair goes first (the data arrive from the next cycle on), then only data
+    _run(dut, _pair_then_data(dut, pair, data, log))
+    out = [(dv and drdy, av and ardy) for ov, ordy, op, dv, drdy, dp, av, ardy, ap in log]
+    assert sum(a for _, a in out) == 1
+    assert sum(d for d, _ in out) == len(data), "data beats held behind a two-ACK beat"
+
+
+def _pair_then_data(dut, pair, data, log, limit=200):
+    """The two-ACK beat on ``acks`` in the first cycle, ``data`` offered from the second on,
+    the output always ready; ``log`` as :func:`_mux_bench`'s. Stops when the data are out or
+    after ``limit`` cycles."""
+    async def bench(ctx):
+        i, cycle = 0, 0
+        ctx.set(dut.o.ready, 1)
+        while i < len(data) and cycle < limit:
+            ctx.set(dut.acks.valid, cycle == 0)
+            ctx.set(dut.acks.p.as_value(), pair if cycle == 0 else 0)
+            ctx.set(dut.data.valid, cycle > 0)
+            ctx.set(dut.data.p.as_value(), data[i])
+            await ctx.delay(1e-12)
+            entry = tuple(ctx.get(s) for s in (dut.o.valid, dut.o.ready, dut.o.p.as_value(),
+                                               dut.data.valid, dut.data.ready, dut.data.p.as_value(),
+                                               dut.acks.valid, dut.acks.ready, dut.acks.p.as_value()))
+            log.append(entry)
+            i += bool(entry[3] and entry[4])
+            await ctx.tick()
+            cycle += 1
+    return bench
