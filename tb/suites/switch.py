@@ -68,7 +68,7 @@ async def _all_to_all(dut, msgs, *, faults=None, seed=0, timeout=None):
     preds = [n.predict() for n in nics]
     want = [p.totals.cqes for p in preds]
     await nics[0].wait_for(lambda: all(len(n.cqe_writes()) >= w for n, w in zip(nics, want)), WAIT_CYCLES,
-                           f"CQEs {want} (got {[len(n.cqe_writes()) for n in nics]})")
+                           lambda: f"CQEs {want} (got {[len(n.cqe_writes()) for n in nics]})")
     await ClockCycles(dut.clk, 1000)
     for j, raddr, data in sent:
         assert nics[j].mem.read(raddr, len(data)) == data, f"NIC {j} memory at {raddr:#x} ({len(data)} B)"
