@@ -6,23 +6,20 @@ from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
 from spec.params import AXI_ID_CQE_WRITE
-from rtl.common.axi import AxiWriteSignature, Burst, Cache
+from rtl.common.axi import AxiWriteSignature
 from rtl.common.contexts import CqConfig, CqEntry, cq_bits, qp_bits
-from rtl.common.headers import header_layout, be
+from rtl.common.cqe_ring import Cqe64, cqe_beat, cqe_place, cqe_write_const
+from rtl.common.headers import be
 from rtl.common.records import Completion
 
 __all__ = ["CqeWriter"]
-
-Cqe64 = header_layout(F.CQE64)
-assert Cqe64.size == 8 * F.CQE_SIZE
 
 
 class CqeWriter(wiring.Component):
     """Writes one CQE64 per completion.
 
-    CQE number k of a CQ (its producer count) goes to slot ``k & (depth - 1)`` of a
-    ring CQ or to slot 0 of a collapsed CQ (NVSHMEM's choice), with the owner bit
-    ``(k >> log_depth) & 1`` so it flips on every wrap. The CQ contexts and
+    CQE number k of a CQ (its producer count) goes where ``cqe_place`` says (a ring or
+    a collapsed CQ, the owner bit flipping on every wrap). The CQ contexts and
     producer counts live in a RAM; the CPU's commit takes priority. A CQE carries, as
     libmlx5 reads it, the completed WQE's opcode in sop_drop_qpn [31:24] and the QP's
     user index (set at QP create) in srqn_uidx [23:0], from a RAM of one per QP.
@@ -66,13 +63,8 @@ class CqeWriter(wiring.Component):
         entry = Signal(CqEntry)
         m.d.comb += entry.eq(rd.data)
 
-        cfg = entry.cfg
-        slot = Signal(16)
-        m.d.comb += slot.eq(Mux(cfg.collapsed, 0, entry.count & ((1 << cfg.log_depth) - 1)))
-        owner = Signal()
-        m.d.comb += owner.eq((entry.count >> cfg.log_depth)[0])
-        addr = Signal(64)
-        m.d.comb += addr.eq(cfg.base + (slot << 6))
+        addr, owner = Signal(64), Signal()
+        m.d.comb += Cat(addr, owner).eq(Cat(*cqe_place(entry)))
 
         cqe = Signal(Cqe64)
         opcode = Mux(cpl.error, F.CqeOp.REQ_ERR, F.CqeOp.REQ)
@@ -84,15 +76,9 @@ class CqeWriter(wiring.Component):
             cqe.wqe_counter.eq(be(cpl.index, 2)),
             cqe.op_own.eq(Cat(owner, C(0, 3), opcode.as_unsigned()[:4])),
         ]
-        per_beat = self.data_width // (8 * F.CQE_SIZE)
-        lane = addr[6:6 + max(1, (per_beat - 1).bit_length())] if per_beat > 1 else C(0, 1)
-        m.d.comb += [
-            dma.awid.eq(AXI_ID_CQE_WRITE), dma.awaddr.eq(addr), dma.awlen.eq(0), dma.awsize.eq(6), dma.awburst.eq(Burst.INCR),
-            dma.awcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE),
-            dma.wdata.eq(cqe.as_value().replicate(per_beat)),
-            dma.wstrb.eq(Const((1 << F.CQE_SIZE) - 1, self.data_width // 8) << (lane * F.CQE_SIZE)),
-            dma.wlast.eq(1), dma.bready.eq(1),
-        ]
+        wdata, wstrb = cqe_beat(cqe, addr, self.data_width)
+        m.d.comb += [*cqe_write_const(dma, AXI_ID_CQE_WRITE), dma.awaddr.eq(addr),
+                     dma.wdata.eq(wdata), dma.wstrb.eq(wstrb)]
         aw_done, w_done = Signal(), Signal()
         new = Signal(CqEntry)
         m.d.comb += [wr.data.eq(new), new.eq(entry)]

@@ -8,14 +8,14 @@ from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
 from spec.params import AXI_ID_RECV_CQE_WRITE
-from rtl.common.axi import AxiWriteSignature, Burst, Cache
+from rtl.common.axi import AxiWriteSignature
 from rtl.common.contexts import CqConfig, CqEntry, cq_bits
-from rtl.common.headers import header_layout, be
+from rtl.common.cqe_ring import Cqe64, cqe_beat, cqe_place, cqe_write_const
+from rtl.common.headers import be
 from rtl.responder.responder import RecvCqe
 
 __all__ = ["RecvCqeWriter"]
 
-Cqe64 = header_layout(F.CQE64)
 _CREDIT_BITS = 16
 
 
@@ -29,8 +29,8 @@ class RecvCqeWriter(wiring.Component):
     its CQE never becomes visible before the payload it reports (the put-with-signal rule
     of the send side). Strobes that come before their completion are counted.
 
-    CQE k of a CQ (its producer count here) goes to slot ``k & (depth - 1)`` (slot 0 of a
-    collapsed CQ) with the owner bit ``(k >> log_depth) & 1``; ``sop_drop_qpn`` is the
+    CQE k of a CQ (its producer count here) goes where ``cqe_place`` says, as the send
+    side's (``CqeWriter``); ``sop_drop_qpn`` is the
     local QPN (no WQE opcode: a receive), ``srqn_uidx`` the QP's user index, ``imm`` the
     ImmDt as on the wire, ``op_own`` bit 1 the SE bit. The CQ contexts and producer counts
     are a RAM of this block's: a CQ takes either send completions (``CqeWriter``) or
@@ -105,15 +105,8 @@ class RecvCqeWriter(wiring.Component):
             m.d.sync += s1_valid.eq(0)
 
         entry = rd.data
-        cfg = entry.cfg
-        slot = Signal(16)
-        owner = Signal()
-        addr = Signal(64)
-        m.d.comb += [
-            slot.eq(Mux(cfg.collapsed, 0, entry.count & ((1 << cfg.log_depth) - 1))),
-            owner.eq((entry.count >> cfg.log_depth)[0]),
-            addr.eq(cfg.base + (slot << 6)),
-        ]
+        addr, owner = Signal(64), Signal()
+        m.d.comb += Cat(addr, owner).eq(Cat(*cqe_place(entry)))
         cqe = Signal(Cqe64)
         m.d.comb += [
             cqe.byte_cnt.eq(be(s1.byte_cnt, 4)),
@@ -128,19 +121,16 @@ class RecvCqeWriter(wiring.Component):
         m.d.comb += [new.eq(entry), new.count.eq(entry.count + 1),
                      wr.en.eq(s1_go), wr.addr.eq(s1.cqn[:cb]), wr.data.eq(new)]
 
-        per_beat = self.data_width // (8 * F.CQE_SIZE)
-        lane = addr[6:6 + max(1, (per_beat - 1).bit_length())] if per_beat > 1 else C(0, 1)
+        wdata, wstrb = cqe_beat(cqe, addr, self.data_width)
         with m.If(dma.awvalid & dma.awready):
             m.d.sync += dma.awvalid.eq(0)
         with m.If(dma.wvalid & dma.wready):
             m.d.sync += dma.wvalid.eq(0)
         with m.If(s1_go):
             m.d.sync += [dma.awvalid.eq(1), dma.wvalid.eq(1), dma.awaddr.eq(addr),
-                         dma.wdata.eq(cqe.as_value().replicate(per_beat)),
-                         dma.wstrb.eq(Const((1 << F.CQE_SIZE) - 1, self.data_width // 8) << (lane * F.CQE_SIZE))]
+                         dma.wdata.eq(wdata), dma.wstrb.eq(wstrb)]
         m.d.comb += [
-            dma.awid.eq(AXI_ID_RECV_CQE_WRITE), dma.awlen.eq(0), dma.awsize.eq(6), dma.awburst.eq(Burst.INCR),
-            dma.awcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE), dma.wlast.eq(1), dma.bready.eq(1),
+            *cqe_write_const(dma, AXI_ID_RECV_CQE_WRITE),
             self.written.eq(s1_go), self.errors.eq(s1_go & (s1.opcode == F.CqeOp.RESP_ERR)),
         ]
         return m
