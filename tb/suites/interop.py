@@ -726,3 +726,56 @@ async def rxe_sends_to_engine(dut):
         _check_rxe_counters(g, before, link)
     finally:
         link.close()
+
+
+@cocotb.test()
+async def rnr_to_rxe(dut):
+    """The engine as responder with nothing posted: rxe's SEND of 64 B gets the engine's RNR
+    NAK (the QP's minimum RNR timer, code 1: 10 us, AETH 0x21); rxe waits that long on its
+    own clock and sends the SEND again, which finds the receive posted meanwhile: an ACK, a
+    RESP_SEND CQE, the bytes in the WQE's buffer, rxe's work completion a success. The
+    engine's answers and CQE are the golden responder's for rxe's two copies (the first seen
+    before the post, the second after it); rxe counts one RNR NAK received (rcvd_rnr_err)
+    and nothing else."""
+    g, br, env, cq = await _start(dut)
+    rcq = await env.cq(1, 6)
+    qp, gq = await connect_rc(env, g, cq, engine_qpn=11, guest_qp=59, engine_psn=0x50, guest_psn=0x70,
+                              engine_timeout=NEVER, engine_kw=dict(recv=(4, 6), rcq=rcq, min_rnr_timer=1))
+    g.reg_mr(59, 4096)
+    data = pattern(64, 9)
+    g.write_mem(59, 0, data)
+    buf = 0x0A80_0000
+    before = g.counters()
+    link = RxeLink(env, br, "rnr_to_rxe", {11: MTU})
+    model = RcResponder(ENGINE_PORT, two_sided=True, read_memory=env.mem.read,
+                        cqs={1: CqContext(1, rcq.log_depth, base=rcq.base)})
+    model.add_qp(QpContext(qpn=11, remote_qpn=gq["qpn"], dmac=GUEST_MAC, dip=GUEST_IP, start_psn=0x70, mtu=MTU,
+                           rq=qp.rq, rcqn=1, user_index=qp.user_index, min_rnr_timer=1), PD, ack_every=16)
+    try:
+        g.send(59, 59, 0, 64, wr=41)
+        link.expect(1)
+        await link.wait_seen("rx", 1)
+        await link.wait_tx(1)
+        first = model.receive(link.frames("rx")[0])          # nothing posted yet: RNR
+        nak = link.frames("tx")[0]
+        assert (bth(nak)["opcode"], aeth(nak)[0], bth(nak)["psn"]) == (Op.ACK, Aeth.RNR_NAK | 1, 0x70), summary([nak])
+        qp.post_recv([(buf, 256)])
+        link.expect(1)                                       # rxe's resend, on its RNR timer
+        await link.wait_seen("rx", 2)
+        rcqes = await rcq.poll(1, CQE_CYCLES)
+        await link.settle()
+        _link_clean(link)
+        second = model.receive(link.frames("rx")[1])
+        want = [r.response for r in (first, second) if r.response is not None]
+        assert link.frames("tx") == want, f"engine sends {summary(link.frames('tx'))}, golden responder {summary(want)}"
+        assert [c.raw for c in rcqes] == [c.cqe for c in second.cqes], (rcqes, second.cqes)
+        assert (rcqes[0].opcode, rcqes[0].byte_cnt, rcqes[0].wqe_counter, rcqes[0].syndrome) == (
+            CqeOp.RESP_SEND, 64, 0, 0), rcqes
+        assert env.mem.read(buf, 64) == data
+        wcs = g.wait_cq(59, 1)
+        assert [(w["wr"], w["status_name"]) for w in wcs] == [(41, "IBV_WC_SUCCESS")], wcs
+        _check_rxe_counters(g, before, link, allowed=("rcvd_rnr_err",))
+        assert g.counters()["rcvd_rnr_err"] - before.get("rcvd_rnr_err", 0) == 1
+        assert (await env.ctl.read_counters())["rnr_naks_sent"] == 1
+    finally:
+        link.close()
