@@ -71,6 +71,17 @@ def _requester_model(env, cq, qp, writes):
     return m
 
 
+def _receive_model(env, qp, gq, rcq, guest_psn):
+    """The golden responder of the engine's QP ``qp`` with its receive queue (read from the
+    engine's GPU memory as the engine reads it), receive CQ ``rcq`` (CQ 1) and minimum RNR
+    timer code 1; ``gq``: rxe's QP, whose first PSN is ``guest_psn``."""
+    m = RcResponder(ENGINE_PORT, two_sided=True, read_memory=env.mem.read,
+                    cqs={rcq.cqn: CqContext(rcq.cqn, rcq.log_depth, base=rcq.base)})
+    m.add_qp(QpContext(qpn=qp.qpn, remote_qpn=gq["qpn"], dmac=GUEST_MAC, dip=GUEST_IP, start_psn=guest_psn, mtu=MTU,
+                       rq=qp.rq, rcqn=rcq.cqn, user_index=qp.user_index, min_rnr_timer=1), PD, ack_every=16)
+    return m
+
+
 def _check_requester(env, link, model, cqes, writes, qp=None):
     """The engine's frames are the golden requester's; given rxe's answers, so are its CQEs
     and the bytes it wrote to GPU memory (``qp``: only that engine QP's frames)."""
@@ -680,10 +691,7 @@ async def rxe_sends_to_engine(dut):
     qp.post_recv(*segs)
     before = g.counters()
     link = RxeLink(env, br, "rxe_sends_to_engine", {10: MTU})
-    model = RcResponder(ENGINE_PORT, two_sided=True, read_memory=env.mem.read,
-                        cqs={1: CqContext(1, rcq.log_depth, base=rcq.base)})
-    model.add_qp(QpContext(qpn=10, remote_qpn=gq["qpn"], dmac=GUEST_MAC, dip=GUEST_IP, start_psn=0xFFFFFE, mtu=MTU,
-                           rq=qp.rq, rcqn=1, user_index=qp.user_index, min_rnr_timer=1), PD, ack_every=16)
+    model = _receive_model(env, qp, gq, rcq, 0xFFFFFE)
     model.register(REGION)
     try:
         posts = [("send", 0, 300, None, 31), ("send", 0, 3000, None, 32), ("send_imm", 5, 5, 0x11223344, 33),
@@ -747,10 +755,7 @@ async def rnr_to_rxe(dut):
     buf = 0x0A80_0000
     before = g.counters()
     link = RxeLink(env, br, "rnr_to_rxe", {11: MTU})
-    model = RcResponder(ENGINE_PORT, two_sided=True, read_memory=env.mem.read,
-                        cqs={1: CqContext(1, rcq.log_depth, base=rcq.base)})
-    model.add_qp(QpContext(qpn=11, remote_qpn=gq["qpn"], dmac=GUEST_MAC, dip=GUEST_IP, start_psn=0x70, mtu=MTU,
-                           rq=qp.rq, rcqn=1, user_index=qp.user_index, min_rnr_timer=1), PD, ack_every=16)
+    model = _receive_model(env, qp, gq, rcq, 0x70)
     try:
         g.send(59, 59, 0, 64, wr=41)
         link.expect(1)
