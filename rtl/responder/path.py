@@ -238,6 +238,12 @@ class ResponderPath(WiringLevel):
         wiring.connect(m, rq.answer, gate.answer)
         wiring.connect(m, gate.consume, rq.consume)
         wiring.connect(m, rq.wqe, gate.wqe)
+        # the responder's decisions back to the RecvQueue (commits, numbering corrections)
+        # and its lookups of the WQE a packet must use when it holds another
+        wiring.connect(m, rsp.sync, rq.sync)
+        wiring.connect(m, rsp.lookup, rq.lookup)
+        wiring.connect(m, rq.found, rsp.found)
+        m.d.comb += rsp.sync_idle.eq(rq.sync_idle)
         m.d.comb += [rsp.packets.valid.eq(gate.o.valid), rsp.packets.p.eq(gate.o.p.pair), rsp.rwqe.eq(gate.o.p.wqe),
                      gate.o.ready.eq(rsp.packets.ready)]
         wiring.connect(m, rsp.cqes, b["recv_cqe_split"].i)

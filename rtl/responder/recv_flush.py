@@ -21,26 +21,25 @@ class RecvFlush(wiring.Component):
     ``modify`` to ERR and its fatal errors): every WQE the QP holds or has posted completes
     with RESP_ERR / WR_FLUSH_ERR, in order.
 
-    The WQEs are where the receive path keeps them: the one a SEND in progress holds and
-    the QP's spare in the responder's context, those handed to packets still on their way
-    to the responder, the rest in the ``RecvQueue`` (the doorbell record says how many are
-    posted). So the flush goes the packets' way, behind them: for the QP it puts *flush
-    requests* among the requests in front of the ``RecvGate`` (one at a time, a request
-    pair of its own), each of which the responder answers by completing one WQE
-    (``flushed`` with ``more``) or none (``more`` = 0):
+    The WQEs are where the receive path keeps them: the one a SEND in progress holds in the
+    responder's context, the rest in the ``RecvQueue`` (kept there until the responder
+    commits them; the doorbell record says how many are posted). So the flush goes the
+    packets' way, behind them: for the QP it puts *flush requests* among the requests in
+    front of the ``RecvGate`` (one at a time, a request pair of their own), each of which
+    the responder answers by completing one WQE (``flushed`` with ``more``) or none
+    (``more`` = 0):
 
-    - ``FLUSH_HELD`` (no receive WQE asked for): the WQE of the SEND in progress, else the
-      spare; sent again while one was flushed;
-    - then ``FLUSH_NEXT`` (the gate asks the ``RecvQueue`` for the QP's next WQE, reading
-      the doorbell record as for a packet): the spare if there is one (the new WQE becomes
-      the spare), else the new WQE; sent again while one was flushed.
+    - ``FLUSH_HELD`` (no receive WQE asked for): the WQE of the SEND in progress; sent
+      again while one was flushed;
+    - then ``FLUSH_NEXT`` (numbered by the gate as a packet that consumes a WQE): the QP's
+      next WQE (the responder's count ``rq_ci``: the one it holds, or one looked up, reading
+      what the doorbell record said); sent again while one was flushed.
 
-    Packets of the QP that reach the responder meanwhile (dropped: the QP is not ready)
-    keep their WQE order: one with a WQE while the spare is held flushes the spare and
-    leaves its own as the spare (``Responder``). So the WQEs complete in the order the
-    model flushes them: its message's, then from its consume counter on. A QP_MODIFY to
-    ERR of a QP already in ERR flushes again (what was posted since: the model's
-    ``flush_receives``).
+    Packets of the QP that reach the responder meanwhile (dropped: the QP is not ready) use
+    no WQE (their numbers are corrected as any other packet's). So the WQEs complete in
+    the order the model flushes them: its message's, then from its consume counter on. A
+    QP_MODIFY to ERR of a QP already in ERR flushes again (what was posted since: the
+    model's ``flush_receives``).
 
     Requests pass through combinationally (``i`` to ``o``) but while a flush request is
     offered. A flush costs a round trip through the gate and the responder per WQE

@@ -10,7 +10,7 @@ from rtl.common.rx_packet import RxPacket
 from rtl.common.stream import Pair, StreamFifo
 from rtl.responder.recv_queue import RecvAnswer, RecvConsume, RecvQuery, RecvWqe
 
-__all__ = ["RecvGate", "GateWqe", "GatedPair", "RWR_OPS", "SEND_OPS", "FLUSH_HELD", "FLUSH_NEXT", "is_rwr"]
+__all__ = ["RecvGate", "GateWqe", "GatedPair", "gate_wqe", "RWR_OPS", "SEND_OPS", "FLUSH_HELD", "FLUSH_NEXT", "is_rwr"]
 
 # The packets that consume a receive WQE (rxe's RXE_RWR_MASK, model.responder.RWR_OPCODES)
 RWR_OPS = (F.Op.SEND_FIRST, F.Op.SEND_ONLY, F.Op.SEND_ONLY_IMM, F.Op.WRITE_ONLY_IMM, F.Op.WRITE_LAST_IMM)
@@ -37,11 +37,25 @@ def GateWqe(max_sge):
     """A receive WQE as the responder keeps it: its counter (``index``), each data
     segment's address and the running sum of the segment lengths up to and including it
     (``end``; the segments past the WQE's last end where it does), and its capacity
-    (``end`` of the last). ``valid``: there is one (a query answered available)."""
+    (``end`` of the last). ``valid``: the WQE is there (else only ``index`` and ``gen``,
+    the number the ``RecvQueue`` gave the packet, count)."""
     return data.StructLayout({
-        "valid": unsigned(1), "index": unsigned(16),
+        "valid": unsigned(1), "index": unsigned(16), "gen": unsigned(1),
         "addr": data.ArrayLayout(unsigned(64), max_sge), "end": data.ArrayLayout(unsigned(32), max_sge),
     })
+
+
+def gate_wqe(m, w, max_sge, name="gw"):
+    """A ``GateWqe`` Signal from a ``RecvWqe`` view ``w``: the segment ends summed."""
+    gw = Signal(GateWqe(max_sge), name=name)
+    run = C(0, 32)
+    m.d.comb += [gw.valid.eq(w.valid), gw.index.eq(w.index), gw.gen.eq(w.gen)]
+    for j in range(max_sge):
+        here = Signal(32, name=f"{name}_end{j}")
+        m.d.comb += here.eq(run + Mux(j < w.nsge, w.sge[j].length, 0))
+        m.d.comb += [gw.addr[j].eq(w.sge[j].addr), gw.end[j].eq(here)]
+        run = here
+    return gw
 
 
 def GatedPair(max_sge):
@@ -55,11 +69,12 @@ class RecvGate(wiring.Component):
 
     The responder checks the PSN and the opcode sequence before the receive WQE (RNR), as
     ``model.responder`` does, so it does not know yet whether the packet takes the WQE.
-    The gate takes it anyway: a query to the ``RecvQueue`` per such packet, in packet
-    order; each query answered available is consumed (``ok`` = 1) at once and its WQE
-    (segments, counter) attached to the packet. A packet that then does not take it (a
-    duplicate, a packet behind a gap) leaves it to the QP's next one (the responder keeps
-    one such spare per QP), so WQEs are used in the order the model uses them.
+    The gate takes one anyway, speculatively: a query to the ``RecvQueue`` per such packet,
+    in packet order, each consumed (``ok`` = 1) at once, whatever the answer, and the
+    record the queue hands on (the WQE number, its generation, and the WQE itself when it
+    is posted and on chip) attached to the packet. The responder uses it only if it is the
+    QP's next committed WQE; otherwise it looks that one up and tells the queue to correct
+    its numbering (``RecvQueue``, "speculative hand-on, committed use").
 
     Pipeline: a pair is taken when its queries (one a cycle: a pair of two such packets
     takes two cycles) are issued and the pair queue has room; answers go to a queue of
@@ -110,7 +125,9 @@ class RecvGate(wiring.Component):
         qb = qp_bits(self.num_qps)
         m.submodules.pairs = pairs = StreamFifo(Pair(RxPacket()), self.depth)
         m.submodules.avail = avail = StreamFifo(unsigned(1), 2 * self.depth)
-        m.submodules.wqes = wqes = StreamFifo(GateWqe(self.max_sge), 2 * self.depth)
+        # room for every WQE its pairs asked for (2 per queued pair and the one asking), so the
+        # RecvQueue never waits on the gate (its lookups for the responder would wait behind)
+        m.submodules.wqes = wqes = StreamFifo(GateWqe(self.max_sge), 2 * self.depth + 2)
 
         # ---- in: one query a cycle (lane 0, then lane 1), the pair queued with the last ----
         pin = self.i.p
@@ -133,26 +150,18 @@ class RecvGate(wiring.Component):
         with m.Elif(asked & need[0] & need[1] & ~half):
             m.d.sync += half.eq(1)
 
-        # ---- answers: an available one is consumed at once ---------------------------------
+        # ---- answers: every one consumed at once (the WQE record says what there is) --------
         a = self.answer
         m.d.comb += [
-            self.consume.valid.eq(a.valid & a.p.available & avail.i.ready),
+            self.consume.valid.eq(a.valid & avail.i.ready),
             self.consume.p.qpn.eq(a.p.qpn), self.consume.p.ok.eq(1),
-            avail.i.valid.eq(a.valid & (~a.p.available | self.consume.ready)),
-            avail.i.p.eq(a.p.available),
+            avail.i.valid.eq(a.valid & self.consume.ready),
+            avail.i.p.eq(1),
             a.ready.eq(avail.i.valid & avail.i.ready),
         ]
 
         # ---- WQEs: the segment ends summed as they arrive ------------------------------------
-        w = self.wqe.p
-        gw = Signal(GateWqe(self.max_sge))
-        run = C(0, 32)
-        m.d.comb += [gw.valid.eq(1), gw.index.eq(w.index)]
-        for j in range(self.max_sge):
-            here = Signal(32, name=f"end{j}")
-            m.d.comb += here.eq(run + Mux(j < w.nsge, w.sge[j].length, 0))
-            m.d.comb += [gw.addr[j].eq(w.sge[j].addr), gw.end[j].eq(here)]
-            run = here
+        gw = gate_wqe(m, self.wqe.p, self.max_sge)
         m.d.comb += [wqes.i.valid.eq(self.wqe.valid), wqes.i.p.eq(gw), self.wqe.ready.eq(wqes.i.ready)]
 
         # ---- out: the head pair's lanes take their answers (and WQEs) one a cycle -----------
@@ -175,7 +184,7 @@ class RecvGate(wiring.Component):
         serve = Signal()
         m.d.comb += serve.eq(pairs.o.valid & pending & ready_now)
         cur = Signal(GateWqe(self.max_sge))
-        m.d.comb += [cur.eq(wqes.o.p), cur.valid.eq(avail.o.p)]
+        m.d.comb += cur.eq(wqes.o.p)
         m.d.comb += [avail.o.ready.eq(serve), wqes.o.ready.eq(serve & avail.o.p)]
         # the pair leaves once its last lane needing a WQE is served (in that cycle)
         done_after = Signal()

@@ -9,10 +9,10 @@ from spec import formats as F
 from spec.params import DATA_BYTES, DMA_ADDR_WIDTH
 from rtl.common.axi import AxiReadSignature, Burst, Cache
 from rtl.common.contexts import qp_bits
-from rtl.common.stream import StreamFifo
+from rtl.common.stream import Pair, PairSplitter, StreamFifo
 
 __all__ = ["RecvQueue", "RecvCreate", "RecvQuery", "RecvAnswer", "RecvConsume", "RecvSge", "RecvWqe",
-           "EPOCH_BITS"]
+           "RecvSync", "RecvLookup", "EPOCH_BITS"]
 
 COUNT_BITS = 16          # mlx5 receive counters (the doorbell record holds head & 0xffff)
 EPOCH_BITS = 8           # creates of a QP told apart (stale reads and slots of an earlier create)
@@ -22,6 +22,8 @@ _ANSWER_DEPTH = 8
 _DBR_QUEUE = 4           # doorbell-record reads waiting for the AR channel
 _JOB_QUEUE = 4
 _HINT_QUEUE = 4
+_SYNC_QUEUE = 8          # responder syncs waiting for their RAM write (or the fetch side)
+_GIVE_QUEUE = 4          # query-count corrections waiting for the query side
 
 RecvSge = data.StructLayout({"addr": unsigned(64), "length": unsigned(32), "lkey": unsigned(32)})
 
@@ -46,8 +48,21 @@ def RecvConsume(num_qps):
 
 def RecvWqe(num_qps, max_sge):
     return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "index": unsigned(COUNT_BITS),
+                              "valid": unsigned(1), "gen": unsigned(1),
                               "nsge": range(max_sge + 1), "sge": data.ArrayLayout(RecvSge, max_sge),
                               "bad": unsigned(1)})
+
+
+def RecvSync(num_qps):
+    """What the responder's decision on a packet that held a receive WQE number tells the
+    queue: the QP's ``committed`` count (WQEs used), and, with ``correct``, how far to move
+    the speculative count (``delta``, signed, mod 2^16)."""
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "committed": unsigned(COUNT_BITS),
+                              "delta": unsigned(COUNT_BITS), "correct": unsigned(1)})
+
+
+def RecvLookup(num_qps):
+    return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "index": unsigned(COUNT_BITS)})
 
 
 def _be(value, nbytes):
@@ -64,36 +79,49 @@ class RecvQueue(wiring.Component):
     producer writes WQEs, then ``BE32(head & 0xffff)`` at ``dbr + DBR_RECV_OFFSET``; no
     register is written, so the block reads the doorbell record itself.
 
-    Per QP the block counts ``known`` (the head last read), ``answered`` (queries answered
-    available, less the consumes with ``ok`` = 0: consumed + reserved) and ``consumed``.
-    **Rule**: a query is answered ``available`` iff the doorbell record, read no earlier than
-    the query, says a WQE beyond those already answered is posted. When ``known`` is
-    already beyond ``answered`` the answer is given at once (the producer only moves its head
-    forward, so a fresh read would say the same); otherwise the query waits for a read of
-    the record issued after it, and later queries wait behind it (answers stay in query
-    order). A QP without a receive queue (``enable`` = 0, or never created) answers 0.
+    **Speculative hand-on, committed use.** The responder decides whether a packet uses a
+    receive WQE only after its PSN and opcode checks, long after the ``RecvGate`` asked for
+    the WQE. So every WQE is handed on speculatively and kept on chip until the responder
+    *commits* it:
 
-    A consume with ``ok`` = 1 hands on the QP's WQE number ``consumed`` (counting from the
-    create) on ``wqe``, in consume order, once its bytes are on chip; ``ok`` = 0 gives an
-    answered WQE back for the next query. Consumes count WQEs whatever was answered: the
-    responder consumes only what it was told is available.
+    * per QP the fetch side counts ``consumed`` (the speculative count: the WQE number the
+      next consume gets), ``fetched`` and a generation bit ``gen``; ``committed`` (WQEs the
+      responder used, from its ``sync`` records) is in a RAM of its own. The slots hold the
+      WQEs ``committed .. fetched``; a slot is fetched again only once its WQE is committed.
+    * every consume (``ok`` = 1) hands on WQE number ``consumed`` (``index``, ``gen``) and
+      moves ``consumed`` on; ``valid`` = 1 iff that WQE is posted (below ``known``) and has a
+      slot (less than ``depth`` past ``committed``), else the record is a number only.
+    * ``sync`` (the responder, per decided packet that held a number, in decision order):
+      ``committed`` is written; ``correct`` moves ``consumed`` by ``delta`` (the packets
+      handed on after the decided one were given numbers off by ``-delta``: a packet that did
+      not use its WQE, or used another) and flips ``gen``; the query side's count moves too.
+    * ``lookup`` / ``found``: the WQE of a given number (the responder's committed count,
+      asked when the WQE a packet holds is not the one it must use); ``valid`` = 0 if it is
+      not posted. Asked only while ``sync_idle``, so ``committed`` is up to date.
+
+    The query side counts ``known`` (the head last read) and ``answered`` (queries answered,
+    plus the corrections). **Rule**: a query is answered ``available`` iff the doorbell
+    record, read no earlier than the query, says WQE number ``answered`` is posted. When
+    ``known`` is already beyond ``answered`` the answer is given at once (the producer only
+    moves its head forward, so a fresh read would say the same); otherwise the query waits
+    for a read of the record issued after it, and later queries wait behind it (answers stay
+    in query order). A QP without a receive queue (``enable`` = 0, or never created) answers
+    0. The answer is a hint: what counts is the consume's ``valid``.
 
     Two pipelines own the per-QP state, each one RAM row per QP written by one stage, so
     that a query and a consume are taken in the same cycle:
 
     * the query side (``known``, ``answered``, a background read in flight, the doorbell
-      record's address): doorbell-record answers, creates, ``ok`` = 0 consumes and queries,
-      one a cycle; a RAM read, then a decision that writes the row back (a transparent read
-      port: the next cycle's read sees it). When an available answer leaves at most
-      ``max(depth, 1)`` known WQEs unanswered and no background read of the QP is in flight,
-      the record is read again in the background, so posts become known before a query
-      needs them; a read's answer that moves ``known`` hints the fetch side.
-    * the fetch side (``consumed``, ``fetched``, the ring): creates, consumes with ``ok`` = 1
-      and hints. It keeps the WQEs ``consumed .. fetched`` in ``max(depth, 1)`` slots per QP
-      (a RAM) and fetches ahead up to ``min(known, consumed + depth)``; a consumed WQE not
-      yet fetched is fetched at once (``depth`` = 0: only then). The WQE being handed on
-      holds its slot until it has its bytes, so a slot is fetched again only after its
-      WQE left: the slots need no credits.
+      record's address): doorbell-record answers, creates, ``ok`` = 0 consumes, corrections
+      and queries, one a cycle; a RAM read, then a decision that writes the row back (a
+      transparent read port: the next cycle's read sees it). When an available answer
+      leaves at most ``max(depth, 1)`` known WQEs unanswered and no background read of the
+      QP is in flight, the record is read again in the background, so posts become known
+      before a query needs them; a read's answer that moves ``known`` hints the fetch side.
+    * the fetch side (``consumed``, ``fetched``, the ring): creates, corrections, lookups,
+      consumes with ``ok`` = 1 and hints (a sync's commit hints too). It fetches ahead up to
+      ``min(known, committed + max(depth, 1))``. The WQE being handed on holds its slot until
+      it has its bytes.
 
     Reads: one AR at a time is chosen, doorbell records first (queries wait on them); each
     is one beat. A WQE read is a run of consecutive WQEs within one 128-byte line (up to
@@ -115,7 +143,8 @@ class RecvQueue(wiring.Component):
         Data segments handed on per WQE (1..7: a WQE's segments and the one after them lie
         in its first 128-byte line).
     depth : int
-        WQEs fetched ahead per QP (0, or a power of two up to 64); 0: fetched on consume.
+        Slots per QP (0, or a power of two up to 64; 0 is taken as 1): the WQEs on chip from
+        the committed count on.
     data_width : int
         AXI data width (1024).
     max_reads : int
@@ -138,9 +167,18 @@ class RecvQueue(wiring.Component):
         not yet consumed.
     wqe : Out(stream.Signature(RecvWqe(num_qps, max_sge)))
         One per consume with ``ok`` = 1, in consume order: ``qpn``, ``index`` (the WQE's
-        counter mod 2^16), ``nsge`` and ``sge[0 .. nsge - 1]`` (``addr``, ``length`` =
-        byte_count, ``lkey``), ``bad`` (more than ``max_sge`` segments; or the QP has no
-        receive queue: then ``nsge`` = 0).
+        counter mod 2^16), ``gen``, ``valid`` (the WQE is posted and on chip; else only the
+        number counts), ``nsge`` and ``sge[0 .. nsge - 1]`` (``addr``, ``length`` =
+        byte_count, ``lkey``), ``bad`` (more than ``max_sge`` segments).
+    sync : In(stream.Signature(Pair(RecvSync(num_qps))))
+        The responder's commits and corrections, one or two a transfer, in decision order.
+    sync_idle : Out(1)
+        No sync waits (a lookup sees every commit before it).
+    lookup : In(stream.Signature(RecvLookup(num_qps)))
+        ``qpn``, ``index``: the WQE of that number (at or past the QP's committed count).
+    found : Out(stream.Signature(RecvWqe(num_qps, max_sge)))
+        One per lookup, in order (``valid`` = 0: not posted, or not within ``depth`` of the
+        committed count).
     m_axi : Out(AxiReadSignature(addr_width=64, data_width=data_width))
         Doorbell-record reads (4 bytes, ``arsize`` 2) and WQE reads (one 128-byte beat).
     """
@@ -168,6 +206,10 @@ class RecvQueue(wiring.Component):
             "answer": Out(stream.Signature(RecvAnswer(num_qps))),
             "consume": In(stream.Signature(RecvConsume(num_qps))),
             "wqe": Out(stream.Signature(RecvWqe(num_qps, max_sge))),
+            "sync": In(stream.Signature(Pair(RecvSync(num_qps)))),
+            "sync_idle": Out(1),
+            "lookup": In(stream.Signature(RecvLookup(num_qps))),
+            "found": Out(stream.Signature(RecvWqe(num_qps, max_sge))),
             "m_axi": Out(AxiReadSignature(addr_width=DMA_ADDR_WIDTH, data_width=data_width, id_width=id_width)),
         })
 
@@ -185,7 +227,7 @@ class RecvQueue(wiring.Component):
                                   "bg": unsigned(1), "epoch": unsigned(EPOCH_BITS), "enable": unsigned(1),
                                   "dbr": unsigned(DMA_ADDR_WIDTH)})
         FRow = data.StructLayout({"consumed": unsigned(COUNT_BITS), "fetched": unsigned(COUNT_BITS),
-                                  "epoch": unsigned(EPOCH_BITS), "enable": unsigned(1),
+                                  "epoch": unsigned(EPOCH_BITS), "enable": unsigned(1), "gen": unsigned(1),
                                   "base": unsigned(DMA_ADDR_WIDTH), "log_size": unsigned(4),
                                   "log_stride": unsigned(4)})
         Slot = data.StructLayout({"index": unsigned(COUNT_BITS), "epoch": unsigned(EPOCH_BITS),
@@ -207,6 +249,10 @@ class RecvQueue(wiring.Component):
         m.submodules.qram = qram = Memory(shape=QRow, depth=self.num_qps, init=[])
         m.submodules.fram = fram = Memory(shape=FRow, depth=self.num_qps, init=[])
         m.submodules.slots = slots = Memory(shape=Slot, depth=S * self.num_qps, init=[])
+        # the responder's committed count per QP (written by syncs and creates)
+        m.submodules.cram = cram = Memory(shape=unsigned(COUNT_BITS), depth=self.num_qps, init=[])
+        c_wr = cram.write_port()
+        c_rd = cram.read_port(transparent_for=(c_wr,))
         q_wr = qram.write_port()
         q_rd = qram.read_port(transparent_for=(q_wr,))
         k_rd = qram.read_port(transparent_for=(q_wr,))          # the fetch side's view of `known`
@@ -214,12 +260,22 @@ class RecvQueue(wiring.Component):
         f_rd = fram.read_port(transparent_for=(f_wr,))
         s_wr = slots.write_port()
         s_rd = slots.read_port(transparent_for=(s_wr,))
+        l_rd = slots.read_port(transparent_for=(s_wr,))         # lookups
 
         m.submodules.answers = answers = StreamFifo(RecvAnswer(self.num_qps), _ANSWER_DEPTH)
         m.submodules.dbr_reqs = dbr_reqs = StreamFifo(DbrReq, _DBR_QUEUE)
         m.submodules.jobs = jobs = StreamFifo(Job, _JOB_QUEUE)
         m.submodules.hints = hints = StreamFifo(unsigned(qb), _HINT_QUEUE)
         m.submodules.tags = tags = StreamFifo(Tag, self.max_reads)
+        m.submodules.sync_split = sync_split = PairSplitter(RecvSync(self.num_qps))
+        m.submodules.syncs = syncs = StreamFifo(RecvSync(self.num_qps), _SYNC_QUEUE)
+        Give = data.StructLayout({"qpn": unsigned(qb), "delta": unsigned(COUNT_BITS)})
+        m.submodules.gives = gives = StreamFifo(Give, _GIVE_QUEUE)
+        wiring.connect(m, wiring.flipped(self.sync), sync_split.i)
+        wiring.connect(m, sync_split.o, syncs.i)
+        # (levels, not output valids: an entry is in a FIFO a cycle before its output shows it)
+        m.d.comb += self.sync_idle.eq(~self.sync.valid & (syncs.level == 0))
+        fix_in_fs1 = Signal()
         wiring.connect(m, answers.o, wiring.flipped(self.answer))
 
         # ---- R side: doorbell-record beats to the query side, WQE beats into the slots ----
@@ -269,14 +325,15 @@ class RecvQueue(wiring.Component):
         # ---- query side ---------------------------------------------------------------------
         # Ops, one a cycle, by priority: a doorbell-record beat (never held: R must flow),
         # create, consume ok = 0 (NACK), the query bounced while another waited, a new query.
-        OP_DBR, OP_CREATE, OP_NACK, OP_QUERY = range(4)
+        OP_DBR, OP_CREATE, OP_NACK, OP_QUERY, OP_GIVE = range(5)
         qs1_valid = Signal()
-        qs1_op = Signal(2)
+        qs1_op = Signal(3)
         qs1_qpn = Signal(qb)
         qs1_tag_epoch = Signal(EPOCH_BITS)
         qs1_query = Signal()                    # OP_DBR: the waiting query's read
         qs1_value = Signal(COUNT_BITS)
         qs1_create = Signal(RecvCreate(self.num_qps))
+        qs1_delta = Signal(COUNT_BITS)
         waiting = Signal()                      # a query waits for its doorbell-record read
         replay = Signal()                       # a query taken behind it, to be taken again
         replay_qpn = Signal(qb)
@@ -290,15 +347,23 @@ class RecvQueue(wiring.Component):
         m.d.comb += [dbr_room.eq(dbr_reqs.level <= _DBR_QUEUE - 2),
                      ans_room.eq(answers.level + pending < _ANSWER_DEPTH)]
         qu_create_ok = ~waiting & ~replay & ~(qs1_valid & (qs1_op == OP_QUERY))
-        m.d.comb += take_create.eq(self.create.valid & ~dbr_in & qu_create_ok & fs1_free)
+        # a create waits for the syncs and corrections before it (the responder's decisions
+        # on the QP's previous life must not count in the new one)
+        settled = Signal()
+        m.d.comb += take_create.eq(self.create.valid & ~dbr_in & qu_create_ok & fs1_free & settled)
         take_nack = Signal()
+        take_give = Signal()
         take_replay = Signal()
         take_query = Signal()
         nack = self.consume.valid & ~self.consume.p.ok
+        give = gives.o.valid & ~nack
         m.d.comb += [
             take_nack.eq(nack & ~dbr_in & ~take_create),
-            take_replay.eq(replay & ~waiting & dbr_room & ~dbr_in & ~take_create & ~nack),
-            take_query.eq(self.query.valid & ~replay & ~waiting & dbr_room & ans_room & ~dbr_in & ~take_create & ~nack),
+            take_give.eq(give & ~dbr_in & ~take_create),
+            gives.o.ready.eq(take_give),
+            take_replay.eq(replay & ~waiting & dbr_room & ~dbr_in & ~take_create & ~nack & ~give),
+            take_query.eq(self.query.valid & ~replay & ~waiting & dbr_room & ans_room & ~dbr_in & ~take_create & ~nack
+                          & ~give),
             self.create.ready.eq(take_create),
             self.query.ready.eq(take_query),
         ]
@@ -309,14 +374,18 @@ class RecvQueue(wiring.Component):
             m.d.comb += q0_qpn.eq(self.create.p.qpn)
         with m.Elif(take_nack):
             m.d.comb += q0_qpn.eq(self.consume.p.qpn)
+        with m.Elif(take_give):
+            m.d.comb += q0_qpn.eq(gives.o.p.qpn)
         with m.Elif(take_replay):
             m.d.comb += q0_qpn.eq(replay_qpn)
         with m.Else():
             m.d.comb += q0_qpn.eq(self.query.p.qpn)
         m.d.comb += q_rd.addr.eq(q0_qpn)
         m.d.sync += [
-            qs1_valid.eq(dbr_in | take_create | take_nack | take_replay | take_query),
-            qs1_op.eq(Mux(dbr_in, OP_DBR, Mux(take_create, OP_CREATE, Mux(take_nack, OP_NACK, OP_QUERY)))),
+            qs1_valid.eq(dbr_in | take_create | take_nack | take_give | take_replay | take_query),
+            qs1_op.eq(Mux(dbr_in, OP_DBR, Mux(take_create, OP_CREATE, Mux(take_nack, OP_NACK,
+                                                                           Mux(take_give, OP_GIVE, OP_QUERY))))),
+            qs1_delta.eq(gives.o.p.delta),
             qs1_qpn.eq(q0_qpn), qs1_tag_epoch.eq(tag.epoch), qs1_query.eq(tag.query), qs1_value.eq(dbr_head),
             qs1_create.eq(self.create.p),
         ]
@@ -332,10 +401,12 @@ class RecvQueue(wiring.Component):
         push_query = Signal()
         push_hint = Signal()
         avail_now = Signal()
-        m.d.comb += avail_now.eq(row.enable & (row.known != row.answered))
-        # known - answered (before this answer) <= thr: after it fewer than thr are left
+        # counts mod 2^16, compared as signed differences: corrections may leave
+        # ``answered`` past ``known`` for a while (queries of WQEs not yet posted)
         unanswered = Signal(COUNT_BITS)
         m.d.comb += unanswered.eq(row.known - row.answered)
+        m.d.comb += avail_now.eq(row.enable & (unanswered != 0) & ~unanswered[-1])
+        # known - answered (before this answer) <= thr: after it fewer than thr are left
         low = Signal()
         m.d.comb += low.eq((unanswered[thr.bit_length():] == 0) & (unanswered[:thr.bit_length()] <= thr))
         with m.If(qs1_valid):
@@ -348,8 +419,11 @@ class RecvQueue(wiring.Component):
                             m.d.comb += new.bg.eq(0)
                         m.d.comb += push_hint.eq(row.enable & (qs1_value != row.known))
                     with m.If(qs1_query):
-                        m.d.comb += [ans_valid.eq(1), ans_avail.eq(row.enable & (qs1_value != row.answered))]
-                        m.d.comb += new.answered.eq(row.answered + ans_avail)
+                        fresh = Signal(COUNT_BITS)
+                        m.d.comb += fresh.eq(qs1_value - row.answered)
+                        m.d.comb += [ans_valid.eq(1), ans_avail.eq(row.enable & (fresh != 0) & ~fresh[-1])]
+                        # every query of an enabled QP is consumed (and numbered) by the gate
+                        m.d.comb += new.answered.eq(row.answered + row.enable)
                         m.d.sync += waiting.eq(0)
                 with m.Case(OP_CREATE):
                     m.d.comb += [new.known.eq(0), new.answered.eq(0), new.bg.eq(0), new.epoch.eq(row.epoch + 1),
@@ -357,12 +431,14 @@ class RecvQueue(wiring.Component):
                                  new.dbr.eq(qs1_create.dbr + F.DBR_RECV_OFFSET)]
                 with m.Case(OP_NACK):
                     m.d.comb += new.answered.eq(row.answered - 1)
+                with m.Case(OP_GIVE):
+                    m.d.comb += new.answered.eq(row.answered + qs1_delta)
                 with m.Case(OP_QUERY):
                     with m.If(waiting):
                         m.d.sync += [replay.eq(1), replay_qpn.eq(qs1_qpn)]
                     with m.Elif(~row.enable | avail_now):
                         m.d.comb += [ans_valid.eq(1), ans_avail.eq(avail_now),
-                                     new.answered.eq(row.answered + avail_now)]
+                                     new.answered.eq(row.answered + row.enable)]
                         with m.If(avail_now & low & ~row.bg & dbr_reqs.i.ready):
                             m.d.comb += [push_dbr.eq(1), new.bg.eq(1)]
                     with m.Else():
@@ -374,84 +450,148 @@ class RecvQueue(wiring.Component):
             answers.i.valid.eq(ans_valid), answers.i.p.qpn.eq(qs1_qpn), answers.i.p.available.eq(ans_avail),
             dbr_reqs.i.valid.eq(push_dbr), dbr_reqs.i.p.qpn.eq(qs1_qpn), dbr_reqs.i.p.epoch.eq(row.epoch),
             dbr_reqs.i.p.query.eq(push_query), dbr_reqs.i.p.addr.eq(row.dbr),
-            hints.i.valid.eq(push_hint), hints.i.p.eq(qs1_qpn),     # dropped when full: a hint only
         ]
         m.d.sync += pending.eq(pending + take_query - ans_valid)
+        with m.If(push_hint):
+            m.d.comb += [hints.i.valid.eq(1), hints.i.p.eq(qs1_qpn)]     # dropped when full: a hint only
 
-        # ---- fetch side: consumes with ok = 1, creates, hints --------------------------------
+        # ---- syncs: the responder's commits into their RAM; a correction also goes to the
+        # fetch side (it moves ``consumed``), taken there with the RAM write ----------------
+        sy = syncs.o.p
+        take_fix = Signal()
+        sync_go = Signal()
+        # a create owns the RAM's write port in its cycle
+        m.d.comb += sync_go.eq(syncs.o.valid & ~take_create & (~sy.correct | take_fix))
+        m.d.comb += [
+            syncs.o.ready.eq(sync_go),
+            c_wr.en.eq(take_create | sync_go),
+            c_wr.addr.eq(Mux(take_create, self.create.p.qpn, sy.qpn)),
+            c_wr.data.eq(Mux(take_create, 0, sy.committed)),
+        ]
+
+        # ---- fetch side: creates, corrections, lookups, consumes with ok = 1, hints ----------
         fs1_valid = Signal()
         fs1_commit = Signal()
         m.d.comb += fs1_free.eq(~fs1_valid | fs1_commit)
-        F_CREATE, F_CONSUME, F_HINT = range(3)
+        F_CREATE, F_FIX, F_LOOKUP, F_CONSUME, F_HINT = range(5)
+        take_lookup = Signal()
         take_consume = Signal()
         take_hint = Signal()
+        # hints: a doorbell-record read that moved ``known``, and commits (slots free again)
+        hint_in = Signal()
+        m.d.comb += hint_in.eq(sync_go & ~sy.correct)
+        fix_wait = syncs.o.valid & sy.correct
+        consume_ok = self.consume.valid & self.consume.p.ok
         m.d.comb += [
-            take_consume.eq(self.consume.valid & self.consume.p.ok & fs1_free & ~take_create),
-            take_hint.eq(hints.o.valid & fs1_free & ~take_create & ~(self.consume.valid & self.consume.p.ok)),
+            take_fix.eq(fix_wait & fs1_free & ~take_create),
+            take_lookup.eq(self.lookup.valid & fs1_free & ~take_create & ~fix_wait),
+            take_consume.eq(consume_ok & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid),
+            take_hint.eq(hints.o.valid & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid & ~consume_ok),
             self.consume.ready.eq(Mux(self.consume.p.ok, take_consume, take_nack)),
+            self.lookup.ready.eq(take_lookup),
             hints.o.ready.eq(take_hint),
         ]
-        f0_qpn = Mux(take_create, self.create.p.qpn, Mux(take_consume, self.consume.p.qpn, hints.o.p))
-        fs1_op = Signal(2)
+        f0_qpn = Signal(qb)
+        with m.If(take_create):
+            m.d.comb += f0_qpn.eq(self.create.p.qpn)
+        with m.Elif(take_fix):
+            m.d.comb += f0_qpn.eq(sy.qpn)
+        with m.Elif(take_lookup):
+            m.d.comb += f0_qpn.eq(self.lookup.p.qpn)
+        with m.Elif(take_consume):
+            m.d.comb += f0_qpn.eq(self.consume.p.qpn)
+        with m.Else():
+            m.d.comb += f0_qpn.eq(hints.o.p)
+        fs1_op = Signal(3)
         fs1_qpn = Signal(qb)
         fs1_create = Signal(RecvCreate(self.num_qps))
+        fs1_delta = Signal(COUNT_BITS)
+        fs1_index = Signal(COUNT_BITS)
         # the RAM outputs hold while the op waits (en low)
-        m.d.comb += [f_rd.addr.eq(f0_qpn), f_rd.en.eq(fs1_free), k_rd.addr.eq(f0_qpn), k_rd.en.eq(fs1_free)]
+        m.d.comb += [f_rd.addr.eq(f0_qpn), f_rd.en.eq(fs1_free), k_rd.addr.eq(f0_qpn), k_rd.en.eq(fs1_free),
+                     c_rd.addr.eq(f0_qpn), c_rd.en.eq(fs1_free)]
         with m.If(fs1_free):
-            m.d.sync += [fs1_valid.eq(take_create | take_consume | take_hint),
-                         fs1_op.eq(Mux(take_create, F_CREATE, Mux(take_consume, F_CONSUME, F_HINT))),
-                         fs1_qpn.eq(f0_qpn), fs1_create.eq(self.create.p)]
+            m.d.sync += [fs1_valid.eq(take_create | take_fix | take_lookup | take_consume | take_hint),
+                         fs1_op.eq(Mux(take_create, F_CREATE, Mux(take_fix, F_FIX, Mux(take_lookup, F_LOOKUP,
+                                                                                      Mux(take_consume, F_CONSUME,
+                                                                                          F_HINT))))),
+                         fs1_qpn.eq(f0_qpn), fs1_create.eq(self.create.p), fs1_delta.eq(sy.delta),
+                         fs1_index.eq(self.lookup.p.index)]
+        # a hint dropped when the queue is full: the next op of the QP fetches as far
+        with m.If(hint_in & hints.i.ready & ~push_hint):
+            m.d.comb += [hints.i.valid.eq(1), hints.i.p.eq(sy.qpn)]
 
         frow = f_rd.data
         known = k_rd.data.known
+        committed = c_rd.data
         fnew = Signal(FRow)
         m.d.comb += fnew.eq(frow)
-        d_fetched = Signal(wb)                  # fetched - consumed: 0..S
-        m.d.comb += d_fetched.eq(frow.fetched - frow.consumed)
+        d_fetched = Signal(wb)                  # fetched - committed: 0..S
+        m.d.comb += d_fetched.eq(frow.fetched - committed)
         d_known = Signal(COUNT_BITS)
-        m.d.comb += d_known.eq(known - frow.consumed)
-        ahead = Signal(wb)                      # min(known - consumed, depth), 0 when behind
+        m.d.comb += d_known.eq(known - committed)
+        ahead = Signal(wb)                      # min(known - committed, S), 0 when behind
         with m.If(d_known[-1]):
             m.d.comb += ahead.eq(0)
-        with m.Elif((d_known[wb - 1:] != 0) | (d_known[:wb - 1] >= self.depth)):
-            m.d.comb += ahead.eq(self.depth)
+        with m.Elif((d_known[wb - 1:] != 0) | (d_known[:wb - 1] >= S)):
+            m.d.comb += ahead.eq(S)
         with m.Else():
             m.d.comb += ahead.eq(d_known[:wb - 1])
-        end = Signal(wb)                        # fetch up to consumed + end
-        m.d.comb += end.eq(Mux((fs1_op == F_CONSUME) & (ahead == 0), 1, ahead))
         n = Signal(wb)
-        m.d.comb += n.eq(Mux(frow.enable & (end > d_fetched), end - d_fetched, 0))
+        m.d.comb += n.eq(Mux(frow.enable & (ahead > d_fetched), ahead - d_fetched, 0))
+        # the WQE a consume (``consumed``) or a lookup names: posted, and has a slot
+        idx = Signal(COUNT_BITS)
+        m.d.comb += idx.eq(Mux(fs1_op == F_LOOKUP, fs1_index, frow.consumed))
+        rel = Signal(COUNT_BITS)
+        m.d.comb += rel.eq(idx - committed)
+        on_chip = Signal()
+        m.d.comb += on_chip.eq(frow.enable & (rel[wb - 1:] == 0) & (rel[:wb - 1] < ahead))
         is_consume = Signal()
-        m.d.comb += is_consume.eq(fs1_valid & (fs1_op == F_CONSUME))
+        is_lookup = Signal()
+        is_fix = Signal()
+        m.d.comb += [is_consume.eq(fs1_valid & (fs1_op == F_CONSUME)), is_lookup.eq(fs1_valid & (fs1_op == F_LOOKUP)),
+                     is_fix.eq(fs1_valid & (fs1_op == F_FIX))]
         need_job = Signal()
         m.d.comb += need_job.eq(fs1_valid & (fs1_op != F_CREATE) & (n != 0))
+        m.d.comb += [fix_in_fs1.eq(is_fix), settled.eq(self.sync_idle & (gives.level == 0) & ~fix_in_fs1)]
 
         s2_valid = Signal()
         s2_leave = Signal()
         s2_free = Signal()
         m.d.comb += s2_free.eq(~s2_valid | s2_leave)
-        m.d.comb += fs1_commit.eq(fs1_valid & (~is_consume | s2_free) & (~need_job | jobs.i.ready))
+        l2_valid = Signal()
+        l2_leave = Signal()
+        l2_free = Signal()
+        m.d.comb += l2_free.eq(~l2_valid | l2_leave)
+        m.d.comb += fs1_commit.eq(fs1_valid & (~is_consume | s2_free) & (~is_lookup | l2_free)
+                                  & (~is_fix | gives.i.ready) & (~need_job | jobs.i.ready))
         with m.If(fs1_op == F_CREATE):
-            m.d.comb += [fnew.consumed.eq(0), fnew.fetched.eq(0), fnew.epoch.eq(frow.epoch + 1),
+            m.d.comb += [fnew.consumed.eq(0), fnew.fetched.eq(0), fnew.epoch.eq(frow.epoch + 1), fnew.gen.eq(0),
                          fnew.enable.eq(fs1_create.enable), fnew.base.eq(fs1_create.base),
                          fnew.log_size.eq(fs1_create.log_size), fnew.log_stride.eq(fs1_create.log_stride)]
         with m.Else():
             m.d.comb += fnew.fetched.eq(frow.fetched + n)
             with m.If((fs1_op == F_CONSUME) & frow.enable):
                 m.d.comb += fnew.consumed.eq(frow.consumed + 1)
+            with m.If(fs1_op == F_FIX):
+                m.d.comb += [fnew.consumed.eq(frow.consumed + fs1_delta), fnew.gen.eq(~frow.gen)]
         m.d.comb += [
             f_wr.en.eq(fs1_commit), f_wr.addr.eq(fs1_qpn), f_wr.data.eq(fnew),
             jobs.i.valid.eq(fs1_commit & need_job), jobs.i.p.qpn.eq(fs1_qpn), jobs.i.p.epoch.eq(frow.epoch),
             jobs.i.p.x.eq(frow.fetched), jobs.i.p.left.eq(n), jobs.i.p.base.eq(frow.base),
             jobs.i.p.base_hi1.eq(frow.base[24:] + 1), jobs.i.p.log_size.eq(frow.log_size),
             jobs.i.p.log_stride.eq(frow.log_stride),
+            # the query side's count moves with ``consumed``
+            gives.i.valid.eq(fs1_commit & is_fix & frow.enable), gives.i.p.qpn.eq(fs1_qpn),
+            gives.i.p.delta.eq(fs1_delta),
         ]
 
         # ---- hand-on stage: the consumed WQE, once its slot holds it -------------------------
         s2_qpn = Signal(qb)
         s2_index = Signal(COUNT_BITS)
         s2_epoch = Signal(EPOCH_BITS)
-        s2_none = Signal()                      # the QP has no receive queue
+        s2_gen = Signal()
+        s2_none = Signal()                      # a number only: not posted, or no slot
         s2_have = Signal()                      # s2_cap holds the WQE
         s2_cap = Signal(Slot)
         s2_load = Signal()
@@ -464,20 +604,45 @@ class RecvQueue(wiring.Component):
         out = self.wqe
         m.d.comb += [
             out.valid.eq(s2_valid & (s2_none | s2_have | arrived)),
-            out.p.qpn.eq(s2_qpn), out.p.index.eq(s2_index),
-            out.p.nsge.eq(Mux(s2_none, 0, got.nsge)), out.p.bad.eq(s2_none | got.bad),
+            out.p.qpn.eq(s2_qpn), out.p.index.eq(s2_index), out.p.gen.eq(s2_gen), out.p.valid.eq(~s2_none),
+            out.p.nsge.eq(Mux(s2_none, 0, got.nsge)), out.p.bad.eq(~s2_none & got.bad),
             s2_leave.eq(out.valid & out.ready),
         ]
         for j in range(self.max_sge):
             m.d.comb += out.p.sge[j].eq(Mux(s2_none, 0, got.sge[j]))
         with m.If(s2_valid & ~s2_have & arrived & ~s2_leave):
-            # kept: the slot may be fetched again once this WQE is consumed
             m.d.sync += [s2_cap.eq(s_rd.data), s2_have.eq(1)]
         with m.If(s2_load):
             m.d.sync += [s2_valid.eq(1), s2_qpn.eq(fs1_qpn), s2_index.eq(frow.consumed), s2_epoch.eq(frow.epoch),
-                         s2_none.eq(~frow.enable), s2_have.eq(0)]
+                         s2_gen.eq(frow.gen), s2_none.eq(~on_chip), s2_have.eq(0)]
         with m.Elif(s2_leave):
             m.d.sync += s2_valid.eq(0)
+
+        # ---- lookup stage: the named WQE, once its slot holds it (a WQE not committed keeps
+        # its slot, so it cannot leave while the lookup waits) -----------------------------
+        l2_qpn = Signal(qb)
+        l2_index = Signal(COUNT_BITS)
+        l2_epoch = Signal(EPOCH_BITS)
+        l2_none = Signal()
+        l2_load = Signal()
+        m.d.comb += l2_load.eq(fs1_commit & is_lookup)
+        m.d.comb += l_rd.addr.eq(Mux(l2_load, Cat(fs1_index[:sb], fs1_qpn), Cat(l2_index[:sb], l2_qpn)))
+        l_arrived = Signal()
+        m.d.comb += l_arrived.eq((l_rd.data.index == l2_index) & (l_rd.data.epoch == l2_epoch))
+        fo = self.found
+        m.d.comb += [
+            fo.valid.eq(l2_valid & (l2_none | l_arrived)),
+            fo.p.qpn.eq(l2_qpn), fo.p.index.eq(l2_index), fo.p.valid.eq(~l2_none),
+            fo.p.nsge.eq(Mux(l2_none, 0, l_rd.data.nsge)), fo.p.bad.eq(~l2_none & l_rd.data.bad),
+            l2_leave.eq(fo.valid & fo.ready),
+        ]
+        for j in range(self.max_sge):
+            m.d.comb += fo.p.sge[j].eq(Mux(l2_none, 0, l_rd.data.sge[j]))
+        with m.If(l2_load):
+            m.d.sync += [l2_valid.eq(1), l2_qpn.eq(fs1_qpn), l2_index.eq(fs1_index), l2_epoch.eq(frow.epoch),
+                         l2_none.eq(~on_chip)]
+        with m.Elif(l2_leave):
+            m.d.sync += l2_valid.eq(0)
 
         # ---- fetch runs: jobs split at the ring end and the 128-byte line ----------------------
         # P1 (address): a job, or the rest of the last one; P2 (run): its first run.

@@ -19,7 +19,8 @@ from rtl.common.rx_packet import RxPacket
 from rtl.common.stream import Pair, pack_pair
 from rtl.responder.atomic_unit import AtomicOp, AtomicRequest
 from rtl.responder.payload_writer import RxWriteCommand
-from rtl.responder.recv_gate import FLUSH_HELD, FLUSH_NEXT, GateWqe, SEND_OPS, is_rwr
+from rtl.responder.recv_gate import FLUSH_HELD, FLUSH_NEXT, GateWqe, SEND_OPS, gate_wqe, is_rwr
+from rtl.responder.recv_queue import RecvLookup, RecvSync, RecvWqe
 
 __all__ = ["Responder", "ResponderAck", "ReadJob", "RecvCqe", "ResponderConfig", "ResponderEntry", "RxVerdict",
            "RX_VERDICT_NAMES"]
@@ -137,11 +138,12 @@ def ResponderDynamic(max_sge):
     "taken":    unsigned(RESOURCE_COUNT_BITS),  # new READs and atomics accepted (mod 2^6): less the
                                                 # answers sent (``answered``), those holding a resource
     # two-sided verbs: the message in progress is a SEND; its receive WQE and the bytes it
-    # took; a receive WQE consumed for a packet that did not take it (the next one's)
+    # took; the receive WQEs used (committed) and the RecvQueue's numbering generation
     "msg_send": unsigned(1),
     "cur":      GateWqe(max_sge),
     "recv":     unsigned(32),
-    "spare":    GateWqe(max_sge),
+    "rq_ci":    unsigned(16),
+    "rq_gen":   unsigned(1),
     })
 
 
@@ -189,11 +191,16 @@ class Responder(wiring.Component):
 
     Two-sided verbs (``model.responder``'s decisions): SEND FIRST/MIDDLE/LAST/ONLY(_IMM)
     and WRITE with immediate. A packet that consumes a receive WQE (``RWR_OPS``) comes with
-    the QP's next WQE from the ``RecvGate`` (``rwqe``; none: not posted). After the PSN and
-    opcode-sequence checks it takes the QP's spare WQE (one a packet before it did not take)
-    or its own, the other becoming the spare; with neither it gets an RNR NAK (AETH 0x20 |
-    the QP's ``min_rnr_timer``, its PSN, the MSN; the next packet ahead of it gets the gap's
-    PSN-sequence NAK). A SEND's payload goes to the WQE's segments from where the message's last packet
+    a WQE the ``RecvGate`` took speculatively (``rwqe``: its number, and the WQE when it is
+    on chip). After the PSN and opcode-sequence checks it uses the QP's next WQE, number
+    ``rq_ci`` (the model's consumer count): the one it holds if that is its number, else
+    the stage waits while it asks the ``RecvQueue`` for it (``lookup`` / ``found``); with
+    none posted it gets an RNR NAK (AETH 0x20 | the QP's ``min_rnr_timer``, its PSN, the
+    MSN; the next packet ahead of it gets the gap's PSN-sequence NAK). Every such packet's
+    decision goes to the ``RecvQueue`` as a ``sync`` record: the committed count, and when
+    the numbers handed on after this packet's are off (it did not use its WQE, or used
+    another), a correction of the queue's numbering (once per generation ``rq_gen``: the
+    packets already numbered in the old one are corrected by the same move). A SEND's payload goes to the WQE's segments from where the message's last packet
     ended (``recv``); one that does not fit is NAKed invalid request, the WQE completes with
     LOCAL_LENGTH_ERR and the QP goes to ERR. A message's last packet, and a fatal error
     with a WQE held, give a receive completion (``cqes``) and a CQE fence among the payload
@@ -237,6 +244,13 @@ class Responder(wiring.Component):
         Atomics to execute (new) or answer from their record (duplicate), in order.
     rwqe : In(ArrayLayout(GateWqe(max_sge), 2))
         With ``packets``: each lane's receive WQE (``RecvGate``); 0 without one.
+    sync : Out(stream.Signature(Pair(RecvSync(num_qps))))
+        Per decided packet that held a WQE number: the QP's committed count and a correction
+        of the ``RecvQueue``'s numbering, in decision order.
+    sync_idle : In(1)
+        The ``RecvQueue`` has applied every sync (a lookup waits for it).
+    lookup : Out(stream.Signature(RecvLookup(num_qps))), found : In(stream.Signature(RecvWqe(num_qps, max_sge)))
+        The QP's next committed WQE, asked while the decision waits for it.
     cqes : Out(stream.Signature(Pair(RecvCqe)))
         Receive completions, in decision order (each with a ``cqe`` fence on ``commands``).
     reads : Out(stream.Signature(Pair(ReadJob)))
@@ -280,6 +294,10 @@ class Responder(wiring.Component):
             "atomics": Out(stream.Signature(Pair(AtomicRequest(num_qps)))),
             "reads": Out(stream.Signature(Pair(ReadJob(num_qps)))),
             "rwqe": In(data.ArrayLayout(GateWqe(max_sge), 2)),
+            "sync": Out(stream.Signature(Pair(RecvSync(num_qps)))),
+            "sync_idle": In(1),
+            "lookup": Out(stream.Signature(RecvLookup(num_qps))),
+            "found": In(stream.Signature(RecvWqe(num_qps, max_sge))),
             "cqes": Out(stream.Signature(Pair(RecvCqe))),
             "errors": Out(stream.Signature(Pair(unsigned(qp_bits(num_qps))))),
             "flushed": Out(1), "flush_more": Out(1),
@@ -289,12 +307,13 @@ class Responder(wiring.Component):
             "verdict": Out(data.ArrayLayout(RxVerdict, 2)),
         })
 
-    def _decide(self, m, k, p, ctx, status, ctl_state, npkts, answered, w):
+    def _decide(self, m, k, p, ctx, status, ctl_state, npkts, answered, att, ovr_valid, ovr):
         """Lane ``k``'s decision on packet ``p`` with QP context ``ctx``, key-check
         ``status``, the state the control path last set (``ctl_state``), for a READ
         REQUEST its response packets (``npkts``), the QP's count of READs and atomics
-        answered (``answered``) and the receive WQE the gate gave it (``w``): the new
-        context and what to do (a dict of Signals)."""
+        answered (``answered``), the receive WQE the gate gave it (``att``) and the one a
+        lookup found (``ovr``, when ``ovr_valid``): the new context and what to do (a dict
+        of Signals)."""
         entry_layout = ResponderEntry(self.pd_bits, self.max_sge)
         cfg, dyn = ctx.cfg, ctx.dyn
 
@@ -312,12 +331,17 @@ class Responder(wiring.Component):
         # two-sided verbs: a SEND; a packet that consumes a receive WQE; the WQE it takes
         # (the QP's spare first, then its own) and the one its message fills
         send, rwr, have, took, rnr = sig("send"), sig("rwr"), sig("have"), sig("took"), sig("rnr")
-        len_err = sig("len_err")
+        len_err, need = sig("len_err"), sig("need")
         wl = GateWqe(self.max_sge)
         taken, wq = sig("taken", wl), sig("wq", wl)
+        # the WQE used is number rq_ci: the one the packet holds when that is its number, else
+        # the one a lookup found (the decision waits for it: ``need``)
+        att_eq, att_eq1 = sig("att_eq"), sig("att_eq1")
+        m.d.comb += [att_eq.eq(att.index == dyn.rq_ci), att_eq1.eq(att.index + 1 == dyn.rq_ci)]
         m.d.comb += [
             send.eq(_any(p.opcode == op for op in SEND_OPS)), rwr.eq(is_rwr(p.opcode)),
-            have.eq(w.valid | dyn.spare.valid), taken.eq(Mux(dyn.spare.valid, dyn.spare, w)),
+            taken.eq(Mux(ovr_valid, ovr, att)),
+            have.eq(Mux(ovr_valid, ovr.valid, att.valid & att_eq)),
             wq.eq(Mux(is_first, taken, dyn.cur)),
         ]
         cqe, cqe_op, cqe_syn = sig("cqe"), sig("cqe_op", 4), sig("cqe_syn", 8)
@@ -461,8 +485,10 @@ class Responder(wiring.Component):
         with m.Elif(rwr & ~have):
             # no receive WQE: RNR NAK at the packet's PSN; like a sequence NAK it
             # acknowledges every earlier PSN; unlike one it is not the gap's NAK: the next
-            # packet ahead gets that (rxe's check_psn, model.responder)
-            m.d.comb += [rnr.eq(1), new.dyn.nak_sent.eq(0), new.dyn.unacked.eq(0), respond.eq(1),
+            # packet ahead gets that (rxe's check_psn, model.responder). Unless the WQE the
+            # packet holds is only not the right one: then the lookup decides.
+            m.d.comb += [need.eq(~ovr_valid),
+                         rnr.eq(1), new.dyn.nak_sent.eq(0), new.dyn.unacked.eq(0), respond.eq(1),
                          resp_psn.eq(p.psn), resp_syn.eq(Aeth.RNR_NAK | cfg.min_rnr_timer)]
         with m.Elif(~send & is_first & (status != MrCheck.OK)):
             m.d.comb += [took.eq(rwr), verdict.eq(RxVerdict.ACCESS_ERROR), fatal.eq(1),
@@ -500,13 +526,6 @@ class Responder(wiring.Component):
                              cqe_op.eq(F.CqeOp.RESP_WR_IMM)]
             with m.If(p.ackreq | is_last | (unacked >= every)):
                 m.d.comb += [new.dyn.unacked.eq(0), respond.eq(1), resp_psn.eq(p.psn), resp_syn.eq(Aeth.ACK)]
-        # The receive WQEs: one given to a packet that did not take it is the QP's spare
-        # (while it has none: a second such WQE would be lost, docs/architecture.md); a
-        # packet that takes one uses the spare first, its own WQE becoming the spare.
-        with m.If(w.valid & ~dyn.spare.valid):
-            m.d.comb += new.dyn.spare.eq(w)
-        with m.If(took):
-            m.d.comb += new.dyn.spare.eq(Mux(dyn.spare.valid, w, 0))
         with m.If(fatal):
             # Class C error: NAK with the offending PSN, nothing executed, QP to error; the
             # receive WQE the message holds completes in error.
@@ -519,29 +538,42 @@ class Responder(wiring.Component):
                                             Mux(fatal_syn == Aeth.NAK_REMOTE_ACCESS, F.Syndrome.REMOTE_ACCESS_ERR,
                                                 F.Syndrome.REMOTE_INVAL_REQ_ERR)))]
         # A QP in ERR: its receive WQEs complete with WR_FLUSH_ERR in order (RecvFlush): a flush
-        # request completes the WQE of the SEND in progress, else the spare, else its own (a
-        # FLUSH_NEXT's); any packet with a WQE while the spare is held completes the spare and
-        # leaves its own as the spare, so that no WQE is lost and the order holds.
-        flush_cur, flush_spare, flush_w = sig("flush_cur"), sig("flush_spare"), sig("flush_w")
+        # request completes the WQE of the SEND in progress, else (a FLUSH_NEXT) the QP's next
+        # WQE (number rq_ci, looked up when the one it holds is not that one).
+        flush_cur, flush_w = sig("flush_cur"), sig("flush_w")
         m.d.comb += [
             flush_cur.eq(is_flush & err_state & dyn.in_msg & dyn.msg_send),
-            flush_spare.eq(err_state & dyn.spare.valid & ~flush_cur & (is_flush | w.valid)),
-            flush_w.eq(is_flush & err_state & ~dyn.spare.valid & w.valid & ~flush_cur),
+            flush_w.eq((p.opcode == FLUSH_NEXT) & err_state & have & ~flush_cur),
         ]
+        with m.If((p.opcode == FLUSH_NEXT) & err_state & ~have & ~flush_cur):
+            m.d.comb += need.eq(~ovr_valid)
         with m.If(flush_cur):
             m.d.comb += new.dyn.in_msg.eq(0)
-        with m.If(flush_spare):
-            m.d.comb += new.dyn.spare.eq(w)
-        with m.If(flush_w):
-            m.d.comb += new.dyn.spare.eq(0)
-        with m.If(flush_cur | flush_spare | flush_w):
+        with m.If(flush_cur | flush_w):
             m.d.comb += [cqe.eq(1), cqe_op.eq(F.CqeOp.RESP_ERR), cqe_bytes.eq(0), cqe_syn.eq(F.Syndrome.WR_FLUSH_ERR),
-                         cqe_index.eq(Mux(flush_cur, dyn.cur.index, Mux(flush_spare, dyn.spare.index, w.index)))]
+                         cqe_index.eq(Mux(flush_cur, dyn.cur.index, taken.index))]
+        # The receive WQE count, and the sync to the RecvQueue: the packets numbered after
+        # this one hold numbers off by ``delta`` unless this one used its own number (or,
+        # not using one, held the number before the next one's); a correction goes once per
+        # generation (those numbered before it are off by the same amount).
+        used = sig("used")
+        m.d.comb += used.eq(took | flush_w)
+        aligned, correct = sig("aligned"), sig("correct")
+        m.d.comb += [
+            new.dyn.rq_ci.eq(dyn.rq_ci + used),
+            aligned.eq(Mux(used, att_eq, att_eq1)),
+            correct.eq(rwr & (att.gen == dyn.rq_gen) & ~aligned),
+            new.dyn.rq_gen.eq(dyn.rq_gen ^ correct),
+        ]
+        sync = sig("sync", RecvSync(self.num_qps))
+        m.d.comb += [sync.qpn.eq(p.dqpn), sync.committed.eq(new.dyn.rq_ci),
+                     sync.delta.eq(new.dyn.rq_ci - att.index - 1), sync.correct.eq(correct)]
         addr = sig("addr", 64)
         m.d.comb += addr.eq(Mux(send, send_addr, va + off))
         return {"new": new, "verdict": verdict, "write": write, "respond": respond,
                 "psn": resp_psn, "syndrome": resp_syn, "addr": addr, "rnr": rnr, "wlen": wlen, "extra": extra,
-                "send": send, "flush": is_flush, "flush_more": flush_cur | flush_spare | flush_w, "fatal": fatal,
+                "send": send, "flush": is_flush, "flush_more": flush_cur | flush_w, "fatal": fatal,
+                "need": need, "rwr": rwr, "sync": sync, "has_sync": rwr & (used | correct),
                 "cqe": cqe, "cqe_op": cqe_op, "cqe_syn": cqe_syn, "cqe_index": cqe_index, "cqe_bytes": cqe_bytes,
                 "atomic": atomic, "atomic_dup": atomic_dup, "read": read | read_dup, "counted": read | atomic}
 
@@ -679,20 +711,54 @@ class Responder(wiring.Component):
                                  Mux(last_valid[0] & (last_qpn[0] == qp[k]), last_ctx[0], c_ctx[k])))
             bypassed.append(b)
         m.d.comb += ctx[0].eq(bypassed[0])
-        d0 = self._decide(m, 0, p[0], ctx[0], mrts[0].results.p.status, c_ctl[0], c_npkts[0], c_ans[0], c_wqe[0])
+        # A lane whose decision needs the QP's next receive WQE and does not hold it waits
+        # (the whole stage: the lanes decide together) while the RecvQueue looks it up; the
+        # WQE found stays with the lane until the pair leaves.
+        ovr_valid = Signal(2)
+        ovr = Signal(data.ArrayLayout(GateWqe(self.max_sge), 2))
+        d0 = self._decide(m, 0, p[0], ctx[0], mrts[0].results.p.status, c_ctl[0], c_npkts[0], c_ans[0], c_wqe[0],
+                          ovr_valid[0], ovr[0])
         m.d.comb += ctx[1].eq(Mux(same, d0["new"], bypassed[1]))       # chained on lane 0
         w1 = Signal(GateWqe(self.max_sge))
         m.d.comb += w1.eq(Mux(present[1], c_wqe[1], 0))
-        d1 = self._decide(m, 1, p[1], ctx[1], mrts[1].results.p.status, c_ctl[1], c_npkts[1], c_ans[1], w1)
+        d1 = self._decide(m, 1, p[1], ctx[1], mrts[1].results.p.status, c_ctl[1], c_npkts[1], c_ans[1], w1,
+                          ovr_valid[1], ovr[1])
         dec = [d0, d1]
+        need = [present[k] & dec[k]["need"] for k in range(2)]
+        need_any = Signal()
+        m.d.comb += need_any.eq(mrts[0].results.valid & (need[0] | need[1]))
+        lk_busy = Signal()              # a lookup asked, its answer not yet here
+        lk_lane = Signal()
+        lane = ~need[0]                 # lane 0 first: lane 1's decision is chained on it
+        m.d.comb += [
+            # only once the RecvQueue applied every sync before (its committed count is the
+            # responder's: the WQE asked for has its slot)
+            self.lookup.valid.eq(need_any & ~lk_busy & self.sync_idle),
+            self.lookup.p.qpn.eq(Mux(lane, qp[1], qp[0])),
+            self.lookup.p.index.eq(Mux(lane, ctx[1].dyn.rq_ci, ctx[0].dyn.rq_ci)),
+            self.found.ready.eq(lk_busy),
+        ]
+        with m.If(self.lookup.valid & self.lookup.ready):
+            m.d.sync += [lk_busy.eq(1), lk_lane.eq(lane)]
+        found = gate_wqe(m, self.found.p, self.max_sge, name="found")
+        with m.If(self.found.valid & self.found.ready):
+            m.d.sync += lk_busy.eq(0)
+            with m.If(lk_lane):
+                m.d.sync += [ovr[1].eq(found), ovr_valid[1].eq(1)]
+            with m.Else():
+                m.d.sync += [ovr[0].eq(found), ovr_valid[0].eq(1)]
+        with m.If(c_go):
+            m.d.sync += ovr_valid.eq(0)
 
         # Outputs: registered, so no valid depends on a ready; the pair decides when every
         # output has room. Payload commands and responses are packed to the front.
         cmd, resp, ato, rds, cqs, errs = self.commands, self.responses, self.atomics, self.reads, self.cqes, self.errors
+        syn = self.sync
         out_ready = Signal()
         m.d.comb += [
             out_ready.eq((~cmd.valid | cmd.ready) & (~resp.valid | resp.ready) & (~ato.valid | ato.ready)
-                         & (~rds.valid | rds.ready) & (~cqs.valid | cqs.ready) & (~errs.valid | errs.ready)),
+                         & (~rds.valid | rds.ready) & (~cqs.valid | cqs.ready) & (~errs.valid | errs.ready)
+                         & (~syn.valid | syn.ready) & ~need_any),
             mrts[0].results.ready.eq(out_ready), mrts[1].results.ready.eq(out_ready),
             c_go.eq(mrts[0].results.valid & out_ready),
         ]
@@ -707,7 +773,7 @@ class Responder(wiring.Component):
                      self.flush_more.eq(_any(present[k] & dec[k]["flush"] & dec[k]["flush_more"] for k in range(2)))]
         # a QP a fatal error moved to ERR: its receive WQEs are flushed (RecvFlush)
         to_err = [present[k] & dec[k]["fatal"] for k in range(2)]
-        for s_ in (cmd, resp, ato, rds, cqs, errs):
+        for s_ in (cmd, resp, ato, rds, cqs, errs, syn):
             with m.If(s_.valid & s_.ready):
                 m.d.sync += s_.valid.eq(0)
         # An atomic (new or retried) goes to the AtomicUnit, and a fence to the write path:
@@ -723,6 +789,7 @@ class Responder(wiring.Component):
         has_cqe = [present[k] & dec[k]["cqe"] for k in range(2)]
         has_cmd = [present[k] & ((p[k].payload_len != 0) | fenced[k] | rresp[k] | dec[k]["cqe"]) for k in range(2)]
         has_resp = [present[k] & dec[k]["respond"] for k in range(2)]
+        has_sync = [present[k] & dec[k]["has_sync"] for k in range(2)]
         cmds, resps, atos, jobs, cqes = [], [], [], [], []
         for k in range(2):
             c_ = Signal(RxWriteCommand, name=f"cmd{k}")
@@ -769,7 +836,9 @@ class Responder(wiring.Component):
                          ato.valid.eq(to_unit[0] | to_unit[1]), *pack_pair(ato.p, to_unit, atos),
                          rds.valid.eq(to_read[0] | to_read[1]), *pack_pair(rds.p, to_read, jobs),
                          cqs.valid.eq(has_cqe[0] | has_cqe[1]), *pack_pair(cqs.p, has_cqe, cqes),
-                         errs.valid.eq(to_err[0] | to_err[1]), *pack_pair(errs.p, to_err, qp)]
+                         errs.valid.eq(to_err[0] | to_err[1]), *pack_pair(errs.p, to_err, qp),
+                         syn.valid.eq(has_sync[0] | has_sync[1]),
+                         *pack_pair(syn.p, has_sync, [dec[k]["sync"] for k in range(2)])]
 
         # Context writes: the decisions (lane 0's only when lane 1 is of another QP; none of
         # a lane read before a create of its QP), and a QP create from the control path.

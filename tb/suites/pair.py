@@ -38,6 +38,7 @@ WORDS = 0x6000_0000
 ATOMIC_REGION = MemoryRegion(key=ATOMIC_KEY, base=WORDS, length=1 << 16,
                              access=Access.REMOTE_WRITE | Access.REMOTE_ATOMIC, pd=PD)
 ORIGINALS = 0x6800_0000
+RECV_BUFS = 0x5000_0000              # NIC 1's receive buffers (the fault matrix's SENDs)
 
 
 def _assert_no_underrun(a, b):
@@ -825,12 +826,15 @@ async def rc_modify_to_error(dut):
 
 
 async def _faulty(dut, kind, rate, seed):
-    """WRITEs from NIC 0 to NIC 1, and atomics and READs from NIC 1 to NIC 0 (DeepEP's
-    4-byte masked fetch-add on a count, an 8-byte FETCH_ADD now and then, NVSHMEM's get of
-    8 B .. 2 MTU + 100), with ``kind`` faults at ``rate`` on both directions of the cable:
-    every message arrives once and intact, every atomic is applied exactly once (the words
-    are the sums, the originals a chain), every READ returns the source's bytes, every CQE
-    comes, in order, and the counters agree with the faults the link injected."""
+    """WRITEs from NIC 0 to NIC 1, SENDs, SENDs with immediate and WRITEs with immediate
+    from NIC 0 into NIC 1's receive queue, and atomics and READs from NIC 1 to NIC 0
+    (DeepEP's 4-byte masked fetch-add on a count, an 8-byte FETCH_ADD now and then,
+    NVSHMEM's get of 8 B .. 2 MTU + 100), with ``kind`` faults at ``rate`` on both
+    directions of the cable: every message arrives once and intact (a SEND into its own
+    receive WQE's buffer, in order: receive CQE k has WQE counter k, its byte count and
+    immediate), every atomic is applied exactly once (the words are the sums, the
+    originals a chain), every READ returns the source's bytes, every CQE comes on both
+    sides, in order, and the counters agree with the faults the link injected."""
     rnd = random.Random(seed)
     mtu = 1024
     spec = FaultSpec(**{kind: rate}, delay_cycles=300, reorder_depth=2)
@@ -846,7 +850,14 @@ async def _faulty(dut, kind, rate, seed):
     count, signal = WORDS, WORDS + 8
     adds, fetch_adds, atomic_cqes = [], 0, 0
     sent = []
-    for i in range(fault_matrix.messages(rate)):
+    # the two-sided QP: NIC 1's receive queue holds a WQE (one 16 KiB buffer) per message
+    nmsg = fault_matrix.messages(rate)
+    rcq = await b.cq(2, 8)
+    qp_s, qp_r = await env.connect(0, 4, 1, 14, cq_a=a.cqs[0], cq_b=rcq, mtu=mtu, pd=PD, ack_every=2, timeout=3000,
+                                   b_kw=dict(recv=(8, 4), rcq=rcq))
+    qp_r.post_recv(*[[(RECV_BUFS + 0x4000 * i, 0x4000)] for i in range(nmsg)])
+    received = []                     # (CQE opcode, bytes, immediate, where the bytes land)
+    for i in range(nmsg):
         v = rnd.randrange(1, 1 << 12)
         adds.append((v, ORIGINALS + 8 * i))
         qp_at.post_masked_atomic(WqeOp.ATOMIC_MASKED_FA, 4, count, ATOMIC_KEY, {"add": v, "field_boundary": 0},
@@ -878,13 +889,28 @@ async def _faulty(dut, kind, rate, seed):
             sent.append((raddr, data))
             if i % 4 == 3:
                 await qp_a.ring_nvshmem()
+        n = rnd.choice([0, 8, 301, mtu, 2 * mtu + 5])
+        data, imm = bytes(rnd.randrange(256) for _ in range(n)), rnd.randrange(1 << 32)
+        addr = a.gpu.alloc(max(n, 1), 128)
+        a.gpu.write(addr, data)
+        if i % 3 == 2:
+            raddr = DST + 0xC0_0000 + 0x4000 * i
+            qp_s.post_write(raddr, KEY, local_addr=addr, length=n, opcode=WqeOp.RDMA_WRITE_IMM, imm=imm,
+                            signaled=(i % 4 == 3))
+            received.append((CqeOp.RESP_WR_IMM, data, imm, raddr))
+        else:
+            qp_s.post_send(local_addr=addr, length=n, imm=imm if i % 3 else None, signaled=(i % 4 == 3))
+            received.append((CqeOp.RESP_SEND_IMM if i % 3 else CqeOp.RESP_SEND, data, imm if i % 3 else 0,
+                             RECV_BUFS + 0x4000 * i))
+        if i % 4 == 3 or i == nmsg - 1:
+            await qp_s.ring_nvshmem()
     pred = a.predict()
     want_cqes = pred.totals.cqes
     try:
         await a.wait_for(lambda: len(a.cqe_writes()) >= want_cqes, 400_000,
                          f"{want_cqes} CQEs (got {len(a.cqe_writes())})")
-        await b.wait_for(lambda: len(b.cqe_writes()) >= atomic_cqes, 400_000,
-                         f"{atomic_cqes} atomic CQEs of NIC 1 (got {len(b.cqe_writes())})")
+        await b.wait_for(lambda: len(b.cqe_writes()) >= atomic_cqes + nmsg, 400_000,
+                         f"{atomic_cqes} atomic CQEs and {nmsg} receive CQEs of NIC 1 (got {len(b.cqe_writes())})")
     except TimeoutError:
         ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
         dut._log.error(f"hung: link 0->1 {env.net.tx_links[0].counters}, 1->0 {env.net.tx_links[1].counters}; "
@@ -909,10 +935,25 @@ async def _faulty(dut, kind, rate, seed):
     assert u(a, count, 4) == sum(v for v, _ in adds) and u(a, signal, 8) == fetch_adds
     chain = sorted((u(b, slot, 4, "big"), v) for v, slot in adds)
     assert chain[0][0] == 0 and all(o + v == o2 for (o, v), (o2, _) in zip(chain, chain[1:])), chain[:4]
-    cqes = [parse_cqe(raw) for _, _, raw, _ in b.cqe_writes()]
+    cqes = [parse_cqe(raw) for cqn, _, raw, _ in b.cqe_writes() if cqn == 0]
     assert [(c["qpn"], c["opcode"], c["syndrome"]) for c in cqes] == [(3, CqeOp.REQ, 0)] * atomic_cqes
-    ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
+    # the two-sided messages: each received once, in order, into its own WQE's buffer
+    rcqes = [parse_cqe(raw) for cqn, _, raw, _ in b.cqe_writes() if cqn == 2]
+    got = [(c["qpn"], c["opcode"], c["byte_cnt"], c["imm"], c["wqe_counter"], c["syndrome"]) for c in rcqes]
+    assert got == [(14, op, len(d), imm, k, 0) for k, (op, d, imm, _) in enumerate(received)], got[:6]
+    for k, (_, d, _, where) in enumerate(received):
+        assert b.mem.read(where, len(d)) == d, f"two-sided message {k} ({len(d)} B) at {where:#x}"
+    # quiet first: a go-back-N or a timer's resends may still be on the cable or in a NIC's
+    # receive path after the last CQE (the SENDs' QP resends after 3000 cycles)
     links = env.net.tx_links
+    for _ in range(20):
+        ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
+        settled = all(links[d].counters["sent"] == links[d].counters["delivered"] + links[d].counters["dropped"]
+                      and links[d].counters["delivered"] == sum(c[k] for k in c if k.startswith("rx_"))
+                      for c, d in ((cb, 0), (ca, 1)))
+        if settled:
+            break
+        await ClockCycles(dut.clk, 1000)
     injected = {d: links[d].counters for d in (0, 1)}
     dut._log.info(f"{kind} at {rate}: link 0->1 {injected[0]}, 1->0 {injected[1]}; "
                   f"NIC 0 {dict((k, v) for k, v in ca.items() if v)}; NIC 1 {dict((k, v) for k, v in cb.items() if v)}")

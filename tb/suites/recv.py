@@ -253,6 +253,37 @@ async def rnr_then_posted(dut):
 
 
 @cocotb.test()
+async def duplicates_and_gaps(dut):
+    """Packets that take no receive WQE, several in a row, between packets that do, all back
+    to back on MAC RX (so the packets behind them hold WQE numbers given out before the
+    responder decided): two duplicate SENDs, a gap (two packets ahead, the first NAKed, the
+    second dropped), the go-back-N resend, a WRITE_IMM and a SEND_IMM. Every WQE is used once,
+    in order: the receive CQEs count 0..6, each SEND in its own WQE's buffer, the frames and
+    CQEs as the model's. (Under the responder's one-spare rule, the second duplicate lost WQE
+    3: the CQEs counted 0, 1, 2, 4, ..., and the last SEND found none.)"""
+    r = await RecvEnv.start(dut, {2: 1024})
+    q, n = 2, 8
+    r.qps[q].post_recv(*[[(BUFS + 0x400 * k, 0x100)] for k in range(n)])
+    pay = [_payload(20 + 3 * k, 30 + k) for k in range(7)]
+    m = [r.message(q, WqeOp.SEND, pay[k]) for k in range(2)]
+    m2 = r.message(q, WqeOp.SEND, pay[2])
+    m3 = r.message(q, WqeOp.SEND, pay[3])
+    m4 = r.message(q, WqeOp.SEND_IMM, pay[4], imm=0x1234)
+    m5 = r.message(q, WqeOp.RDMA_WRITE_IMM, pay[5], imm=0x5678, raddr=DST)
+    m6 = r.message(q, WqeOp.SEND, pay[6])
+    frames = m[0] + m[1] + m[0] + m[1] + m3 + m4 + m2 + m3 + m4 + m5 + m6
+    res = await r.exchange(frames)
+    kinds = [x.response_kind for x in res]
+    assert kinds[4] == "nak_psn_seq" and r.model.counters.recv_wqes == 7, kinds
+    for k in (0, 1, 2, 3, 4, 6):
+        r.scatter([(BUFS + 0x400 * k, 0x100)], pay[k])
+    cqes = r.check()
+    assert [(c["wqe_counter"], c["byte_cnt"]) for c in cqes] == [(k, len(pay[k])) for k in range(7)], \
+        [(c["wqe_counter"], c["byte_cnt"]) for c in cqes]
+    assert r.env.mem.read(DST, len(pay[5])) == pay[5]
+
+
+@cocotb.test()
 async def length_error(dut):
     """A SEND longer than its receive WQE: NAK invalid request, nothing written, the WQE
     completes with RESP_ERR / LOCAL_LENGTH_ERR, the QP goes to ERR (later packets

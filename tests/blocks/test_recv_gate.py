@@ -2,11 +2,12 @@
 
 RecvGate: random request pairs (opcodes that consume a receive WQE and others, two QPs
 a pair or one, gaps), a stand-in for the RecvQueue answering each query after a random
-delay (available at random) and handing a WQE (random segments) per consume after
-another, random ready on the output. Checked: the pairs leave in order and unchanged; a
-lane gets a WQE exactly when it consumes one and its query was answered available, and
-then the WQE consumed for it (counter, addresses, the running segment ends); one consume
-(``ok`` = 1, the answer's QP) per available answer, none otherwise.
+delay (available at random) and handing a WQE record (a number and generation, the WQE
+itself or none at random, random segments) per consume after another, random ready on
+the output. Checked: the pairs leave in order and unchanged; every lane that consumes a
+WQE gets the record consumed for it (valid, counter, generation, addresses, the running
+segment ends), other lanes none; one consume (``ok`` = 1, the answer's QP) per answer,
+whatever it says (the gate's takes are speculative: the responder decides).
 
 RecvCqeWriter: random completions to two ring CQs and a collapsed one, the ``landed``
 strobes at random (before or after their completion), random AW/W ready. Checked: each
@@ -71,10 +72,12 @@ def test_recv_gate():
             else:
                 ctx.set(dut.answer.valid, 0)
             if pending_wqe and pending_wqe[0][0] <= cycle:
-                _, q, index, segs = pending_wqe[0]
+                _, q, index, segs, valid, gen = pending_wqe[0]
                 ctx.set(dut.wqe.valid, 1)
                 ctx.set(dut.wqe.p.qpn, q)
                 ctx.set(dut.wqe.p.index, index)
+                ctx.set(dut.wqe.p.valid, valid)
+                ctx.set(dut.wqe.p.gen, gen)
                 ctx.set(dut.wqe.p.nsge, len(segs))
                 for j in range(MAX_SGE):
                     a, n = segs[j] if j < len(segs) else (0, 0)
@@ -97,8 +100,9 @@ def test_recv_gate():
                 segs = [(rnd.randrange(1 << 40), rnd.randrange(0, 5000)) for _ in range(rnd.randrange(0, MAX_SGE + 1))]
                 index = wqes[q]
                 wqes[q] += 1
-                handed.append((q, index, segs))
-                pending_wqe.append((cycle + rnd.randrange(1, 8), q, index, segs))
+                valid, gen = int(rnd.random() < 0.7), rnd.randrange(2)
+                handed.append((q, index, segs, valid, gen))
+                pending_wqe.append((cycle + rnd.randrange(1, 8), q, index, segs, valid, gen))
             if ctx.get(dut.wqe.valid) and ctx.get(dut.wqe.ready):
                 pending_wqe.popleft()
             if ctx.get(dut.o.valid) and ctx.get(dut.o.ready):
@@ -107,7 +111,7 @@ def test_recv_gate():
                 for j in range(1 + o.pair.second):
                     w = o.wqe[j]
                     lanes.append((o.pair.p[j].opcode, o.pair.p[j].dqpn, o.pair.p[j].psn, w.valid, w.index,
-                                  [w.addr[s] for s in range(MAX_SGE)], [w.end[s] for s in range(MAX_SGE)]))
+                                  [w.addr[s] for s in range(MAX_SGE)], [w.end[s] for s in range(MAX_SGE)], w.gen))
                 out.append(lanes)
             await ctx.tick()
             if len(out) == len(pairs):
@@ -127,10 +131,9 @@ def test_recv_gate():
                 assert g[3] == 0
                 continue
             qq, avail = qs.popleft()
-            assert qq == q and g[3] == avail
-            if avail:
-                hq, index, segs = hs.popleft()
-                assert hq == q and g[4] == index
+            hq, index, segs, valid, gen = hs.popleft()
+            assert qq == q and hq == q and g[3] == valid and g[4] == index and g[7] == gen
+            if valid:
                 run = 0
                 for s in range(MAX_SGE):
                     a, n = segs[s] if s < len(segs) else (g[5][s], 0)
