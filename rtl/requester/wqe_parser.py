@@ -67,7 +67,9 @@ class WqeParser(wiring.Component):
     stale and discarded. The WQEs are walked again: a WQE whose packets all precede
     ``skip_to`` (the first PSN to send again) is skipped, the WQE holding it leaves as
     a message resumed at that packet (``resume``: MIDDLE/LAST opcodes, addresses and
-    length advanced by whole MTUs), and the ones after leave as usual.
+    length advanced by whole MTUs), and the ones after leave as usual. The resumed WQE
+    is held a cycle (after a gather list's two), in which its advanced fields are summed
+    into registers: no adder between the WQEBB and the message (a cycle per go-back).
 
     Failure (RC error): a ``retransmit`` with ``fail`` set walks the WQEs the same way,
     but the WQE holding ``skip_to`` leaves as an ERROR message with the command's
