@@ -13,7 +13,22 @@ __all__ = ["AckMailbox"]
 
 
 
-def _replaces(m, new, old):
+_CLASS = data.StructLayout({"nak": 1, "fatal": 1, "inert": 1, "implied": PSN_BITS})
+
+
+def _classify(m, r):
+    """A record's class (``_CLASS``): a NAK (RNR too), a fatal NAK, inert (a reserved kind),
+    and the PSN it acknowledges up to (a NAK's PSN - 1)."""
+    c = Signal(_CLASS)
+    kind = r.syndrome[5:7]
+    nak = (kind == Aeth.KIND_NAK) | (kind == Aeth.KIND_RNR)
+    m.d.comb += [c.nak.eq(nak), c.fatal.eq((kind == Aeth.KIND_NAK) & (r.syndrome != Aeth.NAK_PSN_SEQ)),
+                 c.inert.eq(~nak & (kind != Aeth.KIND_ACK)),
+                 c.implied.eq(Mux(nak, (r.psn - 1)[:PSN_BITS], r.psn))]
+    return c
+
+
+def _replaces(m, new, old, new_class=None):
     """1 when ``new``, arriving while ``old`` of its QP waits, says more than ``old``.
 
     An ACK acknowledges its PSN, a NAK every PSN before its own: of two records the one
@@ -22,15 +37,12 @@ def _replaces(m, new, old):
     the QP: once one waits nothing else matters, and a new one replaces anything (it
     acknowledges what the waiting one did). An RNR NAK is a NAK here (it acknowledges the
     PSNs before its own and asks for a resend, after its timer); a reserved kind does not
-    move the tracker at all, so it never replaces a record and is replaced by any."""
-    def classify(r):
-        kind = r.syndrome[5:7]
-        nak = (kind == Aeth.KIND_NAK) | (kind == Aeth.KIND_RNR)
-        implied = Signal(PSN_BITS)
-        m.d.comb += implied.eq(Mux(nak, (r.psn - 1)[:PSN_BITS], r.psn))
-        return nak, (kind == Aeth.KIND_NAK) & (r.syndrome != Aeth.NAK_PSN_SEQ), ~nak & (kind != Aeth.KIND_ACK), implied
-    n_nak, n_fatal, n_inert, n_imp = classify(new)
-    o_nak, o_fatal, o_inert, o_imp = classify(old)
+    move the tracker at all, so it never replaces a record and is replaced by any.
+    ``new_class``: ``new``'s ``_classify``, when it was registered beforehand."""
+    nc = _classify(m, new) if new_class is None else new_class
+    oc = _classify(m, old)
+    n_nak, n_fatal, n_inert, n_imp = nc.nak, nc.fatal, nc.inert, nc.implied
+    o_nak, o_fatal, o_inert, o_imp = oc.nak, oc.fatal, oc.inert, oc.implied
     diff = (n_imp - o_imp)[:PSN_BITS]
     newer = (diff != 0) & (diff < PSN_HALF)
     tie_nak = (diff == 0) & n_nak & ~o_nak
@@ -54,7 +66,9 @@ class AckMailbox(wiring.Component):
     the slot RAM starts empty by its init value, which a reset does not restore — like
     the other QP tables). Cycle t takes it and reads the slots of its one or two QPs;
     cycle t+1 decides. Two records of one QP in a pair fold first (``p[1]`` is the
-    newer), so the lanes then hold different QPs and touch different slots. Per lane: no
+    newer; folded in cycle t, into the register, with each lane's class, so that the
+    decision of t+1 has one comparison, not two in a chain), so the lanes then hold
+    different QPs and touch different slots. Per lane: no
     record waits — store it and push the QPN (lane 0's first); one waits — the one that
     says more stays in the slot and the other counts in ``merged``. ``o`` presents the
     slot of the QP at the head of the FIFO (read each cycle, transparent to this cycle's
@@ -108,25 +122,28 @@ class AckMailbox(wiring.Component):
         f_wr = [order.write_port() for _ in range(2)]
         f_rd = order.read_port(transparent_for=f_wr)
 
-        # Stage 1: the input (always taken) and its QPs' slot reads.
+        # Stage 1: the input (always taken) and its QPs' slot reads; two records of one QP
+        # fold into the one that says more (lane 0), and each lane's record is classified.
         m.d.comb += i.ready.eq(1)
         s1_valid = Signal(2)
-        s1 = Signal(Pair(AckRecord))
-        m.d.sync += [s1_valid.eq(Mux(i.valid, Cat(1, i.p.second), 0)), s1.eq(i.p)]
-        for k in range(2):
-            m.d.comb += in_rd[k].addr.eq(i.p.p[k].qpn[:qb])
-
-        # Stage 2a: two records of one QP fold into the one that says more (lane 0).
         same = Signal()
-        lane_valid = Signal(2)
         lane = [Signal(AckRecord, name=f"lane{k}") for k in range(2)]
+        lane_class = [Signal(_CLASS, name=f"lane_class{k}") for k in range(2)]
+        ip = i.p.p
+        in_same = Signal()
+        m.d.comb += in_same.eq(i.p.second & (ip[0].qpn[:qb] == ip[1].qpn[:qb]))
+        in_lane0 = Signal(AckRecord)
+        m.d.comb += in_lane0.eq(Mux(in_same & _replaces(m, ip[1], ip[0]), ip[1], ip[0]))
+        m.d.sync += [s1_valid.eq(Mux(i.valid, Cat(1, i.p.second), 0)), same.eq(i.valid & in_same),
+                     lane[0].eq(in_lane0), lane[1].eq(ip[1]),
+                     lane_class[0].eq(_classify(m, in_lane0)), lane_class[1].eq(_classify(m, ip[1]))]
+        for k in range(2):
+            m.d.comb += in_rd[k].addr.eq(ip[k].qpn[:qb])
+
+        # Stage 2a: the lanes (a pair of one QP is one record, lane 0).
+        lane_valid = Signal(2)
         lane_qp = [lane[k].qpn[:qb] for k in range(2)]
-        m.d.comb += [
-            same.eq(s1_valid[1] & (s1.p[0].qpn[:qb] == s1.p[1].qpn[:qb])),
-            lane_valid.eq(Cat(s1_valid[0], s1_valid[1] & ~same)),
-            lane[0].eq(Mux(same & _replaces(m, s1.p[1], s1.p[0]), s1.p[1], s1.p[0])),
-            lane[1].eq(s1.p[1]),
-        ]
+        m.d.comb += lane_valid.eq(Cat(s1_valid[0], s1_valid[1] & ~same))
 
         # The output: the head QP's slot.
         head_valid = Signal()
@@ -141,7 +158,7 @@ class AckMailbox(wiring.Component):
         for k in range(2):
             waiting = Signal(name=f"waiting{k}")
             m.d.comb += waiting.eq(in_rd[k].data.busy & ~(leaving & (head_qp == lane_qp[k])))
-            replaces = _replaces(m, lane[k], in_rd[k].data.rec)
+            replaces = _replaces(m, lane[k], in_rd[k].data.rec, lane_class[k])
             m.d.comb += [in_wr[k].addr.eq(lane_qp[k]), in_wr[k].data.busy.eq(1), in_wr[k].data.rec.eq(lane[k])]
             with m.If(lane_valid[k]):
                 with m.If(~waiting):

@@ -67,7 +67,9 @@ class WqeParser(wiring.Component):
     stale and discarded. The WQEs are walked again: a WQE whose packets all precede
     ``skip_to`` (the first PSN to send again) is skipped, the WQE holding it leaves as
     a message resumed at that packet (``resume``: MIDDLE/LAST opcodes, addresses and
-    length advanced by whole MTUs), and the ones after leave as usual.
+    length advanced by whole MTUs), and the ones after leave as usual. The resumed WQE
+    is held a cycle (after a gather list's two), in which its advanced fields are summed
+    into registers: no adder between the WQEBB and the message (a cycle per go-back).
 
     Failure (RC error): a ``retransmit`` with ``fail`` set walks the WQEs the same way,
     but the WQE holding ``skip_to`` leaves as an ERROR message with the command's
@@ -347,16 +349,21 @@ class WqeParser(wiring.Component):
         # Packets: ceil(length / MTU), at least one, as (length >> s) + (a remainder, or
         # nothing whole): constant shifts for each MTU, then one choice (no shifter or
         # decrement on the path from the WQEBB to the PSN store)
-        npkts = Signal(24)
         whole, part = Signal(24), Signal()
+        # (also of the data segment's byte count alone: a READ's length, without the choice
+        # of ``length``, for its last PSN)
+        bc_whole, bc_part = Signal(24), Signal()
         with m.Switch(job.cfg.mtu):
             for code in range(1, 6):
                 with m.Case(code):
                     sh = code + 7
-                    m.d.comb += [whole.eq(length >> sh), part.eq(length[:sh].any())]
+                    m.d.comb += [whole.eq(length >> sh), part.eq(length[:sh].any()),
+                                 bc_whole.eq(byte_count >> sh), bc_part.eq(byte_count[:sh].any())]
             with m.Default():                    # (not an ibv_mtu: taken as 4096)
-                m.d.comb += [whole.eq(length >> 12), part.eq(length[:12].any())]
-        m.d.comb += npkts.eq(whole + (part | (length == 0)))
+                m.d.comb += [whole.eq(length >> 12), part.eq(length[:12].any()),
+                             bc_whole.eq(byte_count >> 12), bc_part.eq(byte_count[:12].any())]
+        cin = Signal()                               # the WQE's packets, npkts, are whole + cin
+        m.d.comb += cin.eq(part | (length == 0))
         # Go-back-N: skip WQEs wholly before skip_to, resume the one holding it.
         resuming = Signal()                          # the QP is still walking up to skip_to
         resuming_now = Signal()
@@ -367,13 +374,24 @@ class WqeParser(wiring.Component):
         m.d.comb += ahead.eq(resuming_now & (dist != 0) & ~dist[23])
         # PSNs the WQE takes: a flushed WRITE sends nothing, so it takes none (the PSN of a
         # local error's flushes is then the last one sent, which an ACK covers); WQEs a
-        # go-back walk passes on its way to skip_to count theirs.
-        npk = Signal(24)
-        m.d.comb += npk.eq(Mux(~cur_fail | ahead, Mux((kind == MessageKind.WRITE) | (kind == MessageKind.READ), npkts,
-                                                      kind == MessageKind.ATOMIC), 0))
+        # go-back walk passes on its way to skip_to count theirs: npk, npkts for a WRITE or
+        # READ, 1 for an atomic, else 0. The WQE's next PSN, cur_psn + npk, with one adder
+        # (whole and the carry cin added to cur_psn at once) beside the choice of npk.
+        wr_rd = Signal()                             # a WQE whose packets are npkts
+        m.d.comb += wr_rd.eq((kind == MessageKind.WRITE) | (kind == MessageKind.READ))
+        psn_whole = Signal(24)
+        m.d.comb += psn_whole.eq((Cat(cin, cur_psn) + Cat(cin, whole))[1:25])
+        next_psn = Signal(24)
+        m.d.comb += next_psn.eq(Mux(~cur_fail | ahead, Mux(wr_rd, psn_whole,
+                                                         Mux(kind == MessageKind.ATOMIC, cur_psn + 1, cur_psn)),
+                                    cur_psn))
+        # skip: dist >= npk (while ahead, npk is npkts or, an atomic, 1 <= dist, or 0), as
+        # comparisons of dist with whole (npkts < 2^23: no wrap)
         skip_wqe = Signal()
         resume_wqe = Signal()
-        m.d.comb += [skip_wqe.eq(ahead & (dist >= npk)), resume_wqe.eq(ahead & (dist < npk))]
+        covers = Signal()
+        m.d.comb += covers.eq(~wr_rd | Mux(cin, dist > whole, dist >= whole))
+        m.d.comb += [skip_wqe.eq(ahead & covers), resume_wqe.eq(ahead & ~covers)]
         advance = Signal(36)
         m.d.comb += advance.eq(dist << mtu_shift)
         send_inline = Signal()
@@ -391,10 +409,21 @@ class WqeParser(wiring.Component):
         m.d.comb += inline_at.eq(Mux(is_send, self.SEND_INLINE_OFFSET, self.INLINE_OFFSET))
         nbeats = Signal(range(F.MAX_WQEBBS // 2 + 1))
         m.d.comb += nbeats.eq((inline_at + inline_len + 127) >> 7)
+        # A WQE a go-back walk resumes inside (``resume_wqe``) is held a cycle (``r_held``), in
+        # which its advanced addresses, length and data offset are summed into registers: no
+        # adder lies between the WQEBB and the message (a cycle per go-back, which the cycle
+        # model, without retransmissions, never sees). The message's fields take the
+        # registered values whenever ``r_held`` is set (it is only while the WQE is resumed).
+        r_held = Signal()
+        r_raddr, r_addr, r_len = Signal(64), Signal(64), Signal(32)
+        r_data_off = Signal(36)
+        r_eff_addr, r_eff_len = Signal(64), Signal(31)     # a gather list's resumed segment
+        g_jaddr = Signal(64)                         # its address, registered in the g_res cycle
         data_off = Signal(36)                        # where the (resumed) data starts in the WQE
-        m.d.comb += data_off.eq(inline_at + Mux(resume_wqe, advance, 0))
+        m.d.comb += data_off.eq(Mux(r_held, r_data_off, inline_at))
         skip_beats = Signal.like(nbeats)
-        m.d.comb += skip_beats.eq(data_off >> 7)
+        m.d.comb += skip_beats.eq(Mux(r_held, r_data_off >> 7, 0))
+        assert max(self.SEND_INLINE_OFFSET, self.INLINE_OFFSET) < 128
         more_beats = Signal()
         m.d.comb += more_beats.eq(skip_beats + 1 < nbeats)
         ibeat, iend = Signal.like(nbeats), Signal.like(nbeats)   # INLINE: next beat, beats in all
@@ -403,7 +432,14 @@ class WqeParser(wiring.Component):
         remote_op = Signal()                         # a READ or atomic (not failed)
         m.d.comb += remote_op.eq(((kind == MessageKind.ATOMIC) | (kind == MessageKind.READ)) & ~cur_fail)
         op_last = Signal(24)                         # its last PSN (a READ's last response's)
-        m.d.comb += op_last.eq(cur_psn + npk - 1)
+        # (a READ: cur_psn + ceil(byte_count / MTU) - 1, at least cur_psn; cur_psn - 1 from
+        # registers, then one adder with the carry)
+        psn_m1 = Signal(24)
+        m.d.comb += psn_m1.eq(cur_psn - 1)
+        bc_cin = Signal()
+        m.d.comb += bc_cin.eq(bc_part | (byte_count == 0))
+        m.d.comb += op_last.eq(Mux(kind == MessageKind.READ, (Cat(bc_cin, psn_m1) + Cat(bc_cin, bc_whole))[1:25],
+                                   cur_psn))
 
         # Gather list, the held cycle: the total and prefix sums (an adder tree), and the
         # checks: at most G segments, no inline one after the first, a total below 2^31
@@ -426,6 +462,16 @@ class WqeParser(wiring.Component):
                     m.d.comb += res_before.eq(g_pre[k - 1])
         hold_gather = Signal()                       # a gather list's WQE, held this cycle
         m.d.comb += hold_gather.eq(multi & (~g_sum | (resuming_now & ~g_res)))
+        hold_resume = Signal()                       # a resumed WQE, held this cycle
+        m.d.comb += hold_resume.eq(resume_wqe & ~r_held)
+
+        def resume_step():
+            m.d.sync += [r_held.eq(1), r_raddr.eq(raddr + advance), r_addr.eq(seg_addr + advance),
+                         r_len.eq(length - advance), r_data_off.eq(inline_at + advance),
+                         # (from registers: the segment's address, and its length past the
+                         # offset as the bytes up to its end less the advance)
+                         r_eff_addr.eq(g_jaddr + g_off),
+                         r_eff_len.eq(Array([*g_pre, g_total[:32]])[g_j] - g_adv)]
 
         def gather_step():
             with m.If(~g_sum):
@@ -433,16 +479,16 @@ class WqeParser(wiring.Component):
                              g_pre[0].eq(g_len[0]), g_pre[1].eq(s01), g_pre[2].eq(s01 + g_len[2]),
                              g_j.eq(0), g_off.eq(0)]
             with m.Else():
-                m.d.sync += [g_res.eq(1), g_j.eq(res_j), g_off.eq(g_adv - res_before)]
+                m.d.sync += [g_res.eq(1), g_j.eq(res_j), g_off.eq(g_adv - res_before),
+                             g_jaddr.eq(Array(g_addr)[res_j])]
 
         # The message's segments: segment j starts at the offset (0 unless resumed), the
         # ones before it and the empty ones are dropped, the rest packed in order
-        j_addr, j_len = Signal(64), Signal(31)
-        with m.Switch(g_j):
-            for k in range(G):
-                with m.Case(k):
-                    m.d.comb += [j_addr.eq(g_addr[k]), j_len.eq(g_len[k])]
-        eff = [(Mux(g_j == k, j_addr + g_off, g_addr[k]), Mux(g_j == k, j_len - g_off, g_len[k])) for k in range(G)]
+        # (resumed: its segment's address and length advanced by the offset, summed in the
+        # held cycle; else g_j and g_off are 0 and every segment is as the WQE has it)
+        g_at = Signal(G)
+        m.d.comb += g_at.eq(Mux(r_held, 1 << g_j, 0))
+        eff = [(Mux(g_at[k], r_eff_addr, g_addr[k]), Mux(g_at[k], r_eff_len, g_len[k])) for k in range(G)]
         g_valid = Cat(*[(g_len[k] != 0) & (g_j <= k) for k in range(G)])
         slot_addr = [Signal(64, name=f"slot_addr{i}") for i in range(G)]
         slot_len = [Signal(31, name=f"slot_len{i}") for i in range(G)]
@@ -491,10 +537,10 @@ class WqeParser(wiring.Component):
             self.messages.p.kind.eq(Mux(cur_fail, MessageKind.ERROR, kind)),
             self.messages.p.syndrome.eq(Mux(cur_fail, cur_syn, F.Syndrome.LOCAL_QP_OP_ERR)),
             self.messages.p.signaled.eq((fm_ce_se & F.FM_CE_SE_CQ_UPDATE) != 0),
-            self.messages.p.index.eq(index), self.messages.p.raddr.eq(Mux(resume_wqe, raddr + advance, raddr)),
+            self.messages.p.index.eq(index), self.messages.p.raddr.eq(Mux(r_held, r_raddr, raddr)),
             self.messages.p.rkey.eq(rkey), self.messages.p.opcode.eq(opcode),
             self.messages.p.length.eq(Mux((kind == MessageKind.WRITE) | (kind == MessageKind.READ),
-                                          Mux(resume_wqe, length - advance, length),
+                                          Mux(r_held, r_len, length),
                                           Mux(kind == MessageKind.DUMP, dump_count,
                                               Mux(kind == MessageKind.ATOMIC, Mux(size8, 8, 4), 0)))),
             self.messages.p.wire_op.eq(wire_op), self.messages.p.size8.eq(size8),
@@ -506,7 +552,7 @@ class WqeParser(wiring.Component):
                                         Mux(kind == MessageKind.ATOMIC, res_addr,
                                             Mux(is_inline, data_off,
                                                 Mux(multi, slot_addr[0],
-                                                    Mux(resume_wqe, seg_addr + advance, seg_addr)))))),
+                                                    Mux(r_held, r_addr, seg_addr)))))),
             self.messages.p.nseg.eq(Mux(multi, g_nseg, 0)), self.messages.p.seg_len.eq(slot_len[0]),
             *[self.messages.p.segs[i].addr.eq(slot_addr[i + 1]) for i in range(G - 1)],
             *[self.messages.p.segs[i].len.eq(slot_len[i + 1]) for i in range(G - 1)],
@@ -514,8 +560,8 @@ class WqeParser(wiring.Component):
             self.remote.last.eq(op_last), self.remote.addr.eq(Mux(kind == MessageKind.READ, seg_addr, res_addr)),
             self.remote.size8.eq(size8), self.remote.read.eq(kind == MessageKind.READ),
             self.remote.length.eq(length), self.remote.mtu.eq(job.cfg.mtu),
-            self.messages.p.psn.eq(Mux(resume_wqe, ctx.skip_to, cur_psn)),
-            self.messages.p.resume.eq(resume_wqe), self.messages.p.next_index.eq(index + nbb),
+            self.messages.p.psn.eq(Mux(r_held, ctx.skip_to, cur_psn)),
+            self.messages.p.resume.eq(r_held), self.messages.p.next_index.eq(index + nbb),
             self.updates.p.qpn.eq(job.qpn), self.updates.p.ci.eq(index),
             self.updates.p.end.eq(job.ci + job.count),
         ]
@@ -604,7 +650,7 @@ class WqeParser(wiring.Component):
                 with m.If(self.bursts.valid):
                     m.d.sync += [job.eq(self.bursts.p), left.eq(self.bursts.p.count), index.eq(self.bursts.p.ci),
                                  fresh.eq(1), cut.eq(0), stale.eq(0), got.eq(0), rhead_fresh.eq(1),
-                                 recreated.eq(0), park.eq(0), g_sum.eq(0), g_res.eq(0)]
+                                 recreated.eq(0), park.eq(0), g_sum.eq(0), g_res.eq(0), r_held.eq(0)]
                     m.next = "RUN"
 
         # Where the QP's consumer index stands in this burst: WQEBBs the previous burst
@@ -676,6 +722,9 @@ class WqeParser(wiring.Component):
                         # A gather list: summed this cycle (and split at the resume point,
                         # a cycle more, in a go-back walk); taken in the next
                         gather_step()
+                    with m.Elif(hold_resume):
+                        # Resumed inside: its advanced fields summed this cycle, taken in the next
+                        resume_step()
                     with m.Else():
                         # The WQE is whole: hand it on with its inline beat (or skip it:
                         # it was acknowledged before the retransmission's first PSN).
@@ -693,8 +742,8 @@ class WqeParser(wiring.Component):
                             m.d.comb += [src.ready.eq(1), self.remote.valid.eq(new_op)]
                             note_take()
                             m.d.sync += [index.eq(index + nbb), left.eq(left - 1), got.eq(0), fresh.eq(0),
-                                         g_sum.eq(0), g_res.eq(0),
-                                         psn.eq(cur_psn + npk), wqe.eq(view), resuming.eq(skip_wqe),
+                                         g_sum.eq(0), g_res.eq(0), r_held.eq(0),
+                                         psn.eq(next_psn), wqe.eq(view), resuming.eq(skip_wqe),
                                          failing.eq(next_fail), fsyn.eq(next_syn),
                                          rtail.eq(cur_rtail + new_op), rlast.eq(Mux(new_op, op_last, cur_rlast))]
                             with m.If(emit & send_inline & more_beats):
@@ -712,7 +761,7 @@ class WqeParser(wiring.Component):
                                 # The burst's last WQE: store the QP's state and take the
                                 # next burst in this same cycle (no END cycle).
                                 m.d.comb += end_now.eq(1)
-                                store_ctx(index + nbb, cur_psn + npk, skip_wqe, next_syn, next_fail,
+                                store_ctx(index + nbb, next_psn, skip_wqe, next_syn, next_fail,
                                           cur_rtail + new_op, Mux(new_op, op_last, cur_rlast))
                                 m.next = "IDLE"
                                 start_burst()
