@@ -65,7 +65,7 @@ verilog: $(PY)
 	$(PY) -m rtl.build build/verilog
 
 lint: verilog
-	$(PY) -m scripts.verilator -- --lint-only -Wall $(LINT_WAIVE) build/verilog/ibgda_nic.v --top-module ibgda_nic
+	$(PY) -m scripts.verilator -- --lint-only -Wall $(LINT_WAIVE) scripts/lint.vlt build/verilog/ibgda_nic.v --top-module ibgda_nic
 	@echo "lint: clean"
 
 clean:

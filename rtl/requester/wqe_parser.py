@@ -489,7 +489,7 @@ class WqeParser(wiring.Component):
         g_at = Signal(G)
         m.d.comb += g_at.eq(Mux(r_held, 1 << g_j, 0))
         eff = [(Mux(g_at[k], r_eff_addr, g_addr[k]), Mux(g_at[k], r_eff_len, g_len[k])) for k in range(G)]
-        g_valid = Cat(*[(g_len[k] != 0) & (g_j <= k) for k in range(G)])
+        g_valid = Cat(*[(g_len[k] != 0) & ((g_j <= k) if k < G - 1 else C(1, 1)) for k in range(G)])
         slot_addr = [Signal(64, name=f"slot_addr{i}") for i in range(G)]
         slot_len = [Signal(31, name=f"slot_len{i}") for i in range(G)]
         g_nseg = Signal(2)

@@ -189,7 +189,7 @@ class ResponderPath(WiringLevel):
                                     id_width=P.AXI_ID_WIDTH),
             # (a create waits here: the RecvQueue takes it between its own operations, and the
             # top's QP commit needs a ready that does not depend on its valid)
-            "recv_create_fifo": StreamFifo(RecvCreate(nq), 2),
+            "recv_create_fifo": StreamFifo(RecvCreate(nq), 4),   # (2: a 1-deep inner FIFO, 0-bit pointers)
             "recv_gate": RecvGate(num_qps=nq, max_sge=P.RECV_MAX_SGE, depth=RECV_GATE_DEPTH),
             # a QP gone to ERR (fatal error, QP_MODIFY): its receive WQEs flushed in order, by
             # flush requests that go the packets' way through the gate and the responder

@@ -300,7 +300,7 @@ class RecvQueue(wiring.Component):
             unit = Signal(4, name=f"unit{j}")
             m.d.comb += unit.eq(p_cur + j)
             raw = axi.rdata.word_select(unit[:3], 8 * SEG_BYTES)
-            fits = (tag.ushift >= j.bit_length()) & ~unit[3]
+            fits = (tag.ushift >= j.bit_length() if j else C(1, 1)) & ~unit[3]
             lkey = _be(raw[32:64], 4)
             seg = Signal(RecvSge, name=f"seg{j}")
             m.d.comb += seg.eq(Cat(_be(raw[64:128], 8), _be(raw[0:32], 4), lkey))
