@@ -379,8 +379,8 @@ class Env:
             r.gen ^= 1
             self.corrections += 1
         if use or correct:
-            self.syncs.append(pack(RecvSync(NUM_QPS), qpn=qpn, committed=r.used & 0xFFFF,
-                                   delta=(r.used - w["index"] - 1) & 0xFFFF, correct=int(correct)))
+            self.syncs.append(pack(RecvSync(NUM_QPS), qpn=qpn, committed=r.used & 0xFFFF, index=w["index"],
+                                   correct=int(correct)))
 
     def check_answer(self, qpn, taken, c, available):
         r = self.rings.get(qpn)

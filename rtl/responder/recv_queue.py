@@ -55,10 +55,11 @@ def RecvWqe(num_qps, max_sge):
 
 def RecvSync(num_qps):
     """What the responder's decision on a packet that held a receive WQE number tells the
-    queue: the QP's ``committed`` count (WQEs used), and, with ``correct``, how far to move
-    the speculative count (``delta``, signed, mod 2^16)."""
+    queue: the QP's ``committed`` count (WQEs used), the packet's number (``index``), and
+    ``correct``: move the speculative count by ``committed - index - 1`` (computed here, not
+    in the responder's decision path)."""
     return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "committed": unsigned(COUNT_BITS),
-                              "delta": unsigned(COUNT_BITS), "correct": unsigned(1)})
+                              "index": unsigned(COUNT_BITS), "correct": unsigned(1)})
 
 
 def RecvLookup(num_qps):
@@ -92,9 +93,10 @@ class RecvQueue(wiring.Component):
       moves ``consumed`` on; ``valid`` = 1 iff that WQE is posted (below ``known``) and has a
       slot (less than ``depth`` past ``committed``), else the record is a number only.
     * ``sync`` (the responder, per decided packet that held a number, in decision order):
-      ``committed`` is written; ``correct`` moves ``consumed`` by ``delta`` (the packets
-      handed on after the decided one were given numbers off by ``-delta``: a packet that did
-      not use its WQE, or used another) and flips ``gen``; the query side's count moves too.
+      ``committed`` is written; ``correct`` moves ``consumed`` by ``committed - index - 1``
+      (the packets handed on after the decided one, number ``index``, were given numbers off
+      by as much the other way: it did not use its WQE, or used another) and flips ``gen``;
+      the query side's count moves too.
     * ``lookup`` / ``found``: the WQE of a given number (the responder's committed count,
       asked when the WQE a packet holds is not the one it must use); ``valid`` = 0 if it is
       not posted. Asked only while ``sync_idle``, so ``committed`` is up to date.
@@ -268,11 +270,18 @@ class RecvQueue(wiring.Component):
         m.submodules.hints = hints = StreamFifo(unsigned(qb), _HINT_QUEUE)
         m.submodules.tags = tags = StreamFifo(Tag, self.max_reads)
         m.submodules.sync_split = sync_split = PairSplitter(RecvSync(self.num_qps))
-        m.submodules.syncs = syncs = StreamFifo(RecvSync(self.num_qps), _SYNC_QUEUE)
         Give = data.StructLayout({"qpn": unsigned(qb), "delta": unsigned(COUNT_BITS)})
         m.submodules.gives = gives = StreamFifo(Give, _GIVE_QUEUE)
         wiring.connect(m, wiring.flipped(self.sync), sync_split.i)
-        wiring.connect(m, sync_split.o, syncs.i)
+        # queued with the correction it asks for (the packets numbered after ``index`` hold
+        # numbers off by ``index + 1 - committed``)
+        Sync = data.StructLayout({"qpn": unsigned(qb), "committed": unsigned(COUNT_BITS),
+                                  "delta": unsigned(COUNT_BITS), "correct": unsigned(1)})
+        m.submodules.syncs = syncs = StreamFifo(Sync, _SYNC_QUEUE)
+        so = sync_split.o
+        m.d.comb += [syncs.i.valid.eq(so.valid), so.ready.eq(syncs.i.ready), syncs.i.p.qpn.eq(so.p.qpn),
+                     syncs.i.p.committed.eq(so.p.committed), syncs.i.p.correct.eq(so.p.correct),
+                     syncs.i.p.delta.eq(so.p.committed - so.p.index - 1)]
         # (levels, not output valids: an entry is in a FIFO a cycle before its output shows it)
         m.d.comb += self.sync_idle.eq(~self.sync.valid & (syncs.level == 0))
         fix_in_fs1 = Signal()

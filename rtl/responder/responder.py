@@ -566,8 +566,8 @@ class Responder(wiring.Component):
             new.dyn.rq_gen.eq(dyn.rq_gen ^ correct),
         ]
         sync = sig("sync", RecvSync(self.num_qps))
-        m.d.comb += [sync.qpn.eq(p.dqpn), sync.committed.eq(new.dyn.rq_ci),
-                     sync.delta.eq(new.dyn.rq_ci - att.index - 1), sync.correct.eq(correct)]
+        m.d.comb += [sync.qpn.eq(p.dqpn), sync.committed.eq(new.dyn.rq_ci), sync.index.eq(att.index),
+                     sync.correct.eq(correct)]
         addr = sig("addr", 64)
         m.d.comb += addr.eq(Mux(send, send_addr, va + off))
         return {"new": new, "verdict": verdict, "write": write, "respond": respond,
