@@ -164,7 +164,7 @@ def _run(num_qps, qps, ready_mode, n, seed, pair_p):
 
 
 def _check(num_qps, qps, ready_mode, seed, pair_p):
-    items, res = _run(num_qps, qps, ready_mode, 600, seed, pair_p)
+    items, res = _run(num_qps, qps, ready_mode, 400, seed, pair_p)
     out = res["out"]
     assert res["taken"] == len(items)
     assert (res["pairs"] > 100) == (pair_p > 0), "pairs offered as asked"

@@ -139,9 +139,9 @@ def test_atomic_unit_against_golden():
     psn = {q: 100 * q for q in range(4)}
     history = {q: [] for q in range(4)}       # (psn, request, original) per QP
     requests, want = [], []
-    for k in range(400):
+    for k in range(300):
         q = rnd.randrange(4)
-        if k == 250:
+        if k == 190:
             requests.append({"commit": 3})    # QP 3 created again: its records are void
             history[3] = [(p, r, None) for p, r, _ in history[3]]
         if history[q] and rnd.random() < 0.15:
