@@ -84,19 +84,15 @@ def cocotb_tests(module):
     return names
 
 
-def sim_cases(tests, verilator_only=(), *, icarus=None):
+def sim_cases(tests, *, icarus):
     """``(sim, test)`` pairs for pytest: every test on Verilator; on Icarus (about 50
-    cycles a second on this design, a hundred times slower) every test but those in
-    ``verilator_only``, or, when ``icarus`` is given, only those: a suite's smoke set, the
-    tests that between them take every block the suite covers through the second
-    simulator (docs/verification.md, "Both simulators")."""
-    for name in tuple(verilator_only) + tuple(icarus or ()):
+    cycles a second on this design, a hundred times slower) only ``icarus``: a suite's
+    smoke set, the tests that between them take every block the suite covers through the
+    second simulator (docs/verification.md, "Both simulators")."""
+    for name in icarus:
         if name not in tests:
             raise ValueError(f"{name!r} is not one of the tests {tests}")
-    if icarus is not None and verilator_only:
-        raise ValueError("give verilator_only or icarus, not both")
-    on_icarus = set(icarus) if icarus is not None else set(tests) - set(verilator_only)
-    return [(sim, t) for sim in SIMULATORS for t in tests if sim == "verilator" or t in on_icarus]
+    return [(sim, t) for sim in SIMULATORS for t in tests if sim == "verilator" or t in icarus]
 
 
 def require(sim):

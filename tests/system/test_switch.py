@@ -10,6 +10,6 @@ from tb.runner import cocotb_tests, run, sim_cases
 COCOTB_TESTS = cocotb_tests("switch")
 
 
-@pytest.mark.parametrize("sim,testcase", sim_cases(COCOTB_TESTS, COCOTB_TESTS))
+@pytest.mark.parametrize("sim,testcase", sim_cases(COCOTB_TESTS, icarus=()))
 def test_switch(sim, testcase):
     run(sim, "tb.suites.switch", testcase, test_dir=None, top=QUAD_TOP_NAME)
