@@ -10,9 +10,11 @@ from rtl.requester.message import GATHER_MORE, Message, MessageKind, first_segme
 from rtl.common.tx_beat import TxBeat, SEGMENT as SEG
 from spec.params import DATA_BYTES
 
-__all__ = ["PacketBuilder"]
+__all__ = ["PacketBuilder", "MAX_PACKET_BEATS"]
 
 BEAT = DATA_BYTES
+# raw payload beats one packet can take: a 4096-byte MTU from an unaligned address
+MAX_PACKET_BEATS = 4096 // BEAT + 1
 
 
 class PacketBuilder(wiring.Component):
@@ -60,27 +62,50 @@ class PacketBuilder(wiring.Component):
         Whether a message's first packet may start at lane 64 behind the previous message's
         last frame. The responder's instance does not: each READ's responses then begin a
         beat of their own, so its frames can be put in order among the ACKs per READ.
+    back_to_back : bool
+        Whether every frame, once its first beat has left, sends its other beats in the
+        cycles right after (MAC TX would underrun on a gap inside a frame). Two rules do it:
+        a packet starts only when the payload buffer holds every raw beat it takes
+        (``payload_level`` >= ceil((offset + length) / 128)), as bursts of one message may
+        arrive with other reads' beats between them; and a last beat of at most 64 bytes is
+        held for the next packet's lane 64 only when no beat of its frame has left yet
+        (else it leaves in the cycle it is packed: held, it would follow a cycle late). For
+        messages of one segment from the payload buffer (the responder's READ responses).
+        Without it (the requester's instance, as ``model.cycle_model`` follows it) a frame
+        goes on as its payload arrives.
+    buffer_beats : int
+        With ``back_to_back``: the payload buffer's depth, at least ``MAX_PACKET_BEATS``
+        (a whole packet must fit).
 
     Members
     -------
     messages : In(stream.Signature(Message))
     payload, inline : In(stream.Signature(1024))
+    payload_level : In(range(buffer_beats + 1))
+        With ``back_to_back`` only: the beats in the payload buffer (``PayloadFetch.level``).
     port_mac, port_ip : In
     frames : Out(stream.Signature(TxBeat))
     sent : Out(PacketNote)
         Strobe when an RC QP's packet has been packed (its last bytes out or held), with
         its PSN: for the completion tracker's ACK timer.
     """
-    def __init__(self, *, num_qps, num_cqs, merge_messages=True):
+    def __init__(self, *, num_qps, num_cqs, merge_messages=True, back_to_back=False, buffer_beats=0):
         self.num_qps, self.num_cqs, self.merge_messages = num_qps, num_cqs, bool(merge_messages)
-        super().__init__({
+        self.back_to_back = bool(back_to_back)
+        if self.back_to_back and (not isinstance(buffer_beats, int) or buffer_beats < MAX_PACKET_BEATS):
+            raise ValueError(f"back_to_back needs a payload buffer of at least {MAX_PACKET_BEATS} beats "
+                             f"(a whole packet), not {buffer_beats!r}")
+        members = {
             "messages": In(stream.Signature(Message(num_qps, num_cqs))),
             "payload": In(stream.Signature(8 * BEAT)),
             "inline": In(stream.Signature(8 * BEAT)),
             "port_mac": In(48), "port_ip": In(32),
             "frames": Out(stream.Signature(TxBeat(num_qps, num_cqs))),
             "sent": Out(PacketNote(num_qps)),
-        })
+        }
+        if self.back_to_back:
+            members["payload_level"] = In(range(buffer_beats + 1))
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
@@ -94,6 +119,7 @@ class PacketBuilder(wiring.Component):
         pkt_len = Signal(13)
         pkt_first = Signal()         # first packet of the message
         pkt_start = Signal()         # no byte of the current packet packed yet
+        opened = Signal()            # back_to_back: a beat of the current packet has left
         psn = Signal(24)
         pos = Signal(range(BEAT))    # read position in the current raw beat
         # Segments: the current one's bytes past the packet's end (negative: it ends first),
@@ -246,7 +272,14 @@ class PacketBuilder(wiring.Component):
         # ---- packer ---------------------------------------------------------------------------
         has = Signal()               # the current chunk's data is here (or none is needed)
         need_raw = pkt_left != 0
-        m.d.comb += has.eq(~need_raw | raw_valid)
+        if self.back_to_back:
+            # a packet's first chunk waits until the buffer holds all the raw beats the packet
+            # takes (from the head beat, read from ``pos``): then its beats follow back to back
+            whole = Signal()
+            m.d.comb += [whole.eq(self.payload_level >= ((pos + pkt_left + (BEAT - 1)) >> (BEAT - 1).bit_length())),
+                         has.eq(~need_raw | (raw_valid & (~pkt_start | whole)))]
+        else:
+            m.d.comb += has.eq(~need_raw | raw_valid)
         merge = Signal()             # this cycle packs the packet's first chunk behind the held tail
         m.d.comb += merge.eq(held & pkt_start & has & (flen > SEG + F.ICRC_LEN)
                              & (~pkt_first if not self.merge_messages else 1)
@@ -313,6 +346,8 @@ class PacketBuilder(wiring.Component):
                     pkt_first.eq(~p.resume), pkt_start.eq(1), psn.eq(p.psn),
                     pos.eq(p.addr[:7]),          # inline: the data's offset in the WQE (parser)
                 ]
+                if self.back_to_back:
+                    m.d.sync += opened.eq(0)
                 with m.If((p.kind == MessageKind.WRITE) | (p.kind == MessageKind.READ_RESPONSE)):
                     m.next = "PACKET"
                 with m.Elif(p.kind == MessageKind.ATOMIC):
@@ -355,6 +390,8 @@ class PacketBuilder(wiring.Component):
                 m.d.sync += [pkt_first.eq(0), psn.eq(psn + 1), pkt_start.eq(1),
                              pkt_len.eq(nxt), pkt_left.eq(nxt), rest.eq(rest - nxt),
                              is_last_pkt.eq(rest - nxt == 0)]
+                if self.back_to_back:
+                    m.d.sync += opened.eq(0)
                 m.next = "PACKET"
 
         with m.FSM():
@@ -396,7 +433,12 @@ class PacketBuilder(wiring.Component):
                     emit = Signal()
                     m.d.comb += emit.eq(total >= BEAT)
                     hold_now = Signal()
-                    m.d.comb += hold_now.eq(chunk_last & (total <= SEG))
+                    if self.back_to_back:
+                        # held with its frame's earlier beats gone, the tail would leave a
+                        # cycle after them: MAC TX underruns; it goes now, as the last beat
+                        m.d.comb += hold_now.eq(chunk_last & (total <= SEG) & ~opened)
+                    else:
+                        m.d.comb += hold_now.eq(chunk_last & (total <= SEG))
                     fires = Signal()
                     m.d.comb += fires.eq(emit | (chunk_last & ~hold_now))
                     m.d.comb += [out.p.frame.eq(1), out.p.data.eq(combined[:8 * BEAT])]
@@ -426,6 +468,9 @@ class PacketBuilder(wiring.Component):
                             next_segment()
                         with m.If(merge):
                             m.d.sync += held.eq(0)
+                        if self.back_to_back:
+                            with m.If(fires):
+                                m.d.sync += opened.eq(1)
                         with m.If(emit):
                             m.d.sync += [residual.eq(combined[8 * BEAT:]), rcount.eq(total - BEAT)]
                         with m.Else():
@@ -444,7 +489,9 @@ class PacketBuilder(wiring.Component):
                                 next_packet()
             with m.State("FLUSH"):
                 final = flush_left <= BEAT
-                hold_now = final & (flush_left <= SEG)
+                # back_to_back: the frame is open (a beat of it left in the cycle before), so
+                # its last <= 64 bytes leave now as its last beat, never held a cycle
+                hold_now = C(0) if self.back_to_back else final & (flush_left <= SEG)
                 m.d.comb += [out.valid.eq(~hold_now), out.p.frame.eq(1), out.p.data.eq(flush[:8 * BEAT])]
                 with m.If(final):
                     m.d.comb += [out.p.last.eq(1), out.p.nbytes.eq(flush_left),

@@ -41,6 +41,9 @@ class PayloadFetch(wiring.Component):
     messages_out : Out(stream.Signature(Message))
     payload : Out(stream.Signature(1024))
         Raw aligned beats, in message order.
+    level : Out(range(buffer_beats + 1))
+        Beats in the payload buffer (the head one on ``payload`` included): a builder that
+        starts a frame only with all its beats at hand reads it (``PacketBuilder(back_to_back=True)``).
     dma : Out(AxiReadSignature)    ARID ``arid`` (1, the requester's payload fetch).
     """
     def __init__(self, *, num_qps, num_cqs, buffer_beats=64, max_burst_beats=32,
@@ -60,6 +63,7 @@ class PayloadFetch(wiring.Component):
             "messages_in": In(stream.Signature(msg)),
             "messages_out": Out(stream.Signature(msg)),
             "payload": Out(stream.Signature(data_width)),
+            "level": Out(range(buffer_beats + 1)),
             "dma": Out(AxiReadSignature(addr_width=64, data_width=data_width, id_width=id_width)),
         })
 
@@ -129,5 +133,6 @@ class PayloadFetch(wiring.Component):
         m.d.comb += [
             dma.rready.eq(1), buf.w_en.eq(dma.rvalid), buf.w_data.eq(dma.rdata),
             self.payload.valid.eq(buf.r_rdy), self.payload.p.eq(buf.r_data), buf.r_en.eq(self.payload.ready),
+            self.level.eq(buf.level),
         ]
         return m

@@ -181,7 +181,10 @@ class ResponderPath(WiringLevel):
             "read_fetch": PayloadFetch(num_qps=nq, num_cqs=nc, buffer_beats=READ_BUFFER_BEATS,
                                        max_burst_beats=P.PAYLOAD_MAX_BURST_BEATS, arid=P.AXI_ID_READ_RESPONSE),
             "read_msg_fifo": StreamFifo(Message(nq, nc), READ_MESSAGE_QUEUE),
-            "read_builder": PacketBuilder(num_qps=nq, num_cqs=nc, merge_messages=False),
+            # (back to back: a READ RESPONSE frame starts only with all its payload in the
+            # buffer, and its beats never wait on a held tail; MAC TX must not underrun)
+            "read_builder": PacketBuilder(num_qps=nq, num_cqs=nc, merge_messages=False, back_to_back=True,
+                                          buffer_beats=READ_BUFFER_BEATS),
             "response_merge": ResponseMerge(num_qps=nq, num_cqs=nc),
             # two-sided verbs: each request that consumes a receive WQE gets it here
             "recv_queue": RecvQueue(num_qps=nq, max_sge=P.RECV_MAX_SGE, depth=P.RECV_PREFETCH,
@@ -290,6 +293,7 @@ class ResponderPath(WiringLevel):
         wiring.connect(m, b["read_fetch"].messages_out, b["read_msg_fifo"].i)
         wiring.connect(m, b["read_msg_fifo"].o, rb.messages)
         wiring.connect(m, b["read_fetch"].payload, rb.payload)
+        m.d.comb += rb.payload_level.eq(b["read_fetch"].level)
         m.d.comb += [rb.port_mac.eq(self.port_mac), rb.port_ip.eq(self.port_ip), rb.inline.valid.eq(0)]
         wiring.connect(m, b["ack_builder"].frames, b["response_merge"].acks)
         wiring.connect(m, rb.frames, b["response_merge"].reads)

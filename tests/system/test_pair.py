@@ -25,17 +25,6 @@ def test_pair(sim, testcase):
     run(sim, "tb.suites.pair", testcase, test_dir=None, top=PAIR_TOP_NAME)
 
 
-# A known failure, not hidden: with the SENDs, SEND_IMMs and WRITE_IMMs of issue 18 in the
-# matrix, corrupt at 5% passes every message, receive CQE, CQE and counter check, then fails
-# the last one: a 162-byte READ RESPONSE of NIC 0 (the last packet of a 2 MTU + 100 READ)
-# stalls inside on the wire (a MAC underrun), a transmit-side matter of the responder's READ
-# path under the extra payload fetches, not of the receive queues. Strict: when it passes
-# again, the mark must go.
-KNOWN_FAILING = {"faults_corrupt_0p05": "a READ RESPONSE of NIC 0 underruns under the SEND traffic "
-                                        "(issue 18, docs/results.md)"}
-
-
-@pytest.mark.parametrize("testcase", [pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=KNOWN_FAILING[t]))
-                                      if t in KNOWN_FAILING else t for t in fault_matrix.NAMES])
+@pytest.mark.parametrize("testcase", fault_matrix.NAMES)
 def test_pair_faults(testcase):
     run("verilator", "tb.suites.pair", testcase, test_dir=None, top=PAIR_TOP_NAME)
