@@ -291,6 +291,9 @@ class RecvQueue(wiring.Component):
         m.submodules.dbr_reqs = dbr_reqs = StreamFifo(DbrReq, _DBR_QUEUE)
         m.submodules.jobs = jobs = StreamFifo(Job, _JOB_QUEUE)
         m.submodules.hints = hints = StreamFifo(unsigned(qb), _HINT_QUEUE)
+        # commits that complete no chunk: an op of the QP when one is idle (a QP whose last
+        # WQEs are committed gives its chunks back), dropped when full
+        m.submodules.idle_hints = idle_hints = StreamFifo(unsigned(qb), _HINT_QUEUE)
         m.submodules.tags = tags = StreamFifo(Tag, self.max_reads)
         m.submodules.sync_split = sync_split = PairSplitter(RecvSync(self.num_qps))
         Give = data.StructLayout({"qpn": unsigned(qb), "delta": unsigned(COUNT_BITS)})
@@ -533,6 +536,7 @@ class RecvQueue(wiring.Component):
         take_consume = Signal()
         take_hint = Signal()
         take_retry_f = Signal()
+        take_idle = Signal()
         # hints: a doorbell-record read that moved ``known``, and commits (slots free again)
         hint_in = Signal()
         # (from 8 on the window moves a chunk at a time: only a commit that completes one
@@ -551,6 +555,9 @@ class RecvQueue(wiring.Component):
                             & ~hints.o.valid),
             take_consume.eq(consume_ok & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid & ~hints.o.valid
                             & ~(retries.o.valid & free_avail)),
+            take_idle.eq(idle_hints.o.valid & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid
+                         & ~hints.o.valid & ~(retries.o.valid & free_avail) & ~consume_ok),
+            idle_hints.o.ready.eq(take_idle),
             self.consume.ready.eq(Mux(self.consume.p.ok, take_consume, take_nack)),
             self.lookup.ready.eq(take_lookup),
             hints.o.ready.eq(take_hint),
@@ -567,6 +574,8 @@ class RecvQueue(wiring.Component):
             m.d.comb += f0_qpn.eq(hints.o.p)
         with m.Elif(take_retry_f):
             m.d.comb += f0_qpn.eq(retries.o.p)
+        with m.Elif(take_idle):
+            m.d.comb += f0_qpn.eq(idle_hints.o.p)
         with m.Else():
             m.d.comb += f0_qpn.eq(self.consume.p.qpn)
         fs1_op = Signal(3)
@@ -578,15 +587,18 @@ class RecvQueue(wiring.Component):
         m.d.comb += [f_rd.addr.eq(f0_qpn), f_rd.en.eq(fs1_free), k_rd.addr.eq(f0_qpn), k_rd.en.eq(fs1_free),
                      c_rd.addr.eq(f0_qpn), c_rd.en.eq(fs1_free), m_rd.addr.eq(f0_qpn), m_rd.en.eq(fs1_free)]
         with m.If(fs1_free):
-            m.d.sync += [fs1_valid.eq(take_create | take_fix | take_lookup | take_consume | take_hint | take_retry_f),
+            m.d.sync += [fs1_valid.eq(take_create | take_fix | take_lookup | take_consume | take_hint | take_retry_f
+                                      | take_idle),
                          fs1_op.eq(Mux(take_create, F_CREATE, Mux(take_fix, F_FIX, Mux(take_lookup, F_LOOKUP,
-                                   Mux(take_hint, F_HINT, Mux(take_retry_f, F_RETRY, F_CONSUME)))))),
+                                   Mux(take_hint | take_idle, F_HINT, Mux(take_retry_f, F_RETRY, F_CONSUME)))))),
                          fs1_qpn.eq(f0_qpn), fs1_create.eq(self.create.p), fs1_delta.eq(sy.delta),
                          fs1_index.eq(self.lookup.p.index)]
         # a hint dropped when the queue is full: the next op of the QP fetches as far (a
         # commit that completes a chunk waited for room above)
         with m.If(hint_in & hints.i.ready & ~push_hint):
             m.d.comb += [hints.i.valid.eq(1), hints.i.p.eq(sy.qpn)]
+        if S >= CHUNK:
+            m.d.comb += [idle_hints.i.valid.eq(sync_go & ~sy.correct & ~crossing), idle_hints.i.p.eq(sy.qpn)]
 
         frow = f_rd.data
         known = k_rd.data.known
@@ -608,21 +620,25 @@ class RecvQueue(wiring.Component):
         lo_behind = Signal()                    # lo < cc (chunk numbers mod 2^13)
         m.d.comb += lo_behind.eq((lo - cc)[-1])
         is_create = fs1_op == F_CREATE
+        # (and every chunk once nothing past the committed count is fetched: an idle QP
+        # holds none; a WQE handed on and not committed was fetched, so it keeps its own)
+        d_fc = Signal(COUNT_BITS)
+        m.d.comb += d_fc.eq(frow.fetched - committed)
+        idle = Signal()
+        m.d.comb += idle.eq(d_fc[-1] | (d_fc == 0))
         give = Signal()
-        m.d.comb += give.eq(fs1_valid & (lo != frow.top) & (is_create | lo_behind))
+        m.d.comb += give.eq(fs1_valid & (lo != frow.top) & (is_create | lo_behind | idle))
         lo1 = Signal(KB)
         m.d.comb += lo1.eq(lo + give)
         lo1_behind = Signal()
         m.d.comb += lo1_behind.eq((lo1 - cc)[-1])
         more = Signal()                         # another chunk to give back: the op waits
-        m.d.comb += more.eq(give & (lo1 != frow.top) & (is_create | lo1_behind))
+        m.d.comb += more.eq(give & (lo1 != frow.top) & (is_create | lo1_behind | idle))
         m.d.comb += [freed.i.valid.eq(give), freed.i.p.eq(cmap_row[lo[:mb]])]
 
         # The frontier: fetched, or the committed count when WQEs were used without being
         # prefetched (demanded); the window: up to ``slots`` past the committed count (from
         # the committed WQE's chunk, ``slots`` >= 8), and posted (``known``).
-        d_fc = Signal(COUNT_BITS)
-        m.d.comb += d_fc.eq(frow.fetched - committed)
         front = Signal(COUNT_BITS)
         m.d.comb += front.eq(Mux(d_fc[-1], committed, frow.fetched))
         base_c = Signal(COUNT_BITS)
@@ -652,8 +668,23 @@ class RecvQueue(wiring.Component):
         m.d.comb += in_top.eq((lo1 != frow.top) & (fk == frow.top - 1))
         need_chunk = Signal()
         m.d.comb += need_chunk.eq((n_room != 0) & ~in_top)
+        # a fair share: a QP takes a chunk while it holds fewer than the pool's chunks over the
+        # QPs holding any (rounded up to a power of two), so idle QPs with a full window leave
+        # room for the others
+        holders = Signal(range(self.num_qps + 1))
+        share_log = Signal(range(qb + 2))
+        m.d.comb += share_log.eq(0)
+        for k in range(1, qb + 2):
+            with m.If((holders - 1) >> (k - 1) != 0):
+                m.d.comb += share_log.eq(k)
+        held = Signal(KB)
+        m.d.comb += held.eq(frow.top - lo1)
+        share = Signal(range(nch + 1))
+        m.d.comb += share.eq(C(nch, range(nch + 1)) >> share_log)
+        fair = Signal()
+        m.d.comb += fair.eq((held < share) | (held == 0))
         got_chunk = Signal()
-        m.d.comb += got_chunk.eq(need_chunk & free_avail & ~more)
+        m.d.comb += got_chunk.eq(need_chunk & free_avail & ~more & fair)
         n = Signal(wb)
         m.d.comb += n.eq(Mux(~more & (in_top | got_chunk), n_room, 0))
         job_chunk = Signal(cb)
@@ -708,7 +739,8 @@ class RecvQueue(wiring.Component):
                                   & (~is_fix | gives.i.ready) & (~need_job | jobs.i.ready)
                                   & (~need_demand | demands.i.ready))
         with m.If(fs1_commit):
-            m.d.sync += walked.eq(0)
+            m.d.sync += [walked.eq(0),
+                         holders.eq(holders + Mux(is_create, 0, lo_new != top_new) - (frow.lo != frow.top))]
         with m.Elif(give):
             m.d.sync += walked.eq(walked + 1)
         m.d.comb += take_chunk.eq(fs1_commit & ~is_create & got_chunk)
