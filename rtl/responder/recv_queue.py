@@ -69,6 +69,11 @@ def RecvLookup(num_qps):
     return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "index": unsigned(COUNT_BITS)})
 
 
+def _lt(a, b, width=COUNT_BITS):
+    """``a`` before ``b`` on counters mod ``2 ** width`` that stay within half of it."""
+    return (a - b)[width - 1]
+
+
 def _be(value, nbytes):
     """The big-endian number in the first ``nbytes`` little-endian lanes of ``value``."""
     return Cat(*(value.word_select(nbytes - 1 - k, 8) for k in range(nbytes)))
@@ -618,7 +623,7 @@ class RecvQueue(wiring.Component):
         cc = Signal(KB)
         m.d.comb += cc.eq(committed[CS:])
         lo_behind = Signal()                    # lo < cc (chunk numbers mod 2^13)
-        m.d.comb += lo_behind.eq((lo - cc)[-1])
+        m.d.comb += lo_behind.eq(_lt(lo, cc, KB))
         is_create = fs1_op == F_CREATE
         # (and every chunk once nothing past the committed count is fetched: an idle QP
         # holds none; a WQE handed on and not committed was fetched, so it keeps its own)
@@ -631,7 +636,7 @@ class RecvQueue(wiring.Component):
         lo1 = Signal(KB)
         m.d.comb += lo1.eq(lo + give)
         lo1_behind = Signal()
-        m.d.comb += lo1_behind.eq((lo1 - cc)[-1])
+        m.d.comb += lo1_behind.eq(_lt(lo1, cc, KB))
         more = Signal()                         # another chunk to give back: the op waits
         m.d.comb += more.eq(give & (lo1 != frow.top) & (is_create | lo1_behind | idle))
         m.d.comb += [freed.i.valid.eq(give), freed.i.p.eq(cmap_row[lo[:mb]])]
@@ -665,17 +670,18 @@ class RecvQueue(wiring.Component):
         m.d.comb += fk.eq(front[CS:])
         # the frontier's chunk is held (the last one, partly fetched) unless none is held
         in_top = Signal()
-        m.d.comb += in_top.eq((lo1 != frow.top) & (fk == frow.top - 1))
+        m.d.comb += in_top.eq((lo1 != frow.top) & (fk == (frow.top - 1)[:KB]))
         need_chunk = Signal()
         m.d.comb += need_chunk.eq((n_room != 0) & ~in_top)
         # a fair share: a QP takes a chunk while it holds fewer than the pool's chunks over the
-        # QPs holding any (rounded up to a power of two), so idle QPs with a full window leave
-        # room for the others
-        holders = Signal(range(self.num_qps + 1))
+        # QPs with a receive queue (rounded up to a power of two; at least one), so QPs idle
+        # with a full window leave room for the others (with more QPs than chunks, those that
+        # come late read their WQEs on demand)
+        rq_qps = Signal(range(self.num_qps + 1))
         share_log = Signal(range(qb + 2))
         m.d.comb += share_log.eq(0)
         for k in range(1, qb + 2):
-            with m.If((holders - 1) >> (k - 1) != 0):
+            with m.If((rq_qps - 1) >> (k - 1) != 0):
                 m.d.comb += share_log.eq(k)
         held = Signal(KB)
         m.d.comb += held.eq(frow.top - lo1)
@@ -692,8 +698,14 @@ class RecvQueue(wiring.Component):
         # it wants more than this op fetches (no chunk was free, or its job ends at a chunk's
         # end): it goes to the retry queue (once), taken again when a chunk is free, so that
         # a QP fills its window between its messages and not only one chunk per message
+        # (only when its share allows one more and one may come: a retry that finds a chunk
+        # free and takes none is not queued again, so retries never loop)
+        fair2 = Signal()
+        m.d.comb += fair2.eq(held + 1 < share)
         starve = Signal()
-        m.d.comb += starve.eq(~is_create & ~more & (want > n) & (~frow.starved | (fs1_op == F_RETRY)))
+        m.d.comb += starve.eq(~is_create & ~more & (~frow.starved | (fs1_op == F_RETRY))
+                              & ((need_chunk & ~free_avail & fair)
+                                 | ((n != 0) & (want > n) & Mux(got_chunk, fair2, fair))))
 
         # the WQE a consume (``consumed``) or a lookup names: posted and in the window (else a
         # number only), then in the pool (prefetched: its chunk held and its read issued) or
@@ -704,7 +716,7 @@ class RecvQueue(wiring.Component):
         m.d.comb += rel.eq(idx - base_c)
         on_chip = Signal()
         m.d.comb += on_chip.eq(frow.enable & (rel[wb - 1:] == 0) & (rel[:wb - 1] < ahead)
-                               & ~(idx - committed)[-1])
+                               & ~_lt(idx, committed))
         top_new = Signal(KB)
         lo_new = Signal(KB)
         front_new = Signal(COUNT_BITS)
@@ -712,7 +724,7 @@ class RecvQueue(wiring.Component):
         ik = Signal(KB)
         m.d.comb += ik.eq(idx[CS:])
         pooled = Signal()                       # its read is issued, into a chunk it holds
-        m.d.comb += pooled.eq((idx - front_new)[-1] & ((ik - lo_new)[-1] == 0) & (ik - top_new)[-1])
+        m.d.comb += pooled.eq(_lt(idx, front_new) & ~_lt(ik, lo_new, KB) & _lt(ik, top_new, KB))
         idx_chunk = Signal(cb)
         m.d.comb += idx_chunk.eq(Mux(got_chunk & (ik == fk), new_id, cmap_row[ik[:mb]]))
 
@@ -740,7 +752,7 @@ class RecvQueue(wiring.Component):
                                   & (~need_demand | demands.i.ready))
         with m.If(fs1_commit):
             m.d.sync += [walked.eq(0),
-                         holders.eq(holders + Mux(is_create, 0, lo_new != top_new) - (frow.lo != frow.top))]
+                         rq_qps.eq(rq_qps + Mux(is_create, fs1_create.enable - frow.enable, 0))]
         with m.Elif(give):
             m.d.sync += walked.eq(walked + 1)
         m.d.comb += take_chunk.eq(fs1_commit & ~is_create & got_chunk)
