@@ -752,7 +752,9 @@ class RecvQueue(wiring.Component):
                                   & (~need_demand | demands.i.ready))
         with m.If(fs1_commit):
             m.d.sync += [walked.eq(0),
-                         rq_qps.eq(rq_qps + Mux(is_create, fs1_create.enable - frow.enable, 0))]
+                         ]
+            with m.If(is_create):
+                m.d.sync += rq_qps.eq(rq_qps + fs1_create.enable - frow.enable)
         with m.Elif(give):
             m.d.sync += walked.eq(walked + 1)
         m.d.comb += take_chunk.eq(fs1_commit & ~is_create & got_chunk)
