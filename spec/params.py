@@ -31,7 +31,8 @@ AXI_ID_RECV_CQE_WRITE = 5          # AWID on m_axi_rx: receive CQEs (after their
 # scatters into (the first RECV_MAX_SGE; rdma-core's max_recv_sge of a QP the engine serves),
 # WQEs prefetched per QP, and reads in flight.
 RECV_MAX_SGE = 4
-RECV_PREFETCH = 4
+RECV_PREFETCH = 256                # a QP's window: WQEs fetched ahead of the committed count at most
+RECV_POOL = 4096                   # receive WQEs on chip, shared by the QPs (16 a chunk)
 RECV_MAX_READS = 512
 NUM_QPS = 1024                     # QP contexts in RAM (issue 3: 1024 and more)
 NUM_CQS = NUM_QPS                  # one collapsed CQ per QP, as NVSHMEM creates them (issue 16)

@@ -2,7 +2,9 @@
 tests/blocks/test_recv_queue.py on Icarus and Verilator.
 
 The top (``recv_queue_pair``, built by the test) holds two RecvQueues of ``NUM_QPS`` QPs:
-``a`` prefetches (depth ``DEPTH_A``), ``b`` does not (depth 0: each WQE fetched on its
+``a`` prefetches (a window of ``DEPTH_A`` WQEs a QP, a pool of 8 chunks of 16 shared by the
+8 QPs: QPs wait for chunks, give them back, take them again), ``b`` does not (depth 0, a pool
+of 2 chunks: most WQEs are read on demand; each WQE fetched on its
 consume). Each has its own GPU memory (an in-order AXI read slave with a random latency per
 read, sampling memory at the AR) and its own GPU producer and responder agents. Everything
 is stepped from one coroutine, one call per clock edge: at the edge the handshakes of the
@@ -40,7 +42,8 @@ from rtl.responder.recv_queue import (RecvConsume, RecvCreate, RecvQuery, RecvWq
 
 NUM_QPS = 8
 MAX_SGE = 4
-DEPTH_A = 8
+DEPTH_A = 32
+PER_QP = 8           # WQEs a QP uses in the throughput test
 PAGE = 4096
 LINE = 128
 
@@ -600,18 +603,18 @@ async def _throughput(dut, e, depth, n_per_qp, latency):
 async def throughput(dut):
     """8 QPs, 16 WQEs posted each. After one query per QP (its record read, the WQEs known;
     given back) and time to prefetch: 56 queries back to back are answered one a cycle, and
-    56 consumes back to back hand on 56 WQEs in 56 + 6 cycles with prefetch (depth 8: all
+    56 consumes back to back hand on 56 WQEs in 56 + 6 cycles with prefetch (depth 32: all
     on chip, none looked up). With one slot per QP (depth 0) a QP's next WQE is fetched
     only once the one before is committed: a read (100 cycles here) per WQE of a QP."""
     envs = await start(dut, 5)
     latency = 100
-    n, qa, m, ca, ua, la = await _throughput(dut, envs["a"], DEPTH_A, DEPTH_A, latency)
+    n, qa, m, ca, ua, la = await _throughput(dut, envs["a"], DEPTH_A, PER_QP, latency)
     assert qa <= n + 4, f"{n} queries took {qa} cycles"
     assert ca <= m + 6, f"{m} prefetched WQEs took {ca} cycles"
     assert la == 0, f"{la} lookups with every WQE on chip"
-    n, qb, m, cb, ub, lb = await _throughput(dut, envs["b"], 0, DEPTH_A, latency)
+    n, qb, m, cb, ub, lb = await _throughput(dut, envs["b"], 0, PER_QP, latency)
     assert qb <= n + 4
-    assert ub >= (DEPTH_A - 2) * latency, f"with one slot per QP {m} WQEs took only {ub} cycles"
+    assert ub >= (PER_QP - 2) * latency, f"with one slot per QP {m} WQEs took only {ub} cycles"
     dut._log.info(f"prefetch saves {ub - ua} cycles on {m} WQEs")
 
 

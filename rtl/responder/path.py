@@ -187,7 +187,7 @@ class ResponderPath(WiringLevel):
                                           buffer_beats=READ_BUFFER_BEATS),
             "response_merge": ResponseMerge(num_qps=nq, num_cqs=nc),
             # two-sided verbs: each request that consumes a receive WQE gets it here
-            "recv_queue": RecvQueue(num_qps=nq, max_sge=P.RECV_MAX_SGE, depth=P.RECV_PREFETCH,
+            "recv_queue": RecvQueue(num_qps=nq, max_sge=P.RECV_MAX_SGE, depth=P.RECV_PREFETCH, pool=P.RECV_POOL,
                                     max_reads=P.RECV_MAX_READS, axi_id=P.AXI_ID_RECV_QUEUE,
                                     id_width=P.AXI_ID_WIDTH),
             # (a create waits here: the RecvQueue takes it between its own operations, and the

@@ -18,6 +18,9 @@ COUNT_BITS = 16          # mlx5 receive counters (the doorbell record holds head
 EPOCH_BITS = 8           # creates of a QP told apart (stale reads and slots of an earlier create)
 SEG_BYTES = 16           # one data segment (F.RECV_DATA_SEG)
 LINE_SEGS = DATA_BYTES // SEG_BYTES     # 8 segments per 128-byte beat
+CHUNK = 16               # pool entries are taken and given back 16 WQEs (one chunk) at a time
+_DEMAND_QUEUE = 2        # reads of one WQE for a stage that waits on it (hand-on, lookup)
+_RETRY_QUEUE = 16        # QPs that want more WQEs fetched than their last op could fetch
 _ANSWER_DEPTH = 8
 _DBR_QUEUE = 4           # doorbell-record reads waiting for the AR channel
 _JOB_QUEUE = 4
@@ -64,6 +67,11 @@ def RecvSync(num_qps):
 
 def RecvLookup(num_qps):
     return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "index": unsigned(COUNT_BITS)})
+
+
+def _lt(a, b, width=COUNT_BITS):
+    """``a`` before ``b`` on counters mod ``2 ** width`` that stay within half of it."""
+    return (a - b)[width - 1]
 
 
 def _be(value, nbytes):
@@ -184,23 +192,28 @@ class RecvQueue(wiring.Component):
     m_axi : Out(AxiReadSignature(addr_width=64, data_width=data_width))
         Doorbell-record reads (4 bytes, ``arsize`` 2) and WQE reads (one 128-byte beat).
     """
-    def __init__(self, *, num_qps, max_sge=4, depth=4, data_width=1024, max_reads=512, axi_id=0,
+    def __init__(self, *, num_qps, max_sge=4, depth=4, pool=64, data_width=1024, max_reads=512, axi_id=0,
                  id_width=4):
         if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
             raise ValueError(f"num_qps must be a power of two >= 2, not {num_qps!r}")
         if not isinstance(max_sge, int) or not 1 <= max_sge < LINE_SEGS:
             raise ValueError(f"max_sge must be 1..{LINE_SEGS - 1} (a WQE's segments and its end marker "
                              f"in one 128-byte line), not {max_sge!r}")
-        if not isinstance(depth, int) or depth < 0 or depth > 64 or depth & (depth - 1):
-            raise ValueError(f"depth must be 0 or a power of two up to 64, not {depth!r}")
+        if not isinstance(depth, int) or depth < 0 or depth > 512 or depth & (depth - 1):
+            raise ValueError(f"depth must be 0 or a power of two up to 512, not {depth!r}")
+        if not isinstance(pool, int) or pool < 2 * CHUNK or pool & (pool - 1):
+            raise ValueError(f"pool must be a power of two >= {2 * CHUNK}, not {pool!r}")
         if data_width != 8 * DATA_BYTES:
             raise ValueError(f"data_width must be {8 * DATA_BYTES} (one 128-byte line a beat), not {data_width!r}")
         if not isinstance(max_reads, int) or max_reads < 2 or max_reads & (max_reads - 1):
             raise ValueError(f"max_reads must be a power of two >= 2, not {max_reads!r}")
         if not isinstance(axi_id, int) or not 0 <= axi_id < 1 << id_width:
             raise ValueError(f"axi_id must fit {id_width} bits, not {axi_id!r}")
-        self.num_qps, self.max_sge, self.depth = num_qps, max_sge, depth
+        self.num_qps, self.max_sge, self.depth, self.pool = num_qps, max_sge, depth, pool
         self.slots = max(depth, 1)
+        # chunks a QP's window spans at most: aligned to chunks from 8 on (the window then
+        # starts at the committed WQE's chunk), else the committed one's and the next
+        self.map_len = self.slots // CHUNK if self.slots >= CHUNK else 2
         self.data_width, self.max_reads, self.axi_id = data_width, max_reads, axi_id
         super().__init__({
             "create": In(stream.Signature(RecvCreate(num_qps))),
@@ -219,7 +232,6 @@ class RecvQueue(wiring.Component):
         m = Module()
         qb = qp_bits(self.num_qps)
         S = self.slots
-        sb = (S - 1).bit_length()              # slot-number bits
         wb = S.bit_length() + 1                 # small counts 0..S (and a sign)
         thr = max(self.depth, 1)                # background read below this many known-unanswered
         axi = self.m_axi
@@ -228,29 +240,45 @@ class RecvQueue(wiring.Component):
         QRow = data.StructLayout({"known": unsigned(COUNT_BITS), "answered": unsigned(COUNT_BITS),
                                   "bg": unsigned(1), "epoch": unsigned(EPOCH_BITS), "enable": unsigned(1),
                                   "dbr": unsigned(DMA_ADDR_WIDTH)})
+        CS = CHUNK.bit_length() - 1             # WQE counter bits within a chunk
+        KB = COUNT_BITS - CS                    # chunk numbers (a WQE's counter >> CS)
+        nch = self.pool // CHUNK                # chunks in the pool
+        cb = (nch - 1).bit_length()             # chunk ids
+        ML = self.map_len
+        mb = (ML - 1).bit_length()
+        # lo .. top - 1: the chunk numbers the QP holds (each one's pool chunk in its map);
+        # starved: queued for a retry (its prefetch found no free chunk)
         FRow = data.StructLayout({"consumed": unsigned(COUNT_BITS), "fetched": unsigned(COUNT_BITS),
                                   "epoch": unsigned(EPOCH_BITS), "enable": unsigned(1), "gen": unsigned(1),
                                   "base": unsigned(DMA_ADDR_WIDTH), "log_size": unsigned(4),
-                                  "log_stride": unsigned(4)})
-        Slot = data.StructLayout({"index": unsigned(COUNT_BITS), "epoch": unsigned(EPOCH_BITS),
+                                  "log_stride": unsigned(4), "lo": unsigned(KB), "top": unsigned(KB),
+                                  "starved": unsigned(1)})
+        Slot = data.StructLayout({"qpn": unsigned(qb), "index": unsigned(COUNT_BITS), "epoch": unsigned(EPOCH_BITS),
                                   "nsge": range(self.max_sge + 1), "bad": unsigned(1),
                                   "sge": data.ArrayLayout(RecvSge, self.max_sge)})
-        # A fetch job: WQEs x .. x + left - 1 of one QP (base_hi1: base[24:] + 1, for the carry).
+        # A fetch job: WQEs x .. x + left - 1 of one QP, all in pool chunk ``chunk`` (base_hi1:
+        # base[24:] + 1, for the carry); ``demand``: one WQE for a waiting stage, not kept.
         Job = data.StructLayout({"qpn": unsigned(qb), "epoch": unsigned(EPOCH_BITS), "x": unsigned(COUNT_BITS),
                                  "left": unsigned(wb), "base": unsigned(DMA_ADDR_WIDTH),
                                  "base_hi1": unsigned(DMA_ADDR_WIDTH - 24), "log_size": unsigned(4),
-                                 "log_stride": unsigned(4)})
+                                 "log_stride": unsigned(4), "chunk": unsigned(cb), "demand": unsigned(1)})
         DbrReq = data.StructLayout({"qpn": unsigned(qb), "epoch": unsigned(EPOCH_BITS), "query": unsigned(1),
                                     "addr": unsigned(DMA_ADDR_WIDTH)})
         # What a read in flight is, for its R beat: a doorbell record (its 32-bit lane) or a
         # run of n WQEs from x starting at 16-byte unit p of the line.
         Tag = data.StructLayout({"dbr": unsigned(1), "qpn": unsigned(qb), "epoch": unsigned(EPOCH_BITS),
                                  "query": unsigned(1), "word": unsigned(5), "x": unsigned(COUNT_BITS),
-                                 "n": unsigned(4), "p": unsigned(3), "ushift": unsigned(3)})
+                                 "n": unsigned(4), "p": unsigned(3), "ushift": unsigned(3), "chunk": unsigned(cb),
+                                 "demand": unsigned(1)})
 
         m.submodules.qram = qram = Memory(shape=QRow, depth=self.num_qps, init=[])
         m.submodules.fram = fram = Memory(shape=FRow, depth=self.num_qps, init=[])
-        m.submodules.slots = slots = Memory(shape=Slot, depth=S * self.num_qps, init=[])
+        # the shared pool (chunk c: entries 16c .. 16c + 15, WQE x at 16c + x % 16) and each QP's
+        # map of its chunks (chunk number k in element k % map_len)
+        m.submodules.pool = slots = Memory(shape=Slot, depth=self.pool, init=[])
+        m.submodules.cmap = cmap = Memory(shape=data.ArrayLayout(unsigned(cb), ML), depth=self.num_qps, init=[])
+        m_wr = cmap.write_port()
+        m_rd = cmap.read_port(transparent_for=(m_wr,))
         # the responder's committed count per QP (written by syncs and creates)
         m.submodules.cram = cram = Memory(shape=unsigned(COUNT_BITS), depth=self.num_qps, init=[])
         c_wr = cram.write_port()
@@ -268,6 +296,9 @@ class RecvQueue(wiring.Component):
         m.submodules.dbr_reqs = dbr_reqs = StreamFifo(DbrReq, _DBR_QUEUE)
         m.submodules.jobs = jobs = StreamFifo(Job, _JOB_QUEUE)
         m.submodules.hints = hints = StreamFifo(unsigned(qb), _HINT_QUEUE)
+        # commits that complete no chunk: an op of the QP when one is idle (a QP whose last
+        # WQEs are committed gives its chunks back), dropped when full
+        m.submodules.idle_hints = idle_hints = StreamFifo(unsigned(qb), _HINT_QUEUE)
         m.submodules.tags = tags = StreamFifo(Tag, self.max_reads)
         m.submodules.sync_split = sync_split = PairSplitter(RecvSync(self.num_qps))
         Give = data.StructLayout({"qpn": unsigned(qb), "delta": unsigned(COUNT_BITS)})
@@ -320,13 +351,17 @@ class RecvQueue(wiring.Component):
             valid.append(v)
         nsge = Signal(range(self.max_sge + 1))
         m.d.comb += nsge.eq(sum(valid[:self.max_sge]))      # valid[] is a prefix: its count
-        m.d.comb += [
-            s_wr.en.eq(wqe_beat), s_wr.addr.eq(Cat(x_cur[:sb], tag.qpn)),
-            s_wr.data.index.eq(x_cur), s_wr.data.epoch.eq(tag.epoch), s_wr.data.nsge.eq(nsge),
-            s_wr.data.bad.eq(valid[self.max_sge]),
-        ]
+        # a prefetched WQE into its pool entry; a demanded one only to the stage waiting on it
+        parsed = Signal(Slot)
+        m.d.comb += [parsed.qpn.eq(tag.qpn), parsed.index.eq(x_cur), parsed.epoch.eq(tag.epoch),
+                     parsed.nsge.eq(nsge), parsed.bad.eq(valid[self.max_sge])]
         for j in range(self.max_sge):
-            m.d.comb += s_wr.data.sge[j].eq(Mux(valid[j], segs[j], 0))
+            m.d.comb += parsed.sge[j].eq(Mux(valid[j], segs[j], 0))
+        byp_valid = Signal()
+        m.d.comb += [
+            s_wr.en.eq(wqe_beat & ~tag.demand), s_wr.addr.eq(Cat(x_cur[:CS], tag.chunk)), s_wr.data.eq(parsed),
+            byp_valid.eq(wqe_beat & tag.demand),
+        ]
         with m.If(wqe_beat):
             m.d.sync += k.eq(Mux(last, 0, k + 1))
         m.d.comb += [axi.rready.eq(dbr_in | (wqe_beat & last)), tags.o.ready.eq(axi.rready)]
@@ -469,8 +504,13 @@ class RecvQueue(wiring.Component):
         sy = syncs.o.p
         take_fix = Signal()
         sync_go = Signal()
+        # a commit that completes a chunk (the count reaches a multiple of 8) hints the fetch
+        # side, which gives the chunk back: that hint is never dropped (the sync waits for room)
+        crossing = Signal()
+        m.d.comb += crossing.eq(~sy.correct & (sy.committed[:CS] == 0))
         # a create owns the RAM's write port in its cycle
-        m.d.comb += sync_go.eq(syncs.o.valid & ~take_create & (~sy.correct | take_fix))
+        m.d.comb += sync_go.eq(syncs.o.valid & ~take_create & (~sy.correct | take_fix)
+                               & (~crossing | (hints.i.ready & ~push_hint)))
         m.d.comb += [
             syncs.o.ready.eq(sync_go),
             c_wr.en.eq(take_create | sync_go),
@@ -478,27 +518,55 @@ class RecvQueue(wiring.Component):
             c_wr.data.eq(Mux(take_create, 0, sy.committed)),
         ]
 
-        # ---- fetch side: creates, corrections, lookups, consumes with ok = 1, hints ----------
+        # ---- chunks: never used ones first (``fresh``), then those given back -------------------
+        m.submodules.freed = freed = StreamFifo(unsigned(cb), nch)
+        fresh = Signal(range(nch + 1))
+        free_avail = Signal()
+        new_id = Signal(cb)
+        m.d.comb += [free_avail.eq((fresh != nch) | freed.o.valid),
+                     new_id.eq(Mux(fresh != nch, fresh, freed.o.p))]
+        take_chunk = Signal()
+        with m.If(take_chunk & (fresh != nch)):
+            m.d.sync += fresh.eq(fresh + 1)
+        m.d.comb += freed.o.ready.eq(take_chunk & (fresh == nch))
+        m.submodules.retries = retries = StreamFifo(unsigned(qb), _RETRY_QUEUE)
+        m.submodules.demands = demands = StreamFifo(Job, _DEMAND_QUEUE)
+
+        # ---- fetch side: creates, corrections, lookups, consumes with ok = 1, hints, retries --
         fs1_valid = Signal()
         fs1_commit = Signal()
         m.d.comb += fs1_free.eq(~fs1_valid | fs1_commit)
-        F_CREATE, F_FIX, F_LOOKUP, F_CONSUME, F_HINT = range(5)
+        F_CREATE, F_FIX, F_LOOKUP, F_CONSUME, F_HINT, F_RETRY = range(6)
         take_lookup = Signal()
         take_consume = Signal()
         take_hint = Signal()
+        take_retry_f = Signal()
+        take_idle = Signal()
         # hints: a doorbell-record read that moved ``known``, and commits (slots free again)
         hint_in = Signal()
-        m.d.comb += hint_in.eq(sync_go & ~sy.correct)
+        # (from 8 on the window moves a chunk at a time: only a commit that completes one
+        # moves it; below 8 every commit does)
+        m.d.comb += hint_in.eq(sync_go & ~sy.correct & (crossing if S >= CHUNK else 1))
         fix_wait = syncs.o.valid & sy.correct
         consume_ok = self.consume.valid & self.consume.p.ok
         m.d.comb += [
             take_fix.eq(fix_wait & fs1_free & ~take_create),
             take_lookup.eq(self.lookup.valid & fs1_free & ~take_create & ~fix_wait),
-            take_consume.eq(consume_ok & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid),
-            take_hint.eq(hints.o.valid & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid & ~consume_ok),
+            # hints (a commit that completed a chunk gives it back) and retries (a QP that wants
+            # more fetched, once a chunk is free) before consumes: few (one per chunk), and they
+            # keep the pool turning while one QP's messages take every cycle
+            take_hint.eq(hints.o.valid & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid),
+            take_retry_f.eq(retries.o.valid & free_avail & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid
+                            & ~hints.o.valid),
+            take_consume.eq(consume_ok & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid & ~hints.o.valid
+                            & ~(retries.o.valid & free_avail)),
+            take_idle.eq(idle_hints.o.valid & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid
+                         & ~hints.o.valid & ~(retries.o.valid & free_avail) & ~consume_ok),
+            idle_hints.o.ready.eq(take_idle),
             self.consume.ready.eq(Mux(self.consume.p.ok, take_consume, take_nack)),
             self.lookup.ready.eq(take_lookup),
             hints.o.ready.eq(take_hint),
+            retries.o.ready.eq(take_retry_f),
         ]
         f0_qpn = Signal(qb)
         with m.If(take_create):
@@ -507,10 +575,14 @@ class RecvQueue(wiring.Component):
             m.d.comb += f0_qpn.eq(sy.qpn)
         with m.Elif(take_lookup):
             m.d.comb += f0_qpn.eq(self.lookup.p.qpn)
-        with m.Elif(take_consume):
-            m.d.comb += f0_qpn.eq(self.consume.p.qpn)
-        with m.Else():
+        with m.Elif(take_hint):
             m.d.comb += f0_qpn.eq(hints.o.p)
+        with m.Elif(take_retry_f):
+            m.d.comb += f0_qpn.eq(retries.o.p)
+        with m.Elif(take_idle):
+            m.d.comb += f0_qpn.eq(idle_hints.o.p)
+        with m.Else():
+            m.d.comb += f0_qpn.eq(self.consume.p.qpn)
         fs1_op = Signal(3)
         fs1_qpn = Signal(qb)
         fs1_create = Signal(RecvCreate(self.num_qps))
@@ -518,50 +590,153 @@ class RecvQueue(wiring.Component):
         fs1_index = Signal(COUNT_BITS)
         # the RAM outputs hold while the op waits (en low)
         m.d.comb += [f_rd.addr.eq(f0_qpn), f_rd.en.eq(fs1_free), k_rd.addr.eq(f0_qpn), k_rd.en.eq(fs1_free),
-                     c_rd.addr.eq(f0_qpn), c_rd.en.eq(fs1_free)]
+                     c_rd.addr.eq(f0_qpn), c_rd.en.eq(fs1_free), m_rd.addr.eq(f0_qpn), m_rd.en.eq(fs1_free)]
         with m.If(fs1_free):
-            m.d.sync += [fs1_valid.eq(take_create | take_fix | take_lookup | take_consume | take_hint),
+            m.d.sync += [fs1_valid.eq(take_create | take_fix | take_lookup | take_consume | take_hint | take_retry_f
+                                      | take_idle),
                          fs1_op.eq(Mux(take_create, F_CREATE, Mux(take_fix, F_FIX, Mux(take_lookup, F_LOOKUP,
-                                                                                      Mux(take_consume, F_CONSUME,
-                                                                                          F_HINT))))),
+                                   Mux(take_hint | take_idle, F_HINT, Mux(take_retry_f, F_RETRY, F_CONSUME)))))),
                          fs1_qpn.eq(f0_qpn), fs1_create.eq(self.create.p), fs1_delta.eq(sy.delta),
                          fs1_index.eq(self.lookup.p.index)]
-        # a hint dropped when the queue is full: the next op of the QP fetches as far
+        # a hint dropped when the queue is full: the next op of the QP fetches as far (a
+        # commit that completes a chunk waited for room above)
         with m.If(hint_in & hints.i.ready & ~push_hint):
             m.d.comb += [hints.i.valid.eq(1), hints.i.p.eq(sy.qpn)]
+        if S >= CHUNK:
+            m.d.comb += [idle_hints.i.valid.eq(sync_go & ~sy.correct & ~crossing), idle_hints.i.p.eq(sy.qpn)]
 
         frow = f_rd.data
         known = k_rd.data.known
         committed = c_rd.data
+        cmap_row = m_rd.data
         fnew = Signal(FRow)
         m.d.comb += fnew.eq(frow)
-        d_fetched = Signal(wb)                  # fetched - committed: 0..S
-        m.d.comb += d_fetched.eq(frow.fetched - committed)
+        cmap_new = Signal.like(cmap_row)
+        m.d.comb += cmap_new.eq(cmap_row)
+
+        # Chunks held: lo .. top - 1. Each op first gives back the oldest one when the
+        # committed count has left it (one a cycle: the op waits while more are to go back;
+        # a create gives back every one it holds).
+        walked = Signal(KB)                     # chunks given back by this op so far (it waits)
+        lo = Signal(KB)
+        m.d.comb += lo.eq(frow.lo + walked)
+        cc = Signal(KB)
+        m.d.comb += cc.eq(committed[CS:])
+        lo_behind = Signal()                    # lo < cc (chunk numbers mod 2^13)
+        m.d.comb += lo_behind.eq(_lt(lo, cc, KB))
+        is_create = fs1_op == F_CREATE
+        # (and every chunk once nothing past the committed count is fetched: an idle QP
+        # holds none; a WQE handed on and not committed was fetched, so it keeps its own)
+        d_fc = Signal(COUNT_BITS)
+        m.d.comb += d_fc.eq(frow.fetched - committed)
+        idle = Signal()
+        m.d.comb += idle.eq(d_fc[-1] | (d_fc == 0))
+        give = Signal()
+        m.d.comb += give.eq(fs1_valid & (lo != frow.top) & (is_create | lo_behind | idle))
+        lo1 = Signal(KB)
+        m.d.comb += lo1.eq(lo + give)
+        lo1_behind = Signal()
+        m.d.comb += lo1_behind.eq(_lt(lo1, cc, KB))
+        more = Signal()                         # another chunk to give back: the op waits
+        m.d.comb += more.eq(give & (lo1 != frow.top) & (is_create | lo1_behind | idle))
+        m.d.comb += [freed.i.valid.eq(give), freed.i.p.eq(cmap_row[lo[:mb]])]
+
+        # The frontier: fetched, or the committed count when WQEs were used without being
+        # prefetched (demanded); the window: up to ``slots`` past the committed count (from
+        # the committed WQE's chunk, ``slots`` >= 8), and posted (``known``).
+        front = Signal(COUNT_BITS)
+        m.d.comb += front.eq(Mux(d_fc[-1], committed, frow.fetched))
+        base_c = Signal(COUNT_BITS)
+        m.d.comb += base_c.eq(Cat(C(0, CS), committed[CS:]) if S >= CHUNK else committed)
+        d_fetched = Signal(wb)                  # front - base_c: 0..S
+        m.d.comb += d_fetched.eq(front - base_c)
         d_known = Signal(COUNT_BITS)
-        m.d.comb += d_known.eq(known - committed)
-        ahead = Signal(wb)                      # min(known - committed, S), 0 when behind
+        m.d.comb += d_known.eq(known - base_c)
+        ahead = Signal(wb)                      # min(known - base_c, S), 0 when behind
         with m.If(d_known[-1]):
             m.d.comb += ahead.eq(0)
         with m.Elif((d_known[wb - 1:] != 0) | (d_known[:wb - 1] >= S)):
             m.d.comb += ahead.eq(S)
         with m.Else():
             m.d.comb += ahead.eq(d_known[:wb - 1])
+        want = Signal(wb)
+        m.d.comb += want.eq(Mux(frow.enable & (ahead > d_fetched), ahead - d_fetched, 0))
+        # one job stays in one chunk
+        to_chunk = Signal(CS + 1)
+        m.d.comb += to_chunk.eq(CHUNK - front[:CS])
+        n_room = Signal(wb)
+        m.d.comb += n_room.eq(Mux(want > to_chunk, to_chunk, want))
+        fk = Signal(KB)
+        m.d.comb += fk.eq(front[CS:])
+        # the frontier's chunk is held (the last one, partly fetched) unless none is held
+        in_top = Signal()
+        m.d.comb += in_top.eq((lo1 != frow.top) & (fk == (frow.top - 1)[:KB]))
+        need_chunk = Signal()
+        m.d.comb += need_chunk.eq((n_room != 0) & ~in_top)
+        # a fair share: a QP takes a chunk while it holds fewer than the pool's chunks over the
+        # QPs with a receive queue (rounded up to a power of two; at least one), so QPs idle
+        # with a full window leave room for the others (with more QPs than chunks, those that
+        # come late read their WQEs on demand)
+        rq_qps = Signal(range(self.num_qps + 1))
+        share_log = Signal(range(qb + 2))
+        m.d.comb += share_log.eq(0)
+        for k in range(1, qb + 2):
+            with m.If((rq_qps - 1) >> (k - 1) != 0):
+                m.d.comb += share_log.eq(k)
+        held = Signal(KB)
+        m.d.comb += held.eq(frow.top - lo1)
+        share = Signal(range(nch + 1))
+        m.d.comb += share.eq(C(nch, range(nch + 1)) >> share_log)
+        fair = Signal()
+        m.d.comb += fair.eq((held < share) | (held == 0))
+        got_chunk = Signal()
+        m.d.comb += got_chunk.eq(need_chunk & free_avail & ~more & fair)
         n = Signal(wb)
-        m.d.comb += n.eq(Mux(frow.enable & (ahead > d_fetched), ahead - d_fetched, 0))
-        # the WQE a consume (``consumed``) or a lookup names: posted, and has a slot
+        m.d.comb += n.eq(Mux(~more & (in_top | got_chunk), n_room, 0))
+        job_chunk = Signal(cb)
+        m.d.comb += job_chunk.eq(Mux(in_top, cmap_row[fk[:mb]], new_id))
+        # it wants more than this op fetches (no chunk was free, or its job ends at a chunk's
+        # end): it goes to the retry queue (once), taken again when a chunk is free, so that
+        # a QP fills its window between its messages and not only one chunk per message
+        # (only when its share allows one more and one may come: a retry that finds a chunk
+        # free and takes none is not queued again, so retries never loop)
+        fair2 = Signal()
+        m.d.comb += fair2.eq(held + 1 < share)
+        starve = Signal()
+        m.d.comb += starve.eq(~is_create & ~more & (~frow.starved | (fs1_op == F_RETRY))
+                              & ((need_chunk & ~free_avail & fair)
+                                 | ((n != 0) & (want > n) & Mux(got_chunk, fair2, fair))))
+
+        # the WQE a consume (``consumed``) or a lookup names: posted and in the window (else a
+        # number only), then in the pool (prefetched: its chunk held and its read issued) or
+        # read on demand for the stage that waits on it
         idx = Signal(COUNT_BITS)
         m.d.comb += idx.eq(Mux(fs1_op == F_LOOKUP, fs1_index, frow.consumed))
         rel = Signal(COUNT_BITS)
-        m.d.comb += rel.eq(idx - committed)
+        m.d.comb += rel.eq(idx - base_c)
         on_chip = Signal()
-        m.d.comb += on_chip.eq(frow.enable & (rel[wb - 1:] == 0) & (rel[:wb - 1] < ahead))
+        m.d.comb += on_chip.eq(frow.enable & (rel[wb - 1:] == 0) & (rel[:wb - 1] < ahead)
+                               & ~_lt(idx, committed))
+        top_new = Signal(KB)
+        lo_new = Signal(KB)
+        front_new = Signal(COUNT_BITS)
+        m.d.comb += front_new.eq(front + n)
+        ik = Signal(KB)
+        m.d.comb += ik.eq(idx[CS:])
+        pooled = Signal()                       # its read is issued, into a chunk it holds
+        m.d.comb += pooled.eq(_lt(idx, front_new) & ~_lt(ik, lo_new, KB) & _lt(ik, top_new, KB))
+        idx_chunk = Signal(cb)
+        m.d.comb += idx_chunk.eq(Mux(got_chunk & (ik == fk), new_id, cmap_row[ik[:mb]]))
+
         is_consume = Signal()
         is_lookup = Signal()
         is_fix = Signal()
         m.d.comb += [is_consume.eq(fs1_valid & (fs1_op == F_CONSUME)), is_lookup.eq(fs1_valid & (fs1_op == F_LOOKUP)),
                      is_fix.eq(fs1_valid & (fs1_op == F_FIX))]
         need_job = Signal()
-        m.d.comb += need_job.eq(fs1_valid & (fs1_op != F_CREATE) & (n != 0))
+        m.d.comb += need_job.eq(fs1_valid & ~is_create & (n != 0))
+        need_demand = Signal()
+        m.d.comb += need_demand.eq((is_consume | is_lookup) & on_chip & ~pooled & ~more)
         m.d.comb += [fix_in_fs1.eq(is_fix), settled.eq(self.sync_idle & (gives.level == 0) & ~fix_in_fs1)]
 
         s2_valid = Signal()
@@ -572,42 +747,77 @@ class RecvQueue(wiring.Component):
         l2_leave = Signal()
         l2_free = Signal()
         m.d.comb += l2_free.eq(~l2_valid | l2_leave)
-        m.d.comb += fs1_commit.eq(fs1_valid & (~is_consume | s2_free) & (~is_lookup | l2_free)
-                                  & (~is_fix | gives.i.ready) & (~need_job | jobs.i.ready))
-        with m.If(fs1_op == F_CREATE):
+        m.d.comb += fs1_commit.eq(fs1_valid & ~more & (~is_consume | s2_free) & (~is_lookup | l2_free)
+                                  & (~is_fix | gives.i.ready) & (~need_job | jobs.i.ready)
+                                  & (~need_demand | demands.i.ready))
+        with m.If(fs1_commit):
+            m.d.sync += [walked.eq(0),
+                         ]
+            with m.If(is_create):
+                m.d.sync += rq_qps.eq(rq_qps + fs1_create.enable - frow.enable)
+        with m.Elif(give):
+            m.d.sync += walked.eq(walked + 1)
+        m.d.comb += take_chunk.eq(fs1_commit & ~is_create & got_chunk)
+        # the chunks held after the op: lo1 .. top - 1, and the new one; none held: from the
+        # frontier's chunk on
+        m.d.comb += [lo_new.eq(Mux(lo1 == frow.top, fk, lo1)),
+                     top_new.eq(Mux(got_chunk, fk + 1, Mux(lo1 == frow.top, fk, frow.top)))]
+        with m.If(got_chunk):
+            m.d.comb += cmap_new[fk[:mb]].eq(new_id)
+        with m.If(is_create):
             m.d.comb += [fnew.consumed.eq(0), fnew.fetched.eq(0), fnew.epoch.eq(frow.epoch + 1), fnew.gen.eq(0),
                          fnew.enable.eq(fs1_create.enable), fnew.base.eq(fs1_create.base),
-                         fnew.log_size.eq(fs1_create.log_size), fnew.log_stride.eq(fs1_create.log_stride)]
+                         fnew.log_size.eq(fs1_create.log_size), fnew.log_stride.eq(fs1_create.log_stride),
+                         fnew.lo.eq(0), fnew.top.eq(0), fnew.starved.eq(0)]
         with m.Else():
-            m.d.comb += fnew.fetched.eq(frow.fetched + n)
+            m.d.comb += [fnew.fetched.eq(front_new), fnew.lo.eq(lo_new), fnew.top.eq(top_new)]
             with m.If((fs1_op == F_CONSUME) & frow.enable):
                 m.d.comb += fnew.consumed.eq(frow.consumed + 1)
             with m.If(fs1_op == F_FIX):
                 m.d.comb += [fnew.consumed.eq(frow.consumed + fs1_delta), fnew.gen.eq(~frow.gen)]
+            with m.If(fs1_op == F_RETRY):
+                m.d.comb += fnew.starved.eq(0)
+            with m.If(starve & retries.i.ready):
+                m.d.comb += fnew.starved.eq(1)
         m.d.comb += [
             f_wr.en.eq(fs1_commit), f_wr.addr.eq(fs1_qpn), f_wr.data.eq(fnew),
+            m_wr.en.eq(fs1_commit), m_wr.addr.eq(fs1_qpn), m_wr.data.eq(cmap_new),
+            retries.i.valid.eq(fs1_commit & ~is_create & starve), retries.i.p.eq(fs1_qpn),
             jobs.i.valid.eq(fs1_commit & need_job), jobs.i.p.qpn.eq(fs1_qpn), jobs.i.p.epoch.eq(frow.epoch),
-            jobs.i.p.x.eq(frow.fetched), jobs.i.p.left.eq(n), jobs.i.p.base.eq(frow.base),
+            jobs.i.p.x.eq(front), jobs.i.p.left.eq(n), jobs.i.p.base.eq(frow.base),
             jobs.i.p.base_hi1.eq(frow.base[24:] + 1), jobs.i.p.log_size.eq(frow.log_size),
-            jobs.i.p.log_stride.eq(frow.log_stride),
+            jobs.i.p.log_stride.eq(frow.log_stride), jobs.i.p.chunk.eq(job_chunk), jobs.i.p.demand.eq(0),
+            demands.i.valid.eq(fs1_commit & need_demand), demands.i.p.qpn.eq(fs1_qpn),
+            demands.i.p.epoch.eq(frow.epoch), demands.i.p.x.eq(idx), demands.i.p.left.eq(1),
+            demands.i.p.base.eq(frow.base), demands.i.p.base_hi1.eq(frow.base[24:] + 1),
+            demands.i.p.log_size.eq(frow.log_size), demands.i.p.log_stride.eq(frow.log_stride),
+            demands.i.p.demand.eq(1),
             # the query side's count moves with ``consumed``
             gives.i.valid.eq(fs1_commit & is_fix & frow.enable), gives.i.p.qpn.eq(fs1_qpn),
             gives.i.p.delta.eq(fs1_delta),
         ]
 
-        # ---- hand-on stage: the consumed WQE, once its slot holds it -------------------------
+        # ---- hand-on stage: the consumed WQE, from its pool entry once that holds it, or from
+        # its demanded read (``s2_dem``) -------------------------------------------------------
         s2_qpn = Signal(qb)
         s2_index = Signal(COUNT_BITS)
         s2_epoch = Signal(EPOCH_BITS)
         s2_gen = Signal()
         s2_none = Signal()                      # a number only: not posted, or no slot
+        s2_dem = Signal()                       # read on demand: taken from the R side
+        s2_chunk = Signal(cb)
         s2_have = Signal()                      # s2_cap holds the WQE
         s2_cap = Signal(Slot)
         s2_load = Signal()
         m.d.comb += s2_load.eq(fs1_commit & is_consume)
-        m.d.comb += s_rd.addr.eq(Mux(s2_load, Cat(frow.consumed[:sb], fs1_qpn), Cat(s2_index[:sb], s2_qpn)))
+        m.d.comb += s_rd.addr.eq(Mux(s2_load, Cat(frow.consumed[:CS], idx_chunk), Cat(s2_index[:CS], s2_chunk)))
+
+        def matches(slot, qpn, index, epoch):
+            return (slot.qpn == qpn) & (slot.index == index) & (slot.epoch == epoch)
         arrived = Signal()
-        m.d.comb += arrived.eq((s_rd.data.index == s2_index) & (s_rd.data.epoch == s2_epoch))
+        m.d.comb += arrived.eq(~s2_dem & matches(s_rd.data, s2_qpn, s2_index, s2_epoch))
+        s2_byp = Signal()
+        m.d.comb += s2_byp.eq(s2_dem & byp_valid & matches(parsed, s2_qpn, s2_index, s2_epoch))
         got = Signal(Slot)
         m.d.comb += got.eq(Mux(s2_have, s2_cap, s_rd.data))
         out = self.wqe
@@ -619,37 +829,54 @@ class RecvQueue(wiring.Component):
         ]
         for j in range(self.max_sge):
             m.d.comb += out.p.sge[j].eq(Mux(s2_none, 0, got.sge[j]))
-        with m.If(s2_valid & ~s2_have & arrived & ~s2_leave):
-            m.d.sync += [s2_cap.eq(s_rd.data), s2_have.eq(1)]
+        with m.If(s2_valid & ~s2_have & ~s2_leave):
+            with m.If(arrived):
+                m.d.sync += [s2_cap.eq(s_rd.data), s2_have.eq(1)]
+            with m.Elif(s2_byp):
+                m.d.sync += [s2_cap.eq(parsed), s2_have.eq(1)]
         with m.If(s2_load):
             m.d.sync += [s2_valid.eq(1), s2_qpn.eq(fs1_qpn), s2_index.eq(frow.consumed), s2_epoch.eq(frow.epoch),
-                         s2_gen.eq(frow.gen), s2_none.eq(~on_chip), s2_have.eq(0)]
+                         s2_gen.eq(frow.gen), s2_none.eq(~on_chip), s2_dem.eq(need_demand), s2_chunk.eq(idx_chunk),
+                         s2_have.eq(0)]
         with m.Elif(s2_leave):
             m.d.sync += s2_valid.eq(0)
 
-        # ---- lookup stage: the named WQE, once its slot holds it (a WQE not committed keeps
-        # its slot, so it cannot leave while the lookup waits) -----------------------------
+        # ---- lookup stage: the named WQE, as the hand-on stage (a WQE not committed keeps its
+        # chunk, so it cannot leave while the lookup waits) ------------------------------------
         l2_qpn = Signal(qb)
         l2_index = Signal(COUNT_BITS)
         l2_epoch = Signal(EPOCH_BITS)
         l2_none = Signal()
+        l2_dem = Signal()
+        l2_chunk = Signal(cb)
+        l2_have = Signal()
+        l2_cap = Signal(Slot)
         l2_load = Signal()
         m.d.comb += l2_load.eq(fs1_commit & is_lookup)
-        m.d.comb += l_rd.addr.eq(Mux(l2_load, Cat(fs1_index[:sb], fs1_qpn), Cat(l2_index[:sb], l2_qpn)))
+        m.d.comb += l_rd.addr.eq(Mux(l2_load, Cat(fs1_index[:CS], idx_chunk), Cat(l2_index[:CS], l2_chunk)))
         l_arrived = Signal()
-        m.d.comb += l_arrived.eq((l_rd.data.index == l2_index) & (l_rd.data.epoch == l2_epoch))
+        m.d.comb += l_arrived.eq(~l2_dem & matches(l_rd.data, l2_qpn, l2_index, l2_epoch))
+        l2_byp = Signal()
+        m.d.comb += l2_byp.eq(l2_dem & byp_valid & matches(parsed, l2_qpn, l2_index, l2_epoch))
+        l_got = Signal(Slot)
+        m.d.comb += l_got.eq(Mux(l2_have, l2_cap, l_rd.data))
         fo = self.found
         m.d.comb += [
-            fo.valid.eq(l2_valid & (l2_none | l_arrived)),
+            fo.valid.eq(l2_valid & (l2_none | l2_have | l_arrived)),
             fo.p.qpn.eq(l2_qpn), fo.p.index.eq(l2_index), fo.p.valid.eq(~l2_none),
-            fo.p.nsge.eq(Mux(l2_none, 0, l_rd.data.nsge)), fo.p.bad.eq(~l2_none & l_rd.data.bad),
+            fo.p.nsge.eq(Mux(l2_none, 0, l_got.nsge)), fo.p.bad.eq(~l2_none & l_got.bad),
             l2_leave.eq(fo.valid & fo.ready),
         ]
         for j in range(self.max_sge):
-            m.d.comb += fo.p.sge[j].eq(Mux(l2_none, 0, l_rd.data.sge[j]))
+            m.d.comb += fo.p.sge[j].eq(Mux(l2_none, 0, l_got.sge[j]))
+        with m.If(l2_valid & ~l2_have & ~l2_leave):
+            with m.If(l_arrived):
+                m.d.sync += [l2_cap.eq(l_rd.data), l2_have.eq(1)]
+            with m.Elif(l2_byp):
+                m.d.sync += [l2_cap.eq(parsed), l2_have.eq(1)]
         with m.If(l2_load):
             m.d.sync += [l2_valid.eq(1), l2_qpn.eq(fs1_qpn), l2_index.eq(fs1_index), l2_epoch.eq(frow.epoch),
-                         l2_none.eq(~on_chip)]
+                         l2_none.eq(~on_chip), l2_dem.eq(need_demand), l2_chunk.eq(idx_chunk), l2_have.eq(0)]
         with m.Elif(l2_leave):
             m.d.sync += l2_valid.eq(0)
 
@@ -658,8 +885,9 @@ class RecvQueue(wiring.Component):
         cont_valid = Signal()
         cont = Signal(Job)
         p1 = Signal(Job)
-        m.d.comb += p1.eq(Mux(cont_valid, cont, jobs.o.p))
-        p1_valid = cont_valid | jobs.o.valid
+        # a demanded WQE goes before the prefetch jobs (it is not kept, so it may pass them)
+        m.d.comb += p1.eq(Mux(cont_valid, cont, Mux(demands.o.valid, demands.o.p, jobs.o.p)))
+        p1_valid = cont_valid | demands.o.valid | jobs.o.valid
         size = Signal(COUNT_BITS + 1)
         m.d.comb += size.eq(1 << p1.log_size)
         slot = Signal(COUNT_BITS)
@@ -681,7 +909,8 @@ class RecvQueue(wiring.Component):
         m.d.comb += p2_free.eq(~p2_valid | p2_take)
         p1_take = Signal()
         m.d.comb += p1_take.eq(p1_valid & p2_free & ~(p2_take & p2_rest))
-        m.d.comb += jobs.o.ready.eq(p1_take & ~cont_valid)
+        m.d.comb += [demands.o.ready.eq(p1_take & ~cont_valid),
+                     jobs.o.ready.eq(p1_take & ~cont_valid & ~demands.o.valid)]
         with m.If(p1_take):
             m.d.sync += [p2.eq(p1), p2_addr.eq(Cat(low24[:24], Mux(low24[24], p1.base_hi1, p1.base[24:]))),
                          p2_ring.eq(Mux(to_ring > 8, 8, to_ring)), cont_valid.eq(0)]
@@ -713,7 +942,7 @@ class RecvQueue(wiring.Component):
             tags.i.p.dbr.eq(take_dbr_req), tags.i.p.qpn.eq(Mux(take_dbr_req, req.qpn, p2.qpn)),
             tags.i.p.epoch.eq(Mux(take_dbr_req, req.epoch, p2.epoch)), tags.i.p.query.eq(req.query),
             tags.i.p.word.eq(req.addr[2:7]), tags.i.p.x.eq(p2.x), tags.i.p.n.eq(run), tags.i.p.p.eq(p),
-            tags.i.p.ushift.eq(ushift),
+            tags.i.p.ushift.eq(ushift), tags.i.p.chunk.eq(p2.chunk), tags.i.p.demand.eq(p2.demand),
         ]
         araddr = Signal(DMA_ADDR_WIDTH)
         arsize = Signal(3)

@@ -1,7 +1,7 @@
 """RecvQueue (rtl/responder/recv_queue.py): receive queues in GPU memory.
 
 The cocotb testbench is tb/recv_queue_bench.py (its docstring: the reference and the
-memory model). Here the two-instance top ``recv_queue_pair`` (``a``: prefetch depth 8,
+memory model). Here the two-instance top ``recv_queue_pair`` (``a``: prefetch depth 32, a pool of 128,
 ``b``: depth 0, no prefetch; 8 QPs, max_sge 4) is elaborated once (kept while its sources
 are unchanged) and compiled once per simulator, then each cocotb test runs on Icarus and
 on Verilator, except the 66,000-WQE counter wrap (Verilator only: about 150,000 cycles).
@@ -21,8 +21,8 @@ from rtl.responder.recv_queue import RecvQueue
 from tb.runner import ROOT, require, sim_source
 
 TOP = "recv_queue_pair"
-CONFIGS = {"a": dict(num_qps=8, max_sge=4, depth=8, max_reads=512),
-           "b": dict(num_qps=8, max_sge=4, depth=0, max_reads=512)}
+CONFIGS = {"a": dict(num_qps=8, max_sge=4, depth=32, pool=128, max_reads=512),
+           "b": dict(num_qps=8, max_sge=4, depth=0, pool=32, max_reads=512)}
 TESTS = ["random_traffic", "post_seen_by_later_query", "throughput", "counter_wrap"]
 VERILATOR_ONLY = {"counter_wrap"}
 SOURCES = ["rtl/responder/recv_queue.py", "rtl/common/axi.py", "rtl/common/stream.py", "rtl/common/contexts.py",
@@ -87,7 +87,8 @@ def test_recv_queue(sim, test):
 
 @pytest.mark.parametrize("kwargs,error", [
     (dict(num_qps=6), "num_qps"), (dict(num_qps=8, max_sge=0), "max_sge"), (dict(num_qps=8, max_sge=8), "max_sge"),
-    (dict(num_qps=8, depth=3), "depth"), (dict(num_qps=8, depth=128), "depth"),
+    (dict(num_qps=8, depth=3), "depth"), (dict(num_qps=8, depth=1024), "depth"),
+    (dict(num_qps=8, pool=16), "pool"), (dict(num_qps=8, pool=96), "pool"),
     (dict(num_qps=8, data_width=512), "data_width"), (dict(num_qps=8, max_reads=100), "max_reads"),
     (dict(num_qps=8, axi_id=16), "axi_id")])
 def test_recv_queue_arguments(kwargs, error):
