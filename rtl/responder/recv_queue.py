@@ -542,10 +542,10 @@ class RecvQueue(wiring.Component):
         take_hint = Signal()
         take_retry_f = Signal()
         take_idle = Signal()
-        # hints: a doorbell-record read that moved ``known``, and commits (slots free again)
+        # hints: a doorbell-record read that moved ``known``, and commits that complete a chunk
         hint_in = Signal()
-        # (from 8 on the window moves a chunk at a time: only a commit that completes one
-        # moves it; below 8 every commit does)
+        # (from ``CHUNK`` on the window moves a chunk at a time: only a commit that completes
+        # one moves it; below, every commit does)
         m.d.comb += hint_in.eq(sync_go & ~sy.correct & (crossing if S >= CHUNK else 1))
         fix_wait = syncs.o.valid & sy.correct
         consume_ok = self.consume.valid & self.consume.p.ok
@@ -622,7 +622,7 @@ class RecvQueue(wiring.Component):
         m.d.comb += lo.eq(frow.lo + walked)
         cc = Signal(KB)
         m.d.comb += cc.eq(committed[CS:])
-        lo_behind = Signal()                    # lo < cc (chunk numbers mod 2^13)
+        lo_behind = Signal()                    # lo < cc (chunk numbers mod 2^KB)
         m.d.comb += lo_behind.eq(_lt(lo, cc, KB))
         is_create = fs1_op == F_CREATE
         # (and every chunk once nothing past the committed count is fetched: an idle QP
@@ -643,7 +643,7 @@ class RecvQueue(wiring.Component):
 
         # The frontier: fetched, or the committed count when WQEs were used without being
         # prefetched (demanded); the window: up to ``slots`` past the committed count (from
-        # the committed WQE's chunk, ``slots`` >= 8), and posted (``known``).
+        # the committed WQE's chunk when ``slots`` >= ``CHUNK``), and posted (``known``).
         front = Signal(COUNT_BITS)
         m.d.comb += front.eq(Mux(d_fc[-1], committed, frow.fetched))
         base_c = Signal(COUNT_BITS)
