@@ -797,88 +797,53 @@ class RecvQueue(wiring.Component):
             gives.i.p.delta.eq(fs1_delta),
         ]
 
-        # ---- hand-on stage: the consumed WQE, from its pool entry once that holds it, or from
-        # its demanded read (``s2_dem``) -------------------------------------------------------
-        s2_qpn = Signal(qb)
-        s2_index = Signal(COUNT_BITS)
-        s2_epoch = Signal(EPOCH_BITS)
-        s2_gen = Signal()
-        s2_none = Signal()                      # a number only: not posted, or no slot
-        s2_dem = Signal()                       # read on demand: taken from the R side
-        s2_chunk = Signal(cb)
-        s2_have = Signal()                      # s2_cap holds the WQE
-        s2_cap = Signal(Slot)
-        s2_load = Signal()
-        m.d.comb += s2_load.eq(fs1_commit & is_consume)
-        m.d.comb += s_rd.addr.eq(Mux(s2_load, Cat(frow.consumed[:CS], idx_chunk), Cat(s2_index[:CS], s2_chunk)))
+        # ---- the two waiting stages: the hand-on stage (the consumed WQE, onto ``wqe``) and the
+        # lookup stage (the named WQE, onto ``found``). Each takes its WQE from its pool entry
+        # once that holds it (read again each cycle), or from its demanded read on the R side;
+        # a WQE not committed keeps its chunk, so it cannot leave while a stage waits on it.
+        def waiting_stage(name, rd, valid, leave, load, load_index, out, gen=None):
+            qpn, index = Signal(qb, name=f"{name}_qpn"), Signal(COUNT_BITS, name=f"{name}_index")
+            epoch, chunk = Signal(EPOCH_BITS, name=f"{name}_epoch"), Signal(cb, name=f"{name}_chunk")
+            none = Signal(name=f"{name}_none")      # a number only: not posted, or not in the window
+            dem = Signal(name=f"{name}_dem")        # read on demand: taken from the R side
+            have = Signal(name=f"{name}_have")      # cap holds the WQE
+            cap = Signal(Slot, name=f"{name}_cap")
+            m.d.comb += rd.addr.eq(Mux(load, Cat(load_index[:CS], idx_chunk), Cat(index[:CS], chunk)))
 
-        def matches(slot, qpn, index, epoch):
-            return (slot.qpn == qpn) & (slot.index == index) & (slot.epoch == epoch)
-        arrived = Signal()
-        m.d.comb += arrived.eq(~s2_dem & matches(s_rd.data, s2_qpn, s2_index, s2_epoch))
-        s2_byp = Signal()
-        m.d.comb += s2_byp.eq(s2_dem & byp_valid & matches(parsed, s2_qpn, s2_index, s2_epoch))
-        got = Signal(Slot)
-        m.d.comb += got.eq(Mux(s2_have, s2_cap, s_rd.data))
-        out = self.wqe
-        m.d.comb += [
-            out.valid.eq(s2_valid & (s2_none | s2_have | arrived)),
-            out.p.qpn.eq(s2_qpn), out.p.index.eq(s2_index), out.p.gen.eq(s2_gen), out.p.valid.eq(~s2_none),
-            out.p.nsge.eq(Mux(s2_none, 0, got.nsge)), out.p.bad.eq(~s2_none & got.bad),
-            s2_leave.eq(out.valid & out.ready),
-        ]
-        for j in range(self.max_sge):
-            m.d.comb += out.p.sge[j].eq(Mux(s2_none, 0, got.sge[j]))
-        with m.If(s2_valid & ~s2_have & ~s2_leave):
-            with m.If(arrived):
-                m.d.sync += [s2_cap.eq(s_rd.data), s2_have.eq(1)]
-            with m.Elif(s2_byp):
-                m.d.sync += [s2_cap.eq(parsed), s2_have.eq(1)]
-        with m.If(s2_load):
-            m.d.sync += [s2_valid.eq(1), s2_qpn.eq(fs1_qpn), s2_index.eq(frow.consumed), s2_epoch.eq(frow.epoch),
-                         s2_gen.eq(frow.gen), s2_none.eq(~on_chip), s2_dem.eq(need_demand), s2_chunk.eq(idx_chunk),
-                         s2_have.eq(0)]
-        with m.Elif(s2_leave):
-            m.d.sync += s2_valid.eq(0)
+            def matches(slot):
+                return (slot.qpn == qpn) & (slot.index == index) & (slot.epoch == epoch)
+            arrived, byp = Signal(name=f"{name}_arrived"), Signal(name=f"{name}_byp")
+            got = Signal(Slot, name=f"{name}_got")
+            m.d.comb += [arrived.eq(~dem & matches(rd.data)), byp.eq(dem & byp_valid & matches(parsed)),
+                         got.eq(Mux(have, cap, rd.data))]
+            m.d.comb += [
+                out.valid.eq(valid & (none | have | arrived)),
+                out.p.qpn.eq(qpn), out.p.index.eq(index), out.p.valid.eq(~none),
+                out.p.nsge.eq(Mux(none, 0, got.nsge)), out.p.bad.eq(~none & got.bad),
+                leave.eq(out.valid & out.ready),
+            ]
+            for j in range(self.max_sge):
+                m.d.comb += out.p.sge[j].eq(Mux(none, 0, got.sge[j]))
+            with m.If(valid & ~have & ~leave):
+                with m.If(arrived):
+                    m.d.sync += [cap.eq(rd.data), have.eq(1)]
+                with m.Elif(byp):
+                    m.d.sync += [cap.eq(parsed), have.eq(1)]
+            with m.If(load):
+                m.d.sync += [valid.eq(1), qpn.eq(fs1_qpn), index.eq(load_index), epoch.eq(frow.epoch),
+                             none.eq(~on_chip), dem.eq(need_demand), chunk.eq(idx_chunk), have.eq(0)]
+            with m.Elif(leave):
+                m.d.sync += valid.eq(0)
+            if gen is not None:
+                held_gen = Signal(name=f"{name}_gen")
+                m.d.comb += out.p.gen.eq(held_gen)
+                with m.If(load):
+                    m.d.sync += held_gen.eq(gen)
 
-        # ---- lookup stage: the named WQE, as the hand-on stage (a WQE not committed keeps its
-        # chunk, so it cannot leave while the lookup waits) ------------------------------------
-        l2_qpn = Signal(qb)
-        l2_index = Signal(COUNT_BITS)
-        l2_epoch = Signal(EPOCH_BITS)
-        l2_none = Signal()
-        l2_dem = Signal()
-        l2_chunk = Signal(cb)
-        l2_have = Signal()
-        l2_cap = Signal(Slot)
-        l2_load = Signal()
-        m.d.comb += l2_load.eq(fs1_commit & is_lookup)
-        m.d.comb += l_rd.addr.eq(Mux(l2_load, Cat(fs1_index[:CS], idx_chunk), Cat(l2_index[:CS], l2_chunk)))
-        l_arrived = Signal()
-        m.d.comb += l_arrived.eq(~l2_dem & matches(l_rd.data, l2_qpn, l2_index, l2_epoch))
-        l2_byp = Signal()
-        m.d.comb += l2_byp.eq(l2_dem & byp_valid & matches(parsed, l2_qpn, l2_index, l2_epoch))
-        l_got = Signal(Slot)
-        m.d.comb += l_got.eq(Mux(l2_have, l2_cap, l_rd.data))
-        fo = self.found
-        m.d.comb += [
-            fo.valid.eq(l2_valid & (l2_none | l2_have | l_arrived)),
-            fo.p.qpn.eq(l2_qpn), fo.p.index.eq(l2_index), fo.p.valid.eq(~l2_none),
-            fo.p.nsge.eq(Mux(l2_none, 0, l_got.nsge)), fo.p.bad.eq(~l2_none & l_got.bad),
-            l2_leave.eq(fo.valid & fo.ready),
-        ]
-        for j in range(self.max_sge):
-            m.d.comb += fo.p.sge[j].eq(Mux(l2_none, 0, l_got.sge[j]))
-        with m.If(l2_valid & ~l2_have & ~l2_leave):
-            with m.If(l_arrived):
-                m.d.sync += [l2_cap.eq(l_rd.data), l2_have.eq(1)]
-            with m.Elif(l2_byp):
-                m.d.sync += [l2_cap.eq(parsed), l2_have.eq(1)]
-        with m.If(l2_load):
-            m.d.sync += [l2_valid.eq(1), l2_qpn.eq(fs1_qpn), l2_index.eq(fs1_index), l2_epoch.eq(frow.epoch),
-                         l2_none.eq(~on_chip), l2_dem.eq(need_demand), l2_chunk.eq(idx_chunk), l2_have.eq(0)]
-        with m.Elif(l2_leave):
-            m.d.sync += l2_valid.eq(0)
+        s2_load, l2_load = Signal(), Signal()
+        m.d.comb += [s2_load.eq(fs1_commit & is_consume), l2_load.eq(fs1_commit & is_lookup)]
+        waiting_stage("s2", s_rd, s2_valid, s2_leave, s2_load, frow.consumed, self.wqe, gen=frow.gen)
+        waiting_stage("l2", l_rd, l2_valid, l2_leave, l2_load, fs1_index, self.found)
 
         # ---- fetch runs: jobs split at the ring end and the 128-byte line ----------------------
         # P1 (address): a job, or the rest of the last one; P2 (run): its first run.
