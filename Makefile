@@ -11,7 +11,7 @@ TEST    ?=
 LINT_WAIVE := -Wno-WIDTHEXPAND -Wno-WIDTHTRUNC -Wno-PROCASSINIT -Wno-CASEINCOMPLETE -Wno-VARHIDDEN \
               -Wno-DECLFILENAME -Wno-UNUSEDSIGNAL -Wno-UNUSEDPARAM
 
-.PHONY: help setup test test-fast sim waves bench seeds interop fuzz verilog lint synth timing clean
+.PHONY: help setup test test-fast sim waves bench seeds interop faults fuzz verilog lint synth timing clean
 
 help:
 	@echo "make setup     install everything (Debian packages, Verilator >= 5.036, .venv)"
@@ -22,6 +22,8 @@ help:
 	@echo "make seeds     IBGDA against IBRC on the RTL: the published table rerun (QUICK=1 a subset,"
 	@echo "               SCHEDULER=tcp://host:8786 a Dask cluster), build/seeds/"
 	@echo "make interop   the engine against Linux's Soft-RoCE (rxe) in a qemu guest, build/interop/wire.pcap"
+	@echo "make faults    the fault matrix (every fault kind at 0.1/1/5%, two engines and the golden peer)"
+	@echo "               on Icarus and Verilator (SIM=icarus|verilator: one), about an hour"
 	@echo "make fuzz      100,000 bad inputs or more against the golden model (SEED=n, N=count)"
 	@echo "make verilog   generated Verilog in build/verilog/"
 	@echo "make lint      verilator --lint-only on the generated Verilog"
@@ -57,6 +59,11 @@ bench: $(PY)
 
 seeds: $(PY)
 	$(PY) -m scripts.run_seeds --jobs $(JOBS) $(if $(SCHEDULER),--scheduler $(SCHEDULER))
+
+faults: $(PY)
+	IBGDA_FAULT_SIMS="$(if $(SIM),$(SIM),icarus verilator)" $(PY) -m pytest -n $(JOBS) --maxschedchunk=1 \
+	    -p no:cacheprovider --durations=12 tests/system/test_pair.py::test_pair_faults \
+	    tests/system/test_two_sided.py::test_two_sided_faults
 
 interop: $(PY)
 	$(PY) -m scripts.run_interop

@@ -444,7 +444,9 @@ def designs_for(paths):
     needs = {"test_nic.py": both(TOP_NAME), "test_rc.py": both(TOP_NAME), "test_scenario.py": both(TOP_NAME),
              "test_bench_small.py": {("verilator", TOP_NAME)}, "test_pair.py": both(PAIR_TOP_NAME),
              "test_hardening.py": both(TOP_NAME), "test_fuzz.py": {("verilator", TOP_NAME)},
-             "test_switch.py": {("verilator", QUAD_TOP_NAME)}}
+             "test_switch.py": {("verilator", QUAD_TOP_NAME)}, "test_two_sided.py": both(TOP_NAME),
+             "test_recv.py": both(TOP_NAME), "test_remote.py": both(TOP_NAME),
+             "test_remote_responder.py": both(TOP_NAME)}
     system = ROOT / "tests" / "system"
     wanted = set()
     for arg in paths or [str(ROOT)]:

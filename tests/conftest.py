@@ -40,7 +40,8 @@ def pytest_sessionfinish(session):
 FIRST = ["test_pair[icarus-rc_atomics", "test_pair[icarus-rc_reads", "test_default_scenario[icarus",
          "test_pair[icarus", "test_nic[icarus", "test_rc[icarus", "tests/blocks"]
 VERILATOR = ["test_bench_small", "test_switch[verilator-all_to_all_faults", "test_hardening[verilator-control",
-             "test_nic[verilator-weighted_share", "test_fuzz[fuzz_wqes", "test_pair_faults[", "test_switch[verilator",
+             "test_nic[verilator-weighted_share", "test_fuzz[fuzz_wqes", "test_pair_faults[verilator",
+             "test_two_sided_faults[verilator", "test_switch[verilator",
              "test_rc[verilator-rx_every", "test_fuzz", "[verilator-"]
 
 

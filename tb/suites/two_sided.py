@@ -9,6 +9,8 @@ frames (per QP, in order) and CQEs must equal the model's. What lands at the pee
 also checked against plain bytes and numbers (the scatter worked out here, the receive
 CQEs' fields), so the model cannot agree with itself.
 """
+import random
+
 import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
 
@@ -16,12 +18,15 @@ from model.cqe import CqContext
 from model.frames import Port, QpContext
 from model.memory import SparseMemory
 from model.mr import MemoryRegion
+from model.network import FaultSpec, Link
 from model.recv_queue import RecvPoster, RecvQueue
 from model.requester import RcRequester
 from model.responder import RcResponder
 from spec import params as P
 from spec.formats import AETH, BTH, OFF_BTH, OFF_EXT, RNR_TIMER_NS, Access, Aeth, CqeOp, Op, Syndrome, WqeOp, unpack
 from tb.env import ENGINE_VERBS, NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
+from tb.suites import fault_matrix
+from tb.wire import BYTES_PER_CYCLE
 
 PD = 3
 REMOTE = 0x4000_0000                 # the peers' memory region (WRITE with immediate lands here)
@@ -240,3 +245,187 @@ async def rnr_retry_forever(dut):
     await ClockCycles(dut.clk, 2 * LATENCY)
     net.check(cqes)
     assert cqes[0].syndrome == 0 and net.mem.read(BUFS + 0x40, 8) == b"patience"
+
+
+# ---- the fault matrix with the golden responder as the peer -------------------------------
+
+PEER_MAC, PEER_IP = peer_mac(0x7E), peer_ip(0x7E)   # one golden responder holds every peer QP
+FAULT_TIMEOUT = 3000                 # the NIC's ACK timeout (cycles): a delayed frame's 300 and more
+FAULT_LATENCY = 150                  # each direction of the cable (cycles)
+
+
+class FaultyCable:
+    """The NIC and one golden responder with receive queues (every peer QP) joined by a
+    cable whose two directions inject faults (``model.network.Link``): the NIC's frames
+    enter the cable the cycle their last wire byte has left, the peer answers the cycle
+    a frame arrives, and its answers enter the NIC's MAC RX as they arrive."""
+
+    def __init__(self, env, spec, seed):
+        self.env = env
+        self.mem = SparseMemory()
+        self.to_peer = Link(FAULT_LATENCY, spec, f"{seed}/nic->peer", name="nic->peer")
+        self.to_nic = Link(FAULT_LATENCY, spec, f"{seed}/peer->nic", name="peer->nic")
+        self.peer = self._responder()
+        self.twin = self._responder()     # the same peer on a lossless cable: the expected CQEs
+        self.cqes = []                    # the peer's receive CQEs, as it writes them
+        cocotb.start_soon(self._bridge())
+
+    def _responder(self):
+        r = RcResponder(Port(smac=PEER_MAC, sip=PEER_IP), two_sided=True, read_memory=self.mem.read,
+                        cqs={RCQN: CqContext(RCQN, 12, base=0x7000_0000)})
+        r.register(MemoryRegion(key=KEY, base=REMOTE, length=1 << 24, pd=PD,
+                                access=Access.LOCAL_WRITE | Access.REMOTE_WRITE))
+        return r
+
+    def add_qp(self, qp, rq, ack_every):
+        for r in (self.peer, self.twin):
+            r.add_qp(QpContext(qpn=qp.remote_qpn, remote_qpn=qp.qpn, dmac=PORT_MAC, dip=PORT_IP,
+                               start_psn=qp.start_psn, mtu=qp.mtu, rq=rq, rcqn=RCQN, min_rnr_timer=1),
+                     pd=PD, ack_every=ack_every)
+
+    async def _bridge(self):
+        env, seen = self.env, 0
+        edge = RisingEdge(env.dut.clk)
+        while True:
+            await edge
+            now = env.counter.now
+            while seen < len(env.wire.frames):
+                f = env.wire.frames[seen]
+                seen += 1
+                self.to_peer.send(f.data, -(-f.end_bytes // BYTES_PER_CYCLE), end_bytes=f.end_bytes)
+            for d in self.to_peer.deliver(now):
+                res = self.peer.receive(d.frame)
+                for a, data in res.writes:
+                    self.mem.write(a, data)
+                self.cqes += res.cqes
+                if res.response is not None:
+                    self.to_nic.send(res.response, now)
+            for d in self.to_nic.deliver(now):
+                env.rx.send(d.frame, cycle=max(d.cycle, now))
+
+    @property
+    def quiet(self):
+        return self.to_peer.idle and self.to_nic.idle
+
+    def lossless(self, env, cq, qps, posted):
+        """The golden requester and the twin responder, frame by frame with no cable: the
+        CQEs of both sides the faults must not change (requester CQEs by QP)."""
+        model = RcRequester(Port(smac=PORT_MAC, sip=PORT_IP),
+                            {cq.cqn: CqContext(cq.cqn, cq.log_depth, base=cq.base)}, env.mem.read, **ENGINE_VERBS)
+        for qp in qps:
+            model.add_qp(QpContext(qpn=qp.qpn, remote_qpn=qp.remote_qpn, dmac=qp.dmac, dip=qp.dip,
+                                   start_psn=qp.start_psn, mtu=qp.mtu, cqn=cq.cqn, user_index=qp.user_index,
+                                   rnr_retry=7), timeout_ns=NEVER)
+        twin_cqes = []
+        for w in posted:
+            pending = [t.frame for t in model.post(w.qpn, w.wqe)]
+            while pending:
+                res = self.twin.receive(pending.pop(0))
+                twin_cqes += res.cqes
+                if res.response is not None:
+                    pending += [t.frame for t in model.on_response(res.response, 0).retransmit]
+        return model.completions, twin_cqes
+
+
+async def _faults_with_golden_peer(dut, kind, rate, seed):
+    """SEND, SEND with immediate (inline too) and WRITE with immediate of 0 B to 2 MTU + 5
+    on two RC QPs (MTU 1024 and 4096, ACKs for every packet and every fourth) through a
+    cable injecting ``kind`` at ``rate`` both ways; every message received once, in order,
+    into its own receive WQE's buffers (scattered over three segments), both sides' CQEs
+    as the lossless golden run's and as plain numbers."""
+    rnd = random.Random(seed)
+    env = await NicEnv(dut).start()
+    cq = await env.cq(0, 10)
+    cable = FaultyCable(env, FaultSpec(**{kind: rate}, delay_cycles=300, reorder_depth=2), seed)
+    nmsg = fault_matrix.peer_messages(rate)
+    log_rq = max(6, (nmsg - 1).bit_length())
+    qps, wants, posted, scatters = [], [], [], []
+    for i, (mtu, ack_every) in enumerate(((1024, 1), (4096, 4))):
+        qp = await env.qp(i + 1, cq, mtu=mtu, uc=False, timeout=FAULT_TIMEOUT, retry_cnt=7, rnr_retry=7,
+                          dmac=PEER_MAC, dip=PEER_IP)
+        rq = RecvQueue(base=RQ_BASE + (i << 20), log_size=log_rq, log_stride=6, dbr=DBR_BASE + 64 * i)
+        cable.add_qp(qp, rq, ack_every)
+        seg = (2 * mtu + 5) // 3 + 1
+        bufs = [[(BUFS + (i << 24) + 0x4000 * k + 0x1000 * j + 5 * j, seg) for j in range(3)] for k in range(nmsg)]
+        RecvPoster(rq, cable.mem).post(*bufs)
+        qps.append(qp)
+        scatters.append(bufs)
+        wants.append([])                  # (CQE opcode, payload, immediate, scatter list or WRITE address)
+    for k in range(nmsg):
+        for i, qp in enumerate(qps):
+            n = rnd.choice([0, 8, 8, 64, 301, qp.mtu, 2 * qp.mtu + 5])
+            imm, signaled = rnd.randrange(1 << 32), k % 4 == 3 or k == nmsg - 1
+            if k % 3 == 2:
+                addr, _ = env.payload(n, seed=rnd.randrange(1 << 16))
+                raddr = REMOTE + (i << 21) + 0x4000 * k
+                w = qp.post_write(raddr, KEY, local_addr=addr, length=n, opcode=WqeOp.RDMA_WRITE_IMM, imm=imm,
+                                  signaled=signaled)
+                wants[i].append((CqeOp.RESP_WR_IMM, w.payload, imm, raddr))
+            else:
+                with_imm = k % 3 == 1
+                imm = imm if with_imm else None
+                if n <= 28 and k % 2:
+                    w = qp.post_send(inline=rnd.randbytes(n), imm=imm, signaled=signaled)
+                elif n == 0:
+                    w = qp.post_send(imm=imm, signaled=signaled)              # ctrl only
+                else:
+                    addr, _ = env.payload(n, seed=rnd.randrange(1 << 16))
+                    w = qp.post_send(local_addr=addr, length=n, imm=imm, signaled=signaled)
+                wants[i].append((CqeOp.RESP_SEND_IMM if with_imm else CqeOp.RESP_SEND, w.payload, imm or 0,
+                                 scatters[i][k]))
+            posted.append(w)
+            if k % 4 == 3 or k == nmsg - 1:
+                await qp.ring_nvshmem()
+    want_cqes, want_peer = cable.lossless(env, cq, qps, posted)
+    try:
+        cqes = await cq.poll(len(want_cqes), 600_000)
+    except TimeoutError:
+        dut._log.error(f"hung: nic->peer {cable.to_peer.counters}, peer->nic {cable.to_nic.counters}; counters "
+                       f"{dict((k, v) for k, v in (await env.ctl.read_counters()).items() if v)}")
+        raise
+    for _ in range(50):                   # resends still on the cable after the last CQE
+        if cable.quiet:
+            break
+        await ClockCycles(dut.clk, 500)
+    counters = await env.ctl.read_counters()
+    links = {"nic->peer": cable.to_peer.counters, "peer->nic": cable.to_nic.counters}
+    dut._log.info(f"{kind} at {rate}: {links}; NIC {dict((k, v) for k, v in counters.items() if v)}")
+    fault_key = {"drop": "dropped", "corrupt": "corrupted", "duplicate": "duplicated", "reorder": "reordered",
+                 "delay": "delayed"}[kind]
+    assert sum(c[fault_key] for c in links.values()) > 0, "no fault was injected: raise the rate or the traffic"
+    # the requester's CQEs: per QP in order, byte for byte as the lossless golden run's
+    by_qp = lambda cs, raw: [[raw(c) for c in cs if c.qpn == qp.qpn] for qp in qps]
+    assert by_qp(cqes, lambda c: c.raw) == by_qp(want_cqes, lambda c: c.cqe), (
+        f"CQEs {[(c.qpn, c.opcode, c.wqe_counter, c.syndrome) for c in cqes][:8]}, the model "
+        f"{[(c.qpn, c.opcode, c.wqe_counter, c.syndrome) for c in want_cqes][:8]}")
+    assert all(c.syndrome == 0 for c in cqes) and cq.try_poll() is None
+    # the peer: one receive CQE per message, in order per QP, as the lossless run's bytes ...
+    peer_by_qp = lambda cs: [[c.cqe for c in cs if c.qpn == qp.remote_qpn] for qp in qps]
+    assert peer_by_qp(cable.cqes) == peer_by_qp(want_peer), "the peer's receive CQEs differ from the lossless run's"
+    # ... and as plain numbers, the bytes where each message had to land
+    for i, qp in enumerate(qps):
+        got = [(c.opcode, c.byte_cnt, c.imm, c.wqe_counter) for c in cable.cqes if c.qpn == qp.remote_qpn]
+        assert got == [(op, len(d), imm, k) for k, (op, d, imm, _) in enumerate(wants[i])], (qp.qpn, got[:6])
+        for k, (op, d, _, where) in enumerate(wants[i]):
+            if op == CqeOp.RESP_WR_IMM:
+                assert cable.mem.read(where, len(d)) == d, f"QP {qp.qpn}: WRITE_IMM {k} at {where:#x}"
+            else:
+                for addr, part in _scatter(d, where).items():
+                    assert cable.mem.read(addr, len(part)) == part, f"QP {qp.qpn}: SEND {k}, bytes at {addr:#x}"
+    if kind in ("drop", "corrupt") and links["nic->peer"][fault_key]:
+        assert counters["retransmits"] > 0, "frames were lost but nothing was sent again"
+    if kind == "duplicate" and links["nic->peer"][fault_key]:
+        assert cable.peer.counters.dropped["psn_duplicate"] >= links["nic->peer"][fault_key]
+
+
+def _fault_test(kind, rate, seed):
+    async def test(dut):
+        await _faults_with_golden_peer(dut, kind, rate, seed)
+    test.__name__ = test.__qualname__ = fault_matrix.test_name(kind, rate)
+    test.__doc__ = f"two-sided verbs to the golden responder, {kind} at {100 * rate:g}% both ways"
+    return cocotb.test()(test)
+
+
+for _kind in fault_matrix.KINDS:
+    for _rate in fault_matrix.RATES:
+        globals()[fault_matrix.test_name(_kind, _rate)] = _fault_test(_kind, _rate, fault_matrix.PEER_SEED)
