@@ -3,7 +3,7 @@
 Every test runs on Verilator, a smoke set on Icarus (``ICARUS``). The fault matrix (5
 kinds x 3 rates, 13,000 to 50,000 cycles of two 1024-bit engines each,
 ``fault_matrix.cases``) runs on Verilator in ``make test``; ``make faults`` runs it on
-both simulators (on Icarus, about 340 cycles/s for two engines, 40 s to 150 s a cell).
+both simulators (on Icarus, about 340 cycles/s for two engines, 50 s to 190 s a cell).
 """
 import pytest
 
