@@ -56,7 +56,7 @@ __all__ = [
 BYTES_PER_CYCLE = int(WIRE_BYTES_PER_CYCLE)       # 100 wire bytes per 2 ns cycle at 400G
 FAULT_KINDS = ("drop", "corrupt", "reorder", "duplicate", "delay")
 _COUNTER_NAMES = ("sent", "delivered", "dropped", "corrupted", "reordered", "duplicated", "delayed")
-_COUNTER_OF = {"drop": "dropped", "corrupt": "corrupted", "reorder": "reordered",
+COUNTER_OF = {"drop": "dropped", "corrupt": "corrupted", "reorder": "reordered",
                "duplicate": "duplicated", "delay": "delayed"}
 # RoCEv2 bytes that neither the IPv4 header checksum nor the ICRC covers (the ICRC masks
 # them, SPEC section 5): a flip there would pass unnoticed (or set FECN/BECN), so random
@@ -438,7 +438,7 @@ class Link:
             self._hold_seq += 1
             self._held.append(held)
         if kind is not None:
-            self.counters[_COUNTER_OF[kind]] += 1
+            self.counters[COUNTER_OF[kind]] += 1
             self.log.append(FaultEvent(index, kind, cycle, detail))
         for h in waiting:
             h.frames_left -= 1

@@ -8,7 +8,7 @@ tb/suites/two_sided.py (one engine, the golden responder with receive queues as 
 """
 import os
 
-from model.network import FAULT_KINDS as KINDS
+from model.network import COUNTER_OF, FAULT_KINDS as KINDS
 
 RATES = (0.001, 0.01, 0.05)
 SEED = 7
@@ -29,6 +29,27 @@ def peer_messages(rate):
 
 def test_name(kind, rate):
     return f"faults_{kind}_{str(rate).replace('.', 'p')}"
+
+
+def counter(kind):
+    """The ``Link`` counter that counts faults of ``kind``."""
+    return COUNTER_OF[kind]
+
+
+def define_tests(namespace, body, seed, doc):
+    """One cocotb test per cell in ``namespace`` (a suite's ``globals()``), each awaiting
+    ``body(dut, kind, rate, seed)``; ``doc``: its docstring, formatted with kind and percent."""
+    import cocotb
+
+    def make(kind, rate):
+        async def test(dut):
+            await body(dut, kind, rate, seed)
+        test.__name__ = test.__qualname__ = test_name(kind, rate)
+        test.__doc__ = doc.format(kind=kind, percent=f"{100 * rate:g}")
+        return cocotb.test()(test)
+    for kind in KINDS:
+        for rate in RATES:
+            namespace[test_name(kind, rate)] = make(kind, rate)
 
 
 def cases(icarus_rates=()):

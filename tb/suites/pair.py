@@ -958,8 +958,7 @@ async def _faulty(dut, kind, rate, seed):
     dut._log.info(f"{kind} at {rate}: link 0->1 {injected[0]}, 1->0 {injected[1]}; "
                   f"NIC 0 {dict((k, v) for k, v in ca.items() if v)}; NIC 1 {dict((k, v) for k, v in cb.items() if v)}")
     # the counters against the faults injected
-    fault_key = {"drop": "dropped", "corrupt": "corrupted", "duplicate": "duplicated", "reorder": "reordered",
-                 "delay": "delayed"}[kind]
+    fault_key = fault_matrix.counter(kind)
     data_faults, ack_faults = injected[0][fault_key], injected[1][fault_key]
     assert data_faults + ack_faults > 0, "no fault was injected: raise the rate or the traffic"
     # every frame one NIC sent reached the other's MAC once, or twice when duplicated; none
@@ -978,17 +977,7 @@ async def _faulty(dut, kind, rate, seed):
     return env
 
 
-def _fault_test(kind, rate, seed):
-    async def test(dut):
-        await _faulty(dut, kind, rate, seed)
-    test.__name__ = test.__qualname__ = fault_matrix.test_name(kind, rate)
-    test.__doc__ = f"{kind} at {100 * rate:g}% on both directions of the cable"
-    return cocotb.test()(test)
-
-
-for _kind in fault_matrix.KINDS:
-    for _rate in fault_matrix.RATES:
-        globals()[fault_matrix.test_name(_kind, _rate)] = _fault_test(_kind, _rate, fault_matrix.SEED)
+fault_matrix.define_tests(globals(), _faulty, fault_matrix.SEED, "{kind} at {percent}% on both directions of the cable")
 
 
 @cocotb.test()

@@ -390,8 +390,7 @@ async def _faults_with_golden_peer(dut, kind, rate, seed):
     counters = await env.ctl.read_counters()
     links = {"nic->peer": cable.to_peer.counters, "peer->nic": cable.to_nic.counters}
     dut._log.info(f"{kind} at {rate}: {links}; NIC {dict((k, v) for k, v in counters.items() if v)}")
-    fault_key = {"drop": "dropped", "corrupt": "corrupted", "duplicate": "duplicated", "reorder": "reordered",
-                 "delay": "delayed"}[kind]
+    fault_key = fault_matrix.counter(kind)
     assert sum(c[fault_key] for c in links.values()) > 0, "no fault was injected: raise the rate or the traffic"
     # the requester's CQEs: per QP in order, byte for byte as the lossless golden run's
     by_qp = lambda cs, raw: [[raw(c) for c in cs if c.qpn == qp.qpn] for qp in qps]
@@ -418,14 +417,5 @@ async def _faults_with_golden_peer(dut, kind, rate, seed):
         assert cable.peer.counters.dropped["psn_duplicate"] >= links["nic->peer"][fault_key]
 
 
-def _fault_test(kind, rate, seed):
-    async def test(dut):
-        await _faults_with_golden_peer(dut, kind, rate, seed)
-    test.__name__ = test.__qualname__ = fault_matrix.test_name(kind, rate)
-    test.__doc__ = f"two-sided verbs to the golden responder, {kind} at {100 * rate:g}% both ways"
-    return cocotb.test()(test)
-
-
-for _kind in fault_matrix.KINDS:
-    for _rate in fault_matrix.RATES:
-        globals()[fault_matrix.test_name(_kind, _rate)] = _fault_test(_kind, _rate, fault_matrix.PEER_SEED)
+fault_matrix.define_tests(globals(), _faults_with_golden_peer, fault_matrix.PEER_SEED,
+                          "two-sided verbs to the golden responder, {kind} at {percent}% both ways")
