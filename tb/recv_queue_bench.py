@@ -559,6 +559,36 @@ async def post_seen_by_later_query(dut):
     assert e.rings[3].used == 1
 
 
+@cocotb.test()
+async def fresh_qps_overlap(dut):
+    """A query each on 8 QPs whose posts are not known yet (WQEs posted on 7, none on QP 5),
+    back to back, 200 cycles of read latency: the answers in query order, QP 5's RNR; the
+    record reads overlap, so all are answered within three read round trips (the first
+    query's read, the others' issued behind it, QP 5's own read once it is first). With
+    one read after another (the queries behind a waiting one not taken) it took 8 round
+    trips and more."""
+    e = (await start(dut, 7))["a"]
+    latency = 200
+    e.axi.latency = lambda: latency
+    counter = [0]
+    qps = list(range(NUM_QPS))
+    for q in qps:
+        e.create(q, e.new_ring(4, 5))
+    await run_cycles([e], counter, 12)
+    for q in qps:
+        for _ in range(0 if q == 5 else 3):
+            e.post(q, cycle=counter[0])
+    await run_cycles([e], counter, 4)
+    t0 = counter[0]
+    e.query_q.extend(qps)
+    assert await run_cycles([e], counter, 20 * latency, until=lambda: len(e.answers) == len(qps))
+    took = e.answer_cycles[-1] - t0
+    assert e.answers == [(q, int(q != 5)) for q in qps], e.answers
+    dut._log.info(f"{len(qps)} queries on QPs not known yet answered in {took} cycles ({latency} a read)")
+    assert took <= 3 * latency + 40, f"{len(qps)} queries took {took} cycles: their record reads did not overlap"
+    assert await run_cycles([e], counter, 10 * latency, until=lambda: quiet(e))
+
+
 async def _throughput(dut, e, depth, n_per_qp, latency):
     prefix = e.prefix
     e.axi.latency = lambda: latency

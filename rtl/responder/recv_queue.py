@@ -1,7 +1,7 @@
 """Receive queues: mlx5 receive WQEs in GPU memory, the producer count read from each QP's
 doorbell record, WQEs prefetched and handed on in consume order."""
 from amaranth.hdl import *
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -115,7 +115,8 @@ class RecvQueue(wiring.Component):
     ``known`` is already beyond ``answered`` the answer is given at once (the producer only
     moves its head forward, so a fresh read would say the same); otherwise the query waits
     for a read of the record issued after it, and later queries wait behind it (answers stay
-    in query order). A QP without a receive queue (``enable`` = 0, or never created) answers
+    in query order), each with a background read of its own QP's record issued as it is
+    taken, so that the reads of a run of QPs whose posts are not known yet overlap. A QP without a receive queue (``enable`` = 0, or never created) answers
     0. The answer is a hint: what counts is the consume's ``valid``.
 
     Two pipelines own the per-QP state, each one RAM row per QP written by one stage, so
@@ -379,8 +380,14 @@ class RecvQueue(wiring.Component):
         qs1_create = Signal(RecvCreate(self.num_qps))
         qs1_delta = Signal(COUNT_BITS)
         waiting = Signal()                      # a query waits for its doorbell-record read
-        replay = Signal()                       # a query taken behind it, to be taken again
-        replay_qpn = Signal(qb)
+        # Queries taken while an earlier one waits (or is still to be taken again) wait in
+        # ``bounced``, in order, each with a background read of its QP's record issued as it
+        # goes in: the reads of a run of queries on QPs whose posts are not known yet overlap
+        # rather than go one read round trip after another. At most the queries taken and
+        # not answered (``pending`` <= _ANSWER_DEPTH), so it never fills.
+        m.submodules.bounced = bounced = fifo.SyncFIFO(width=qb, depth=_ANSWER_DEPTH)
+        nbounced = Signal(range(_ANSWER_DEPTH + 1))
+        qs1_replay = Signal()                   # the query in S1 comes out of ``bounced``
         pending = Signal(range(_ANSWER_DEPTH + 1))      # queries taken, not yet answered
 
         take_create = Signal()
@@ -390,7 +397,7 @@ class RecvQueue(wiring.Component):
         ans_room = Signal()
         m.d.comb += [dbr_room.eq(dbr_reqs.level <= _DBR_QUEUE - 2),
                      ans_room.eq(answers.level + pending < _ANSWER_DEPTH)]
-        qu_create_ok = ~waiting & ~replay & ~(qs1_valid & (qs1_op == OP_QUERY))
+        qu_create_ok = ~waiting & (nbounced == 0) & ~(qs1_valid & (qs1_op == OP_QUERY))
         # a create waits for the syncs and corrections before it (the responder's decisions
         # on the QP's previous life must not count in the new one)
         settled = Signal()
@@ -405,9 +412,14 @@ class RecvQueue(wiring.Component):
             take_nack.eq(nack & ~dbr_in & ~take_create),
             take_give.eq(give & ~dbr_in & ~take_create),
             gives.o.ready.eq(take_give),
-            take_replay.eq(replay & ~waiting & dbr_room & ~dbr_in & ~take_create & ~nack & ~give),
-            take_query.eq(self.query.valid & ~replay & ~waiting & dbr_room & ans_room & ~dbr_in & ~take_create & ~nack
-                          & ~give),
+            # the head goes again once nothing before it waits (and no query in S1 may yet
+            # make it wait: it would have to go back to the front)
+            take_replay.eq(bounced.r_rdy & ~waiting & ~(qs1_valid & (qs1_op == OP_QUERY)) & dbr_room & ~dbr_in
+                           & ~take_create & ~nack & ~give),
+            bounced.r_en.eq(take_replay),
+            # a new query: when none is before it, or to go into ``bounced`` behind one that waits
+            take_query.eq(self.query.valid & ~take_replay & (waiting | (nbounced == 0)) & dbr_room & ans_room
+                          & ~dbr_in & ~take_create & ~nack & ~give),
             self.create.ready.eq(take_create),
             self.query.ready.eq(take_query),
         ]
@@ -421,7 +433,7 @@ class RecvQueue(wiring.Component):
         with m.Elif(take_give):
             m.d.comb += q0_qpn.eq(gives.o.p.qpn)
         with m.Elif(take_replay):
-            m.d.comb += q0_qpn.eq(replay_qpn)
+            m.d.comb += q0_qpn.eq(bounced.r_data)
         with m.Else():
             m.d.comb += q0_qpn.eq(self.query.p.qpn)
         m.d.comb += q_rd.addr.eq(q0_qpn)
@@ -431,10 +443,8 @@ class RecvQueue(wiring.Component):
                                                                            Mux(take_give, OP_GIVE, OP_QUERY))))),
             qs1_delta.eq(gives.o.p.delta),
             qs1_qpn.eq(q0_qpn), qs1_tag_epoch.eq(tag.epoch), qs1_query.eq(tag.query), qs1_value.eq(dbr_head),
-            qs1_create.eq(self.create.p),
+            qs1_create.eq(self.create.p), qs1_replay.eq(take_replay),
         ]
-        with m.If(take_replay):
-            m.d.sync += replay.eq(0)
 
         row = q_rd.data
         new = Signal(QRow)
@@ -444,6 +454,7 @@ class RecvQueue(wiring.Component):
         push_dbr = Signal()
         push_query = Signal()
         push_hint = Signal()
+        bounce = Signal()
         avail_now = Signal()
         # counts mod 2^16, compared as signed differences: corrections may leave
         # ``answered`` past ``known`` for a while (queries of WQEs not yet posted)
@@ -478,8 +489,12 @@ class RecvQueue(wiring.Component):
                 with m.Case(OP_GIVE):
                     m.d.comb += new.answered.eq(row.answered + qs1_delta)
                 with m.Case(OP_QUERY):
-                    with m.If(waiting):
-                        m.d.sync += [replay.eq(1), replay_qpn.eq(qs1_qpn)]
+                    with m.If(~qs1_replay & (waiting | (nbounced != 0))):
+                        m.d.comb += [bounce.eq(1), bounced.w_en.eq(1), bounced.w_data.eq(qs1_qpn)]
+                        # its record read now, in the background (if there is room: else its
+                        # own read when it is taken again)
+                        with m.If(row.enable & ~avail_now & ~row.bg & dbr_reqs.i.ready):
+                            m.d.comb += [push_dbr.eq(1), new.bg.eq(1)]
                     with m.Elif(~row.enable | avail_now):
                         m.d.comb += [ans_valid.eq(1), ans_avail.eq(avail_now),
                                      new.answered.eq(row.answered + row.enable)]
@@ -495,7 +510,7 @@ class RecvQueue(wiring.Component):
             dbr_reqs.i.valid.eq(push_dbr), dbr_reqs.i.p.qpn.eq(qs1_qpn), dbr_reqs.i.p.epoch.eq(row.epoch),
             dbr_reqs.i.p.query.eq(push_query), dbr_reqs.i.p.addr.eq(row.dbr),
         ]
-        m.d.sync += pending.eq(pending + take_query - ans_valid)
+        m.d.sync += [pending.eq(pending + take_query - ans_valid), nbounced.eq(nbounced + bounce - take_replay)]
         with m.If(push_hint):
             m.d.comb += [hints.i.valid.eq(1), hints.i.p.eq(qs1_qpn)]     # dropped when full: a hint only
 
