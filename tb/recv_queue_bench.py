@@ -32,7 +32,7 @@ import random
 from collections import deque
 
 import cocotb
-from cocotb.triggers import RisingEdge
+from cocotb.triggers import ClockCycles, RisingEdge
 from cocotb.clock import Clock
 
 from spec import formats as F
@@ -416,6 +416,8 @@ async def start(dut, seed=0):
     for _ in range(3):
         await RisingEdge(dut.clk)
     dut.rst.value = 0
+    for _ in range(NUM_QPS + 2):        # the RecvQueue walks its per-QP rows after reset
+        await RisingEdge(dut.clk)
     return envs
 
 
@@ -587,6 +589,49 @@ async def fresh_qps_overlap(dut):
     dut._log.info(f"{len(qps)} queries on QPs not known yet answered in {took} cycles ({latency} a read)")
     assert took <= 3 * latency + 40, f"{len(qps)} queries took {took} cycles: their record reads did not overlap"
     assert await run_cycles([e], counter, 10 * latency, until=lambda: quiet(e))
+
+
+@cocotb.test()
+async def reset_mid_life(dut):
+    """A reset while QPs hold chunks of the pool and WQEs are known and prefetched (instance
+    ``a``: 8 QPs, 16 WQEs posted each, 6 used), then 7 QPs created again on new rings (QP 7
+    not): QP 7 answers that it has no receive queue, and each re-created QP's 24 WQEs are
+    used once, in order, with their own bytes. Without the walk of the per-QP rows after
+    reset (RAM keeps its contents) the rows of the life before still count: QP 7 answers
+    from its old ring, and the re-creates give back chunks the reset pool has free again."""
+    e = (await start(dut, 9))["a"]
+    e.axi.latency = lambda: 120
+    counter = [0]
+    for q in range(NUM_QPS):
+        e.create(q, e.new_ring(5, 6))
+    assert await run_cycles([e], counter, 200, until=lambda: quiet(e))
+    for q in range(NUM_QPS):
+        for _ in range(16):
+            e.post(q, cycle=counter[0])
+    e.query_q.extend(q for _ in range(6) for q in range(NUM_QPS))
+    assert await run_cycles([e], counter, 20_000, until=lambda: quiet(e))
+    await run_cycles([e], counter, 400)             # prefetches land, nothing in flight
+    assert quiet(e) and not e.axi.q, "traffic still in flight before the reset"
+    dut.rst.value = 1
+    await ClockCycles(dut.clk, 3)
+    dut.rst.value = 0
+    await ClockCycles(dut.clk, NUM_QPS + 2)
+    e = Env(dut, "a", random.Random(21), latency=lambda: 120)
+    e.next_base += 0x10_0000                         # new rings and doorbell records
+    e.next_dbr += 0x1000
+    counter = [0]
+    for q in range(NUM_QPS - 1):
+        e.create(q, e.new_ring(5, 6))
+    assert await run_cycles([e], counter, 200, until=lambda: quiet(e))
+    e.query_q.append(NUM_QPS - 1)
+    assert await run_cycles([e], counter, 2000, until=lambda: quiet(e))
+    assert e.answers == [(NUM_QPS - 1, 0)], f"QP {NUM_QPS - 1} (not created since the reset): {e.answers}"
+    for q in range(NUM_QPS - 1):
+        for _ in range(24):
+            e.post(q, cycle=counter[0])
+    e.query_q.extend(q for _ in range(24) for q in range(NUM_QPS - 1))
+    assert await run_cycles([e], counter, 60_000, until=lambda: quiet(e)), "hung after the reset"
+    assert [e.rings[q].used for q in range(NUM_QPS - 1)] == [24] * (NUM_QPS - 1)
 
 
 async def _throughput(dut, e, depth, n_per_qp, latency):

@@ -236,6 +236,22 @@ class RecvQueue(wiring.Component):
         wb = S.bit_length() + 1                 # small counts 0..S (and a sign)
         thr = max(self.depth, 1)                # background read below this many known-unanswered
         axi = self.m_axi
+        # After reset every per-QP row is walked (one a cycle: read, then written back with
+        # only its create epochs kept), since a reset leaves RAM as it was: a row of the life
+        # before would count chunks held that the reset pool has free again (a create gives
+        # them back: two owners), a receive queue that is no longer there (its enable), and
+        # the QPs with one. Nothing is taken meanwhile (``num_qps`` + 1 cycles); the epochs
+        # go on, so a pool slot written before the reset never matches a WQE after it.
+        walking = Signal(init=1)
+        walk = Signal(range(self.num_qps + 1))
+        walk_prev = Signal(qb)
+        with m.If(walking):
+            m.d.sync += [walk.eq(walk + 1), walk_prev.eq(walk)]
+            with m.If(walk == self.num_qps):
+                m.d.sync += walking.eq(0)
+        create_valid, query_valid, consume_valid, lookup_valid = Signal(), Signal(), Signal(), Signal()
+        m.d.comb += [create_valid.eq(self.create.valid & ~walking), query_valid.eq(self.query.valid & ~walking),
+                     consume_valid.eq(self.consume.valid & ~walking), lookup_valid.eq(self.lookup.valid & ~walking)]
 
         # ---- layouts ---------------------------------------------------------------------
         QRow = data.StructLayout({"known": unsigned(COUNT_BITS), "answered": unsigned(COUNT_BITS),
@@ -311,7 +327,8 @@ class RecvQueue(wiring.Component):
                                   "delta": unsigned(COUNT_BITS), "correct": unsigned(1)})
         m.submodules.syncs = syncs = StreamFifo(Sync, _SYNC_QUEUE)
         so = sync_split.o
-        m.d.comb += [syncs.i.valid.eq(so.valid), so.ready.eq(syncs.i.ready), syncs.i.p.qpn.eq(so.p.qpn),
+        m.d.comb += [syncs.i.valid.eq(so.valid & ~walking), so.ready.eq(syncs.i.ready & ~walking),
+                     syncs.i.p.qpn.eq(so.p.qpn),
                      syncs.i.p.committed.eq(so.p.committed), syncs.i.p.correct.eq(so.p.correct),
                      syncs.i.p.delta.eq(so.p.committed - so.p.index - 1)]
         # (levels, not output valids: an entry is in a FIFO a cycle before its output shows it)
@@ -401,12 +418,12 @@ class RecvQueue(wiring.Component):
         # a create waits for the syncs and corrections before it (the responder's decisions
         # on the QP's previous life must not count in the new one)
         settled = Signal()
-        m.d.comb += take_create.eq(self.create.valid & ~dbr_in & qu_create_ok & fs1_free & settled)
+        m.d.comb += take_create.eq(create_valid & ~dbr_in & qu_create_ok & fs1_free & settled)
         take_nack = Signal()
         take_give = Signal()
         take_replay = Signal()
         take_query = Signal()
-        nack = self.consume.valid & ~self.consume.p.ok
+        nack = consume_valid & ~self.consume.p.ok
         give = gives.o.valid & ~nack
         m.d.comb += [
             take_nack.eq(nack & ~dbr_in & ~take_create),
@@ -418,7 +435,7 @@ class RecvQueue(wiring.Component):
                            & ~take_create & ~nack & ~give),
             bounced.r_en.eq(take_replay),
             # a new query: when none is before it, or to go into ``bounced`` behind one that waits
-            take_query.eq(self.query.valid & ~take_replay & (waiting | (nbounced == 0)) & dbr_room & ans_room
+            take_query.eq(query_valid & ~take_replay & (waiting | (nbounced == 0)) & dbr_room & ans_room
                           & ~dbr_in & ~take_create & ~nack & ~give),
             self.create.ready.eq(take_create),
             self.query.ready.eq(take_query),
@@ -563,19 +580,19 @@ class RecvQueue(wiring.Component):
         # one moves it; below, every commit does)
         m.d.comb += hint_in.eq(sync_go & ~sy.correct & (crossing if S >= CHUNK else 1))
         fix_wait = syncs.o.valid & sy.correct
-        consume_ok = self.consume.valid & self.consume.p.ok
+        consume_ok = consume_valid & self.consume.p.ok
         m.d.comb += [
             take_fix.eq(fix_wait & fs1_free & ~take_create),
-            take_lookup.eq(self.lookup.valid & fs1_free & ~take_create & ~fix_wait),
+            take_lookup.eq(lookup_valid & fs1_free & ~take_create & ~fix_wait),
             # hints (a commit that completed a chunk gives it back) and retries (a QP that wants
             # more fetched, once a chunk is free) before consumes: few (one per chunk), and they
             # keep the pool turning while one QP's messages take every cycle
-            take_hint.eq(hints.o.valid & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid),
-            take_retry_f.eq(retries.o.valid & free_avail & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid
+            take_hint.eq(hints.o.valid & fs1_free & ~take_create & ~fix_wait & ~lookup_valid),
+            take_retry_f.eq(retries.o.valid & free_avail & fs1_free & ~take_create & ~fix_wait & ~lookup_valid
                             & ~hints.o.valid),
-            take_consume.eq(consume_ok & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid & ~hints.o.valid
+            take_consume.eq(consume_ok & fs1_free & ~take_create & ~fix_wait & ~lookup_valid & ~hints.o.valid
                             & ~(retries.o.valid & free_avail)),
-            take_idle.eq(idle_hints.o.valid & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid
+            take_idle.eq(idle_hints.o.valid & fs1_free & ~take_create & ~fix_wait & ~lookup_valid
                          & ~hints.o.valid & ~(retries.o.valid & free_avail) & ~consume_ok),
             idle_hints.o.ready.eq(take_idle),
             self.consume.ready.eq(Mux(self.consume.p.ok, take_consume, take_nack)),
@@ -937,4 +954,12 @@ class RecvQueue(wiring.Component):
             axi.arid.eq(self.axi_id), axi.arburst.eq(Burst.INCR),
             axi.arcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE),
         ]
+        # the walk after reset (last: it overrides the stages' RAM ports, idle meanwhile)
+        with m.If(walking):
+            m.d.comb += [q_rd.addr.eq(walk), f_rd.addr.eq(walk), f_rd.en.eq(1)]
+            with m.If(walk != 0):
+                q_kept, f_kept = Signal(QRow), Signal(FRow)
+                m.d.comb += [q_kept.epoch.eq(q_rd.data.epoch), f_kept.epoch.eq(f_rd.data.epoch),
+                             q_wr.en.eq(1), q_wr.addr.eq(walk_prev), q_wr.data.eq(q_kept),
+                             f_wr.en.eq(1), f_wr.addr.eq(walk_prev), f_wr.data.eq(f_kept)]
         return m
