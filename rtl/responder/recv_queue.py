@@ -185,6 +185,9 @@ class RecvQueue(wiring.Component):
         The responder's commits and corrections, one or two a transfer, in decision order.
     sync_idle : Out(1)
         No sync waits (a lookup sees every commit before it).
+    ready : Out(1)
+        The walk of the per-QP rows after reset is done (before it nothing is taken: the
+        engine holds QP creates back until then).
     lookup : In(stream.Signature(RecvLookup(num_qps)))
         ``qpn``, ``index``: the WQE of that number (at or past the QP's committed count).
     found : Out(stream.Signature(RecvWqe(num_qps, max_sge)))
@@ -223,7 +226,7 @@ class RecvQueue(wiring.Component):
             "consume": In(stream.Signature(RecvConsume(num_qps))),
             "wqe": Out(stream.Signature(RecvWqe(num_qps, max_sge))),
             "sync": In(stream.Signature(Pair(RecvSync(num_qps)))),
-            "sync_idle": Out(1),
+            "sync_idle": Out(1), "ready": Out(1),
             "lookup": In(stream.Signature(RecvLookup(num_qps))),
             "found": Out(stream.Signature(RecvWqe(num_qps, max_sge))),
             "m_axi": Out(AxiReadSignature(addr_width=DMA_ADDR_WIDTH, data_width=data_width, id_width=id_width)),
@@ -249,6 +252,7 @@ class RecvQueue(wiring.Component):
             m.d.sync += [walk.eq(walk + 1), walk_prev.eq(walk)]
             with m.If(walk == self.num_qps):
                 m.d.sync += walking.eq(0)
+        m.d.comb += self.ready.eq(~walking)
         create_valid, query_valid, consume_valid, lookup_valid = Signal(), Signal(), Signal(), Signal()
         m.d.comb += [create_valid.eq(self.create.valid & ~walking), query_valid.eq(self.query.valid & ~walking),
                      consume_valid.eq(self.consume.valid & ~walking), lookup_valid.eq(self.lookup.valid & ~walking)]
