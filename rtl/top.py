@@ -136,14 +136,17 @@ class IbgdaNic(wiring.Component):
         # reset (a create) to the responder, another commit there as a state change; a move
         # to ERR (flush) to the tracker (RC: a failure walk) or the parser (UC). All in the
         # same cycle: each one's valid waits for the others' ready (none of those readies
-        # depends on valid but the QP table's, which therefore is in every other valid).
+        # depends on valid but the QP table's, which therefore is in every other valid). A
+        # create also waits until the RecvQueue has walked its rows after reset, and the
+        # commit's write response until the commit (``ControlRegisters``): software that
+        # rings a doorbell after its create's write finds the QP everywhere.
         reset, rx_reset = host.qp_commit_reset, host.qp_commit_rx_reset
         flush_rc = host.qp_flush & ~host.qp_cfg.uc
         flush_uc = host.qp_flush & host.qp_cfg.uc
         qp_ready, wp_ready = req.qp_commit.ready, req.parser_commit.ready
         trk_ready, rsp_ready = req.tracker_commit.ready, rsp.commit.ready
         others = Signal()        # every part but the QP table takes its part this cycle
-        m.d.comb += others.eq((~reset | (wp_ready & trk_ready)) & (~rx_reset | (rsp_ready & rsp.recv_create.ready))
+        m.d.comb += others.eq((~reset | (wp_ready & trk_ready)) & (~rx_reset | (rsp_ready & rsp.recv_create.ready & rsp.recv_ready))
                               & (~flush_rc | req.tracker_flush.ready) & (~flush_uc | req.parser_flush.ready))
         go = Signal()            # the commit happens this cycle
         m.d.comb += go.eq(host.qp_commit & others & qp_ready)

@@ -32,7 +32,7 @@ import random
 from collections import deque
 
 import cocotb
-from cocotb.triggers import RisingEdge
+from cocotb.triggers import ClockCycles, RisingEdge
 from cocotb.clock import Clock
 
 from spec import formats as F
@@ -416,6 +416,8 @@ async def start(dut, seed=0):
     for _ in range(3):
         await RisingEdge(dut.clk)
     dut.rst.value = 0
+    for _ in range(NUM_QPS + 2):        # the RecvQueue walks its per-QP rows after reset
+        await RisingEdge(dut.clk)
     return envs
 
 
@@ -557,6 +559,79 @@ async def post_seen_by_later_query(dut):
     e.post(3, [(0x1234, 8, 0x77)], cycle=counter[0])
     assert await ask(3) == 1
     assert e.rings[3].used == 1
+
+
+@cocotb.test()
+async def fresh_qps_overlap(dut):
+    """A query each on 8 QPs whose posts are not known yet (WQEs posted on 7, none on QP 5),
+    back to back, 200 cycles of read latency: the answers in query order, QP 5's RNR; the
+    record reads overlap, so all are answered within three read round trips (the first
+    query's read, the others' issued behind it, QP 5's own read once it is first). With
+    one read after another (the queries behind a waiting one not taken) it took 8 round
+    trips and more."""
+    e = (await start(dut, 7))["a"]
+    latency = 200
+    e.axi.latency = lambda: latency
+    counter = [0]
+    qps = list(range(NUM_QPS))
+    for q in qps:
+        e.create(q, e.new_ring(4, 5))
+    await run_cycles([e], counter, 12)
+    for q in qps:
+        for _ in range(0 if q == 5 else 3):
+            e.post(q, cycle=counter[0])
+    await run_cycles([e], counter, 4)
+    t0 = counter[0]
+    e.query_q.extend(qps)
+    assert await run_cycles([e], counter, 20 * latency, until=lambda: len(e.answers) == len(qps))
+    took = e.answer_cycles[-1] - t0
+    assert e.answers == [(q, int(q != 5)) for q in qps], e.answers
+    dut._log.info(f"{len(qps)} queries on QPs not known yet answered in {took} cycles ({latency} a read)")
+    assert took <= 3 * latency + 40, f"{len(qps)} queries took {took} cycles: their record reads did not overlap"
+    assert await run_cycles([e], counter, 10 * latency, until=lambda: quiet(e))
+
+
+@cocotb.test()
+async def reset_mid_life(dut):
+    """A reset while QPs hold chunks of the pool and WQEs are known and prefetched (instance
+    ``a``: 8 QPs, 16 WQEs posted each, 6 used), then 7 QPs created again on new rings (QP 7
+    not): QP 7 answers that it has no receive queue, and each re-created QP's 24 WQEs are
+    used once, in order, with their own bytes. Without the walk of the per-QP rows after
+    reset (RAM keeps its contents) the rows of the life before still count: QP 7 answers
+    from its old ring, and the re-creates give back chunks the reset pool has free again."""
+    e = (await start(dut, 9))["a"]
+    e.axi.latency = lambda: 120
+    counter = [0]
+    for q in range(NUM_QPS):
+        e.create(q, e.new_ring(5, 6))
+    assert await run_cycles([e], counter, 200, until=lambda: quiet(e))
+    for q in range(NUM_QPS):
+        for _ in range(16):
+            e.post(q, cycle=counter[0])
+    e.query_q.extend(q for _ in range(6) for q in range(NUM_QPS))
+    assert await run_cycles([e], counter, 20_000, until=lambda: quiet(e))
+    await run_cycles([e], counter, 400)             # prefetches land, nothing in flight
+    assert quiet(e) and not e.axi.q, "traffic still in flight before the reset"
+    dut.rst.value = 1
+    await ClockCycles(dut.clk, 3)
+    dut.rst.value = 0
+    await ClockCycles(dut.clk, NUM_QPS + 2)
+    e = Env(dut, "a", random.Random(21), latency=lambda: 120)
+    e.next_base += 0x10_0000                         # new rings and doorbell records
+    e.next_dbr += 0x1000
+    counter = [0]
+    for q in range(NUM_QPS - 1):
+        e.create(q, e.new_ring(5, 6))
+    assert await run_cycles([e], counter, 200, until=lambda: quiet(e))
+    e.query_q.append(NUM_QPS - 1)
+    assert await run_cycles([e], counter, 2000, until=lambda: quiet(e))
+    assert e.answers == [(NUM_QPS - 1, 0)], f"QP {NUM_QPS - 1} (not created since the reset): {e.answers}"
+    for q in range(NUM_QPS - 1):
+        for _ in range(24):
+            e.post(q, cycle=counter[0])
+    e.query_q.extend(q for _ in range(24) for q in range(NUM_QPS - 1))
+    assert await run_cycles([e], counter, 60_000, until=lambda: quiet(e)), "hung after the reset"
+    assert [e.rings[q].used for q in range(NUM_QPS - 1)] == [24] * (NUM_QPS - 1)
 
 
 async def _throughput(dut, e, depth, n_per_qp, latency):

@@ -164,14 +164,19 @@ class ControlRegisters(wiring.Component):
             m.d.sync += self.mr_commit.eq(0)
         busy = Signal()
         m.d.comb += busy.eq(self.qp_commit | self.cq_commit | self.mr_commit)
+        # A write's response waits until the commit it starts is done, so that software
+        # (the GPU's doorbells) never uses a QP, CQ or MR whose commit is still held (by
+        # a block not ready yet, e.g. the RecvQueue's walk of its rows after reset).
+        b_held = Signal()
         m.d.comb += [
-            do_write.eq(bus.awvalid & bus.wvalid & ~bus.bvalid & ~busy),
+            do_write.eq(bus.awvalid & bus.wvalid & ~b_held & ~busy),
             bus.awready.eq(do_write), bus.wready.eq(do_write),
+            bus.bvalid.eq(b_held & ~busy),
         ]
         with m.If(bus.bvalid & bus.bready):
-            m.d.sync += bus.bvalid.eq(0)
+            m.d.sync += b_held.eq(0)
         with m.If(do_write):
-            m.d.sync += [bus.bvalid.eq(1), bus.bresp.eq(Resp.OKAY)]
+            m.d.sync += [b_held.eq(1), bus.bresp.eq(Resp.OKAY)]
             addr = bus.awaddr & 0xFFFC
             with m.Switch(addr):
                 for name, reg in rw.items():

@@ -119,6 +119,8 @@ class ResponderPath(WiringLevel):
         READ payload reads (on ``m_axi``, ARID ``AXI_ID_READ_RESPONSE``).
     recv_create : In(stream.Signature(RecvCreate))
         A QP create's receive queue (``RecvQueue.create``).
+    recv_ready : Out(1)
+        The RecvQueue is ready after reset (``RecvQueue.ready``): QP creates wait for it.
     recv_dma : Out(AxiReadSignature)
         The receive queues' doorbell-record and WQE reads (ARID ``AXI_ID_RECV_QUEUE``).
     cq_commit : In(stream.Signature(...))
@@ -222,7 +224,8 @@ class ResponderPath(WiringLevel):
             (b["atomic_dma"], {"atomic_rd": "rd", "atomic_wr": "wr"}),
         ]
         super().__init__(self._blocks, self._ports, {"acks_sent": Out(2), "naks_sent": Out(2),
-                                                     "acks_coalesced": Out(2), "read_landed": Out(1)})
+                                                     "acks_coalesced": Out(2), "read_landed": Out(1),
+                                                     "recv_ready": Out(1)})
 
     def elaborate(self, platform):
         m = self.wire()
@@ -237,6 +240,7 @@ class ResponderPath(WiringLevel):
         m.d.comb += [fl.modify.valid.eq(rsp.modify.valid), fl.modify.p.eq(rsp.modify.p),
                      fl.flushed.eq(rsp.flushed), fl.more.eq(rsp.flush_more)]
         wiring.connect(m, b["recv_create_fifo"].o, rq.create)
+        m.d.comb += self.recv_ready.eq(rq.ready)
         wiring.connect(m, gate.query, rq.query)
         wiring.connect(m, rq.answer, gate.answer)
         wiring.connect(m, gate.consume, rq.consume)

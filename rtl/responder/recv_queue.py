@@ -1,7 +1,7 @@
 """Receive queues: mlx5 receive WQEs in GPU memory, the producer count read from each QP's
 doorbell record, WQEs prefetched and handed on in consume order."""
 from amaranth.hdl import *
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -115,7 +115,8 @@ class RecvQueue(wiring.Component):
     ``known`` is already beyond ``answered`` the answer is given at once (the producer only
     moves its head forward, so a fresh read would say the same); otherwise the query waits
     for a read of the record issued after it, and later queries wait behind it (answers stay
-    in query order). A QP without a receive queue (``enable`` = 0, or never created) answers
+    in query order), each with a background read of its own QP's record issued as it is
+    taken, so that the reads of a run of QPs whose posts are not known yet overlap. A QP without a receive queue (``enable`` = 0, or never created) answers
     0. The answer is a hint: what counts is the consume's ``valid``.
 
     Two pipelines own the per-QP state, each one RAM row per QP written by one stage, so
@@ -184,6 +185,9 @@ class RecvQueue(wiring.Component):
         The responder's commits and corrections, one or two a transfer, in decision order.
     sync_idle : Out(1)
         No sync waits (a lookup sees every commit before it).
+    ready : Out(1)
+        The walk of the per-QP rows after reset is done (before it nothing is taken: the
+        engine holds QP creates back until then).
     lookup : In(stream.Signature(RecvLookup(num_qps)))
         ``qpn``, ``index``: the WQE of that number (at or past the QP's committed count).
     found : Out(stream.Signature(RecvWqe(num_qps, max_sge)))
@@ -222,7 +226,7 @@ class RecvQueue(wiring.Component):
             "consume": In(stream.Signature(RecvConsume(num_qps))),
             "wqe": Out(stream.Signature(RecvWqe(num_qps, max_sge))),
             "sync": In(stream.Signature(Pair(RecvSync(num_qps)))),
-            "sync_idle": Out(1),
+            "sync_idle": Out(1), "ready": Out(1),
             "lookup": In(stream.Signature(RecvLookup(num_qps))),
             "found": Out(stream.Signature(RecvWqe(num_qps, max_sge))),
             "m_axi": Out(AxiReadSignature(addr_width=DMA_ADDR_WIDTH, data_width=data_width, id_width=id_width)),
@@ -235,6 +239,23 @@ class RecvQueue(wiring.Component):
         wb = S.bit_length() + 1                 # small counts 0..S (and a sign)
         thr = max(self.depth, 1)                # background read below this many known-unanswered
         axi = self.m_axi
+        # After reset every per-QP row is walked (one a cycle: read, then written back with
+        # only its create epochs kept), since a reset leaves RAM as it was: a row of the life
+        # before would count chunks held that the reset pool has free again (a create gives
+        # them back: two owners), a receive queue that is no longer there (its enable), and
+        # the QPs with one. Nothing is taken meanwhile (``num_qps`` + 1 cycles); the epochs
+        # go on, so a pool slot written before the reset never matches a WQE after it.
+        walking = Signal(init=1)
+        walk = Signal(range(self.num_qps + 1))
+        walk_prev = Signal(qb)
+        with m.If(walking):
+            m.d.sync += [walk.eq(walk + 1), walk_prev.eq(walk)]
+            with m.If(walk == self.num_qps):
+                m.d.sync += walking.eq(0)
+        m.d.comb += self.ready.eq(~walking)
+        create_valid, query_valid, consume_valid, lookup_valid = Signal(), Signal(), Signal(), Signal()
+        m.d.comb += [create_valid.eq(self.create.valid & ~walking), query_valid.eq(self.query.valid & ~walking),
+                     consume_valid.eq(self.consume.valid & ~walking), lookup_valid.eq(self.lookup.valid & ~walking)]
 
         # ---- layouts ---------------------------------------------------------------------
         QRow = data.StructLayout({"known": unsigned(COUNT_BITS), "answered": unsigned(COUNT_BITS),
@@ -310,7 +331,8 @@ class RecvQueue(wiring.Component):
                                   "delta": unsigned(COUNT_BITS), "correct": unsigned(1)})
         m.submodules.syncs = syncs = StreamFifo(Sync, _SYNC_QUEUE)
         so = sync_split.o
-        m.d.comb += [syncs.i.valid.eq(so.valid), so.ready.eq(syncs.i.ready), syncs.i.p.qpn.eq(so.p.qpn),
+        m.d.comb += [syncs.i.valid.eq(so.valid & ~walking), so.ready.eq(syncs.i.ready & ~walking),
+                     syncs.i.p.qpn.eq(so.p.qpn),
                      syncs.i.p.committed.eq(so.p.committed), syncs.i.p.correct.eq(so.p.correct),
                      syncs.i.p.delta.eq(so.p.committed - so.p.index - 1)]
         # (levels, not output valids: an entry is in a FIFO a cycle before its output shows it)
@@ -379,8 +401,14 @@ class RecvQueue(wiring.Component):
         qs1_create = Signal(RecvCreate(self.num_qps))
         qs1_delta = Signal(COUNT_BITS)
         waiting = Signal()                      # a query waits for its doorbell-record read
-        replay = Signal()                       # a query taken behind it, to be taken again
-        replay_qpn = Signal(qb)
+        # Queries taken while an earlier one waits (or is still to be taken again) wait in
+        # ``bounced``, in order, each with a background read of its QP's record issued as it
+        # goes in: the reads of a run of queries on QPs whose posts are not known yet overlap
+        # rather than go one read round trip after another. At most the queries taken and
+        # not answered (``pending`` <= _ANSWER_DEPTH), so it never fills.
+        m.submodules.bounced = bounced = fifo.SyncFIFO(width=qb, depth=_ANSWER_DEPTH)
+        nbounced = Signal(range(_ANSWER_DEPTH + 1))
+        qs1_replay = Signal()                   # the query in S1 comes out of ``bounced``
         pending = Signal(range(_ANSWER_DEPTH + 1))      # queries taken, not yet answered
 
         take_create = Signal()
@@ -390,24 +418,29 @@ class RecvQueue(wiring.Component):
         ans_room = Signal()
         m.d.comb += [dbr_room.eq(dbr_reqs.level <= _DBR_QUEUE - 2),
                      ans_room.eq(answers.level + pending < _ANSWER_DEPTH)]
-        qu_create_ok = ~waiting & ~replay & ~(qs1_valid & (qs1_op == OP_QUERY))
+        qu_create_ok = ~waiting & (nbounced == 0) & ~(qs1_valid & (qs1_op == OP_QUERY))
         # a create waits for the syncs and corrections before it (the responder's decisions
         # on the QP's previous life must not count in the new one)
         settled = Signal()
-        m.d.comb += take_create.eq(self.create.valid & ~dbr_in & qu_create_ok & fs1_free & settled)
+        m.d.comb += take_create.eq(create_valid & ~dbr_in & qu_create_ok & fs1_free & settled)
         take_nack = Signal()
         take_give = Signal()
         take_replay = Signal()
         take_query = Signal()
-        nack = self.consume.valid & ~self.consume.p.ok
+        nack = consume_valid & ~self.consume.p.ok
         give = gives.o.valid & ~nack
         m.d.comb += [
             take_nack.eq(nack & ~dbr_in & ~take_create),
             take_give.eq(give & ~dbr_in & ~take_create),
             gives.o.ready.eq(take_give),
-            take_replay.eq(replay & ~waiting & dbr_room & ~dbr_in & ~take_create & ~nack & ~give),
-            take_query.eq(self.query.valid & ~replay & ~waiting & dbr_room & ans_room & ~dbr_in & ~take_create & ~nack
-                          & ~give),
+            # the head goes again once nothing before it waits (and no query in S1 may yet
+            # make it wait: it would have to go back to the front)
+            take_replay.eq(bounced.r_rdy & ~waiting & ~(qs1_valid & (qs1_op == OP_QUERY)) & dbr_room & ~dbr_in
+                           & ~take_create & ~nack & ~give),
+            bounced.r_en.eq(take_replay),
+            # a new query: when none is before it, or to go into ``bounced`` behind one that waits
+            take_query.eq(query_valid & ~take_replay & (waiting | (nbounced == 0)) & dbr_room & ans_room
+                          & ~dbr_in & ~take_create & ~nack & ~give),
             self.create.ready.eq(take_create),
             self.query.ready.eq(take_query),
         ]
@@ -421,7 +454,7 @@ class RecvQueue(wiring.Component):
         with m.Elif(take_give):
             m.d.comb += q0_qpn.eq(gives.o.p.qpn)
         with m.Elif(take_replay):
-            m.d.comb += q0_qpn.eq(replay_qpn)
+            m.d.comb += q0_qpn.eq(bounced.r_data)
         with m.Else():
             m.d.comb += q0_qpn.eq(self.query.p.qpn)
         m.d.comb += q_rd.addr.eq(q0_qpn)
@@ -431,10 +464,8 @@ class RecvQueue(wiring.Component):
                                                                            Mux(take_give, OP_GIVE, OP_QUERY))))),
             qs1_delta.eq(gives.o.p.delta),
             qs1_qpn.eq(q0_qpn), qs1_tag_epoch.eq(tag.epoch), qs1_query.eq(tag.query), qs1_value.eq(dbr_head),
-            qs1_create.eq(self.create.p),
+            qs1_create.eq(self.create.p), qs1_replay.eq(take_replay),
         ]
-        with m.If(take_replay):
-            m.d.sync += replay.eq(0)
 
         row = q_rd.data
         new = Signal(QRow)
@@ -444,6 +475,7 @@ class RecvQueue(wiring.Component):
         push_dbr = Signal()
         push_query = Signal()
         push_hint = Signal()
+        bounce = Signal()
         avail_now = Signal()
         # counts mod 2^16, compared as signed differences: corrections may leave
         # ``answered`` past ``known`` for a while (queries of WQEs not yet posted)
@@ -478,8 +510,12 @@ class RecvQueue(wiring.Component):
                 with m.Case(OP_GIVE):
                     m.d.comb += new.answered.eq(row.answered + qs1_delta)
                 with m.Case(OP_QUERY):
-                    with m.If(waiting):
-                        m.d.sync += [replay.eq(1), replay_qpn.eq(qs1_qpn)]
+                    with m.If(~qs1_replay & (waiting | (nbounced != 0))):
+                        m.d.comb += [bounce.eq(1), bounced.w_en.eq(1), bounced.w_data.eq(qs1_qpn)]
+                        # its record read now, in the background (if there is room: else its
+                        # own read when it is taken again)
+                        with m.If(row.enable & ~avail_now & ~row.bg & dbr_reqs.i.ready):
+                            m.d.comb += [push_dbr.eq(1), new.bg.eq(1)]
                     with m.Elif(~row.enable | avail_now):
                         m.d.comb += [ans_valid.eq(1), ans_avail.eq(avail_now),
                                      new.answered.eq(row.answered + row.enable)]
@@ -495,7 +531,7 @@ class RecvQueue(wiring.Component):
             dbr_reqs.i.valid.eq(push_dbr), dbr_reqs.i.p.qpn.eq(qs1_qpn), dbr_reqs.i.p.epoch.eq(row.epoch),
             dbr_reqs.i.p.query.eq(push_query), dbr_reqs.i.p.addr.eq(row.dbr),
         ]
-        m.d.sync += pending.eq(pending + take_query - ans_valid)
+        m.d.sync += [pending.eq(pending + take_query - ans_valid), nbounced.eq(nbounced + bounce - take_replay)]
         with m.If(push_hint):
             m.d.comb += [hints.i.valid.eq(1), hints.i.p.eq(qs1_qpn)]     # dropped when full: a hint only
 
@@ -548,19 +584,19 @@ class RecvQueue(wiring.Component):
         # one moves it; below, every commit does)
         m.d.comb += hint_in.eq(sync_go & ~sy.correct & (crossing if S >= CHUNK else 1))
         fix_wait = syncs.o.valid & sy.correct
-        consume_ok = self.consume.valid & self.consume.p.ok
+        consume_ok = consume_valid & self.consume.p.ok
         m.d.comb += [
             take_fix.eq(fix_wait & fs1_free & ~take_create),
-            take_lookup.eq(self.lookup.valid & fs1_free & ~take_create & ~fix_wait),
+            take_lookup.eq(lookup_valid & fs1_free & ~take_create & ~fix_wait),
             # hints (a commit that completed a chunk gives it back) and retries (a QP that wants
             # more fetched, once a chunk is free) before consumes: few (one per chunk), and they
             # keep the pool turning while one QP's messages take every cycle
-            take_hint.eq(hints.o.valid & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid),
-            take_retry_f.eq(retries.o.valid & free_avail & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid
+            take_hint.eq(hints.o.valid & fs1_free & ~take_create & ~fix_wait & ~lookup_valid),
+            take_retry_f.eq(retries.o.valid & free_avail & fs1_free & ~take_create & ~fix_wait & ~lookup_valid
                             & ~hints.o.valid),
-            take_consume.eq(consume_ok & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid & ~hints.o.valid
+            take_consume.eq(consume_ok & fs1_free & ~take_create & ~fix_wait & ~lookup_valid & ~hints.o.valid
                             & ~(retries.o.valid & free_avail)),
-            take_idle.eq(idle_hints.o.valid & fs1_free & ~take_create & ~fix_wait & ~self.lookup.valid
+            take_idle.eq(idle_hints.o.valid & fs1_free & ~take_create & ~fix_wait & ~lookup_valid
                          & ~hints.o.valid & ~(retries.o.valid & free_avail) & ~consume_ok),
             idle_hints.o.ready.eq(take_idle),
             self.consume.ready.eq(Mux(self.consume.p.ok, take_consume, take_nack)),
@@ -922,4 +958,12 @@ class RecvQueue(wiring.Component):
             axi.arid.eq(self.axi_id), axi.arburst.eq(Burst.INCR),
             axi.arcache.eq(Cache.NORMAL_NON_CACHEABLE_BUFFERABLE),
         ]
+        # the walk after reset (last: it overrides the stages' RAM ports, idle meanwhile)
+        with m.If(walking):
+            m.d.comb += [q_rd.addr.eq(walk), f_rd.addr.eq(walk), f_rd.en.eq(1)]
+            with m.If(walk != 0):
+                q_kept, f_kept = Signal(QRow), Signal(FRow)
+                m.d.comb += [q_kept.epoch.eq(q_rd.data.epoch), f_kept.epoch.eq(f_rd.data.epoch),
+                             q_wr.en.eq(1), q_wr.addr.eq(walk_prev), q_wr.data.eq(q_kept),
+                             f_wr.en.eq(1), f_wr.addr.eq(walk_prev), f_wr.data.eq(f_kept)]
         return m
