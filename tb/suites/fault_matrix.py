@@ -3,8 +3,8 @@
 Two suites run it, each cell a cocotb test ``faults_<kind>_<rate>``: tb/suites/pair.py
 (two engines, WRITEs, READs, atomics, SENDs and WRITEs with immediate) and
 tb/suites/two_sided.py (one engine, the golden responder with receive queues as its peer).
-``make test`` runs both on Verilator and the golden-peer cells at 1% on Icarus too;
-``make faults`` runs every cell on both simulators (``cases``).
+``make test`` runs both on Verilator; ``make faults`` runs every cell on both simulators
+(``cases``).
 """
 import os
 
