@@ -561,6 +561,19 @@ async def post_seen_by_later_query(dut):
     assert e.rings[3].used == 1
 
 
+async def _rings_posted(e, counter, posts):
+    """Every QP created on a ring of 16 WQEs of 32 bytes, then ``posts(q)`` WQEs posted on
+    QP q; returns the QPs."""
+    qps = list(range(NUM_QPS))
+    for q in qps:
+        e.create(q, e.new_ring(4, 5))
+    await run_cycles([e], counter, 12)
+    for q in qps:
+        for _ in range(posts(q)):
+            e.post(q, cycle=counter[0])
+    return qps
+
+
 @cocotb.test()
 async def fresh_qps_overlap(dut):
     """A query each on 8 QPs whose posts are not known yet (WQEs posted on 7, none on QP 5),
@@ -573,13 +586,7 @@ async def fresh_qps_overlap(dut):
     latency = 200
     e.axi.latency = lambda: latency
     counter = [0]
-    qps = list(range(NUM_QPS))
-    for q in qps:
-        e.create(q, e.new_ring(4, 5))
-    await run_cycles([e], counter, 12)
-    for q in qps:
-        for _ in range(0 if q == 5 else 3):
-            e.post(q, cycle=counter[0])
+    qps = await _rings_posted(e, counter, lambda q: 0 if q == 5 else 3)
     await run_cycles([e], counter, 4)
     t0 = counter[0]
     e.query_q.extend(qps)
@@ -639,13 +646,7 @@ async def _throughput(dut, e, depth, n_per_qp, latency):
     e.axi.latency = lambda: latency
     e.auto_consume = False
     counter = [0]
-    qps = list(range(NUM_QPS))
-    for q in qps:
-        e.create(q, e.new_ring(4, 5))
-    await run_cycles([e], counter, 12)
-    for q in qps:
-        for _ in range(16):
-            e.post(q, cycle=counter[0])
+    qps = await _rings_posted(e, counter, lambda q: 16)
     # one query per QP: each reads its record (16 known), the hint prefetches depth WQEs
     e.query_q.extend(qps)
     assert await run_cycles([e], counter, 5000, until=lambda: len(e.answers) == len(qps) and not e.queries)

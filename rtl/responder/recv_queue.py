@@ -116,7 +116,8 @@ class RecvQueue(wiring.Component):
     moves its head forward, so a fresh read would say the same); otherwise the query waits
     for a read of the record issued after it, and later queries wait behind it (answers stay
     in query order), each with a background read of its own QP's record issued as it is
-    taken, so that the reads of a run of QPs whose posts are not known yet overlap. A QP without a receive queue (``enable`` = 0, or never created) answers
+    taken, so that the reads of a run of QPs whose posts are not known yet overlap. A QP
+    without a receive queue (``enable`` = 0, or never created) answers
     0. The answer is a hint: what counts is the consume's ``valid``.
 
     Two pipelines own the per-QP state, each one RAM row per QP written by one stage, so
