@@ -408,7 +408,7 @@ class RecvQueue(wiring.Component):
         # rather than go one read round trip after another. At most the queries taken and
         # not answered (``pending`` <= _ANSWER_DEPTH), so it never fills.
         m.submodules.bounced = bounced = fifo.SyncFIFO(width=qb, depth=_ANSWER_DEPTH)
-        nbounced = Signal(range(_ANSWER_DEPTH + 1))
+        nbounced = bounced.level               # (a push or a take shows the cycle after)
         qs1_replay = Signal()                   # the query in S1 comes out of ``bounced``
         pending = Signal(range(_ANSWER_DEPTH + 1))      # queries taken, not yet answered
 
@@ -476,7 +476,6 @@ class RecvQueue(wiring.Component):
         push_dbr = Signal()
         push_query = Signal()
         push_hint = Signal()
-        bounce = Signal()
         avail_now = Signal()
         # counts mod 2^16, compared as signed differences: corrections may leave
         # ``answered`` past ``known`` for a while (queries of WQEs not yet posted)
@@ -512,7 +511,7 @@ class RecvQueue(wiring.Component):
                     m.d.comb += new.answered.eq(row.answered + qs1_delta)
                 with m.Case(OP_QUERY):
                     with m.If(~qs1_replay & (waiting | (nbounced != 0))):
-                        m.d.comb += [bounce.eq(1), bounced.w_en.eq(1), bounced.w_data.eq(qs1_qpn)]
+                        m.d.comb += [bounced.w_en.eq(1), bounced.w_data.eq(qs1_qpn)]
                         # its record read now, in the background (if there is room: else its
                         # own read when it is taken again)
                         with m.If(row.enable & ~avail_now & ~row.bg & dbr_reqs.i.ready):
@@ -532,7 +531,7 @@ class RecvQueue(wiring.Component):
             dbr_reqs.i.valid.eq(push_dbr), dbr_reqs.i.p.qpn.eq(qs1_qpn), dbr_reqs.i.p.epoch.eq(row.epoch),
             dbr_reqs.i.p.query.eq(push_query), dbr_reqs.i.p.addr.eq(row.dbr),
         ]
-        m.d.sync += [pending.eq(pending + take_query - ans_valid), nbounced.eq(nbounced + bounce - take_replay)]
+        m.d.sync += pending.eq(pending + take_query - ans_valid)
         with m.If(push_hint):
             m.d.comb += [hints.i.valid.eq(1), hints.i.p.eq(qs1_qpn)]     # dropped when full: a hint only
 
