@@ -108,6 +108,7 @@ rxe_opcode.c; rdma-core providers/mlx5 for the memory forms):
 from collections import Counter
 from dataclasses import dataclass, field
 
+from spec import formats as F
 from spec.formats import Access, CqeOp, MrCheck, Op, QpState, Syndrome
 from model.cqe import CqContext, CqModel
 from model.frames import PSN_MASK, Port, QpContext
@@ -123,6 +124,8 @@ __all__ = ["RxResult", "ResponderCounters", "RcResponder", "RWR_OPCODES"]
 # Packets that start a message (also for SENDs) and that end one
 _FIRST_ALL = frozenset(_FIRST_OPCODES | {Op.SEND_FIRST, Op.SEND_ONLY, Op.SEND_ONLY_IMM})
 _LAST_ALL = frozenset(_LAST_OPCODES | {Op.SEND_LAST, Op.SEND_LAST_IMM, Op.SEND_ONLY, Op.SEND_ONLY_IMM})
+# What the requester side receives (the port parses them and RxDispatch sends them there)
+_ANSWER_OPS = frozenset((Op.ACK, Op.ATOMIC_ACK) + tuple(F.READ_RESPONSE_OPS))
 # Packets that consume a receive WQE (rxe's RXE_RWR_MASK)
 RWR_OPCODES = frozenset((Op.SEND_FIRST, Op.SEND_ONLY, Op.SEND_ONLY_IMM, Op.WRITE_ONLY_IMM, Op.WRITE_LAST_IMM))
 _RECV_CQE_OP = {Op.SEND_LAST: CqeOp.RESP_SEND, Op.SEND_ONLY: CqeOp.RESP_SEND, Op.SEND_LAST_IMM: CqeOp.RESP_SEND_IMM,
@@ -344,13 +347,21 @@ class RcResponder:
         self.qps[ctx.qpn] = _RespQp(ctx=ctx, pd=pd, ack_every=every, epsn=ctx.start_psn, state=ctx.state,
                                     max_dest_rd_atomic=max_dest_rd_atomic)
 
-    def answers_sent(self, qpn=None):
+    def answers_sent(self, qpn=None, count=None):
         """The answers (READ responses, ATOMIC ACKs) of every READ and atomic received so
-        far on QP ``qpn`` (None: every QP) have left: their responder resources are free.
-        With ``answer_at_once`` (the default) each answer leaves as its request is received,
-        and no request meets the limit."""
+        far on QP ``qpn`` (None: every QP) have left: their responder resources are free;
+        with ``count``, only the answers of that QP's ``count`` oldest unanswered ones
+        (answers leave in request order). With ``answer_at_once`` (the default) each
+        answer leaves as its request is received, and no request meets the limit."""
+        if count is not None and (qpn is None or not isinstance(count, int) or count < 0):
+            raise ValueError(f"count needs one QP and an int >= 0, got qpn={qpn!r}, count={count!r}")
         for q in (self.qps.values() if qpn is None else [self._qp(qpn)]):
-            q.unanswered = 0
+            q.unanswered = 0 if count is None else max(0, q.unanswered - count)
+
+    def resources_held(self, qpn):
+        """How many of QP ``qpn``'s responder resources are held (new READs and atomics
+        whose answers have not left; always 0 with ``answer_at_once``)."""
+        return self._qp(qpn).unanswered
 
     def _take_resource(self, q, p):
         """A new READ or atomic takes one of ``q``'s responder resources; None, or the NAK
@@ -503,8 +514,10 @@ class RcResponder:
         and sends its response)."""
         self.counters.rx_frames += 1
         # Frame-level checks as the NIC's receive port makes them, for every opcode it
-        # knows (an ACK too: its length rules come before the opcode is refused here)
-        p, reason = parse_frame(frame, (self._opcodes | {Op.ACK}) if self.remote_ops or self.two_sided else None,
+        # knows: the requester side's answers too (ACK, ATOMIC ACK, READ RESPONSEs), whose
+        # length rules come before the opcode is refused here (a 118-byte ATOMIC ACK is
+        # bad_length at the port, not bad_opcode: `make fuzz` seed 1)
+        p, reason = parse_frame(frame, (self._opcodes | _ANSWER_OPS) if self.remote_ops or self.two_sided else None,
                                 self.port)
         if p is None:
             return self._drop(reason)

@@ -174,9 +174,11 @@ def main():
         client.close()
         if cluster:
             cluster.close()
-    for files in res:
-        for name, data in files.items():
+    failed = []
+    for r in res:
+        for name, data in r["files"].items():
             (out / name).write_bytes(data)
+        failed += r["failed"]
     pairs = [json.loads(f.read_text()) for f in sorted(out.glob("pair_*.json"))]
     reads = [r for r in pairs if r["kind"] == "pair_read"]
     two_sided = [r for r in pairs if r["kind"] in ("pair_send", "pair_write_imm")]
@@ -263,6 +265,17 @@ def main():
                   f"{r['wire_limit_per_s'] / 1e6:>10.1f}")
     plots(recs, out)
     print(f"\nresults: {out / 'results.json'}; plots and one pcap per point beside it")
+    (out / "failed.json").write_text(json.dumps(failed, indent=1))
+    if failed:
+        # a point whose checks failed wrote no figure: the run fails, naming each
+        print(f"\nbench: FAILED: {len(failed)} of {len(pts) + len(ppts)} points failed their checks "
+              f"(build/bench/failed.json):")
+        for f in failed:
+            print(f"  {f['test']}: {json.dumps(f['point'])}")
+            for line in f["why"]:
+                print(f"    {line[:300]}")
+        raise SystemExit(1)
+    print(f"bench: all {len(pts) + len(ppts)} points passed their checks")
 
 
 if __name__ == "__main__":

@@ -73,13 +73,14 @@ def run_points(pts, sim="verilator"):
     if len(nodes) != 1:
         raise ValueError("one task runs points of one node count")
     top = QUAD_TOP_NAME if nodes == {4} else PAIR_TOP_NAME
-    files = run_suite(sim, "tb.suites.seeds", top, "SEEDS_POINTS", pts, "IBGDA_SEEDS_OUT")
+    res = run_suite(sim, "tb.suites.seeds", top, "SEEDS_POINTS", pts, "IBGDA_SEEDS_OUT")
+    files = res["files"]
     recs = []
     for p in pts:
         f = f"{point_name(p)}.json"
-        if f not in files:
-            raise RuntimeError(f"point {point_name(p)} wrote no result (its test failed: see the log above)")
-        recs.append(json.loads(files[f]))
+        recs.append(json.loads(files[f]) if f in files else
+                    {"point": point_name(p), "failed": next((x for x in res["failed"] if x["point"] == p),
+                                                           {"test": "?", "point": p, "why": ["wrote no result"]})})
     return recs
 
 
@@ -158,8 +159,19 @@ def main():
             client.close()
         if cluster:
             cluster.close()
+    failed = [r for r in recs if "failed" in r]
+    if failed:
+        # a point whose checks failed has no figure, so no table either: the run fails, naming each
+        (out / "failed.json").write_text(json.dumps([r["failed"] for r in failed], indent=1))
+        print(f"seeds: FAILED: {len(failed)} of {len(recs)} points failed their checks (build/seeds/failed.json):")
+        for r in failed:
+            print(f"  {r['point']}: {r['failed']['test']}")
+            for line in r["failed"]["why"]:
+                print(f"    {line[:300]}")
+        raise SystemExit(1)
     (out / "records.json").write_text(json.dumps({"quick": args.quick, "records": recs}, indent=1))
     report(recs, out, quick=args.quick)
+    print(f"seeds: all {len(recs)} points passed their checks")
 
 
 if __name__ == "__main__":

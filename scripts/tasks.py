@@ -13,16 +13,27 @@ from pathlib import Path
 
 def run_suite(sim, module, top, points_env, points, out_env):
     """Run ``points`` (a list of dicts) of ``tb.suites.<module>`` on ``top``; return
-    {file name: bytes} of what they wrote into ``out_env``'s folder."""
+    ``{"files": {file name: bytes}, "failed": [{"test", "point", "why"}, ...]}``: what they wrote into
+    ``out_env``'s folder, and the points whose test failed (their checks, or the
+    simulation died), so that a runner reports every failed point, not just the first."""
     import json
     import tempfile
-    from tb.runner import run
+    from tb.runner import SimulationFailed, run
     with tempfile.TemporaryDirectory(prefix="ibgda_task_") as tmp:
         out = Path(tmp) / "out"
         out.mkdir()
-        run(sim, module, None, top=top, test_dir=Path(tmp) / "run", log_file=Path(tmp) / "log.txt",
-            extra_env={out_env: str(out), points_env: json.dumps(points)})
-        return {f.name: f.read_bytes() for f in sorted(out.iterdir()) if f.is_file()}
+        failed = []
+        try:
+            run(sim, module, None, top=top, test_dir=Path(tmp) / "run", log_file=Path(tmp) / "log.txt",
+                extra_env={out_env: str(out), points_env: json.dumps(points)})
+        except SimulationFailed as e:
+            log = (Path(tmp) / "log.txt").read_text(errors="replace").splitlines()
+            why = [line.strip() for line in log if "Error" in line][-3:]       # the assertions' lines
+            for name in e.failed:       # <suite>_<k>: the k-th point (tb/suites/__init__.py point_tests)
+                k = name.rsplit("_", 1)[-1]
+                point = points[int(k)] if k.isdigit() and int(k) < len(points) else None
+                failed.append({"test": f"{module}.{name}", "point": point, "why": why})
+        return {"files": {f.name: f.read_bytes() for f in sorted(out.iterdir()) if f.is_file()}, "failed": failed}
 
 
 def client_for(scheduler, jobs):

@@ -2,6 +2,8 @@
 traffic (faults mixed in), the environment with its QPs and memory regions, and the
 frame-by-frame, byte-by-byte and counter check against ``RcResponder``. Shared by the
 receive suites (tb/suites/rc.py) and the receive benchmark (tb/suites/bench.py)."""
+from collections import Counter
+
 from cocotb.triggers import ClockCycles
 
 from model.frames import Port, QpContext, build_write_frames
@@ -119,30 +121,45 @@ async def responder_env(dut, rnd, mtus, ack_every, *, image=None, resources=None
     return env, model, peers
 
 
-async def run_and_check(env, model, frames, *, acks=(), settle=300, image=None, answered_at=()):
+async def run_and_check(env, model, frames, *, acks=(), settle=300, image=None, answered_at=(), answer_before=None):
     """``acks``: indices of frames that are ACKs for the NIC's requester side (the
     responder model does not take them; the NIC counts them as ACKs received).
     ``settle``: cycles after the last ACK for the last writes to land. ``image``: the
     model's memory (``responder_env``), GPU memory's initial words already in it.
     ``answered_at``: indices of frames sent only once every response to the frames before
-    them is on the wire (the model is told so: ``answers_sent``); the rest go back to back."""
-    acks, answered_at = set(acks), set(answered_at)
+    them is on the wire (the model is told so: ``answers_sent``); the rest go back to back.
+    ``answer_before``: ``{k: [(qpn, j), ...]}``: frame k is sent only once the first answer
+    (READ RESPONSE, ATOMIC ACK) of frame j, a READ or atomic of QP qpn and its oldest
+    holding a responder resource, is on the wire; the model hears of that answer
+    (``answers_sent(qpn, 1)``) before frame k."""
+    acks, answered_at, answer_before = set(acks), set(answered_at), answer_before or {}
     image = SparseMemory() if image is None else image
     expect, sent_before = [], {}
+    wanted = {j for waits in answer_before.values() for _, j in waits}
+    first_answer, tally = {}, Counter()        # frame j -> (its first answer's bytes, how many such before it)
     for k, f in enumerate(frames):
         if k in answered_at:
             model.answers_sent()
             sent_before[k] = sum(len(e.frames_out) for e in expect)
+        for qpn, _ in answer_before.get(k, ()):
+            model.answers_sent(qpn, 1)
         if k not in acks:
             e = model.receive(f)
             for addr, data in e.writes:     # in order: an atomic reads what came before it
                 image.write(addr, data)
             expect.append(e)
+            if k in wanted:
+                assert e.frames_out, f"frame {k}, which a later frame waits on, has no answer"
+                first_answer[k] = (e.frames_out[0], tally[e.frames_out[0]] + 1)
+            tally.update(e.frames_out)
+    on_wire = _WireTally(env)
     for k, f in enumerate(frames):
         if k in answered_at:
             while not env.rx.idle:
                 await ClockCycles(env.dut.clk, 16)
             await env.wire.wait_frames(sent_before[k], timeout_cycles=20_000)
+        for _, j in answer_before.get(k, ()):
+            await on_wire.wait(*first_answer[j], what=f"the answer to frame {j} (frame {k} waits on it)")
         env.rx.send(f)
     responses = [f for e in expect for f in e.frames_out]      # ACK/NAKs, ATOMIC ACKs, READ responses
     while not env.rx.idle:
@@ -171,6 +188,23 @@ async def run_and_check(env, model, frames, *, acks=(), settle=300, image=None, 
     assert not diff, f"counters (RTL, model) that differ: {diff}"
     assert c["rx_ack_received"] == len(acks)
     return expect, c
+
+
+class _WireTally:
+    """How often each frame has been seen on MAC TX so far, counted as the wire grows."""
+    def __init__(self, env):
+        self.env, self.seen, self.count = env, 0, Counter()
+
+    async def wait(self, data, times, *, what, timeout_cycles=20_000):
+        """Until ``data`` has been on the wire ``times`` times."""
+        for _ in range(0, timeout_cycles, 8):
+            frames = self.env.wire.frames
+            self.count.update(fr.data for fr in frames[self.seen:])
+            self.seen = len(frames)
+            if self.count[data] >= times:
+                return
+            await ClockCycles(self.env.dut.clk, 8)
+        raise AssertionError(f"{what} was not on the wire within {timeout_cycles} cycles")
 
 
 def match_coalesced(got, want):

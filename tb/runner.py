@@ -423,15 +423,49 @@ def build(sim, *, waves=False, top=TOP_NAME, say=announce):
     return runner, bdir
 
 
+class SimulationFailed(RuntimeError):
+    """A cocotb run in which a test failed (or that left no results): ``failed`` names them."""
+    def __init__(self, module, failed, results):
+        self.module, self.failed, self.results = module, failed, results
+        super().__init__(f"{module}: {', '.join(failed)} failed (results: {results})")
+
+
+def failed_tests(results_xml):
+    """The names of the test cases that failed or errored in a cocotb results file; a
+    missing or empty file counts as one failure (the simulation died before writing it)."""
+    import xml.etree.ElementTree as ET
+    path = Path(results_xml)
+    if not path.exists():
+        return [f"(no results: {path.name} missing)"]
+    cases = list(ET.parse(path).getroot().iter("testcase"))
+    if not cases:
+        return ["(no test ran)"]
+    return [c.get("name") for c in cases if c.find("failure") is not None or c.find("error") is not None]
+
+
 def run(sim, module, testcase=None, *, waves=False, extra_env=None, test_dir=None, top=TOP_NAME, log_file=None):
     """Run cocotb ``module`` (one ``testcase`` or all) on ``sim``; ``log_file``: the
-    simulation's output goes there instead of to the terminal."""
+    simulation's output goes there instead of to the terminal. Returns the results file;
+    raises :class:`SimulationFailed` when a test failed (cocotb's runner itself raises
+    only under pytest), so every script that runs simulations fails with them."""
     runner, bdir = build(sim, waves=waves, top=top)
     env = dict(extra_env or {})
     test_dir = Path(test_dir) if test_dir else bdir / "runs" / (testcase or module.rsplit(".", 1)[-1])
     test_dir.mkdir(parents=True, exist_ok=True)
-    return runner.test(hdl_toplevel=top, test_module=module, testcase=testcase, build_dir=bdir,
-                       test_dir=test_dir, waves=waves, extra_env=env, log_file=log_file)
+    # a file of this run's own (runs of one test in parallel share test_dir): none left
+    # by an earlier run can be read as this one's
+    results = test_dir / f"results-{os.getpid()}-{time.monotonic_ns()}.xml"
+    try:
+        out = runner.test(hdl_toplevel=top, test_module=module, testcase=testcase, build_dir=bdir,
+                          test_dir=test_dir, waves=waves, extra_env=env, log_file=log_file, results_xml=results)
+    except SystemExit:
+        out = results       # (under pytest cocotb's runner exits when a test failed: the file says which)
+    failed = failed_tests(out)
+    if failed:
+        raise SimulationFailed(module, failed, out)
+    final = test_dir / "results.xml"          # the last passing run's, where people look
+    os.replace(out, final)
+    return final
 
 
 def designs_for(paths):
@@ -444,6 +478,7 @@ def designs_for(paths):
     needs = {"test_nic.py": both(TOP_NAME), "test_rc.py": both(TOP_NAME), "test_scenario.py": both(TOP_NAME),
              "test_bench_small.py": {("verilator", TOP_NAME)}, "test_pair.py": both(PAIR_TOP_NAME),
              "test_hardening.py": both(TOP_NAME), "test_fuzz.py": {("verilator", TOP_NAME)},
+             "test_runners.py": {("verilator", TOP_NAME)},
              "test_switch.py": {("verilator", QUAD_TOP_NAME)}, "test_two_sided.py": both(TOP_NAME),
              "test_recv.py": both(TOP_NAME), "test_remote.py": both(TOP_NAME),
              "test_remote_responder.py": both(TOP_NAME)}

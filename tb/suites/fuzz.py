@@ -30,7 +30,8 @@ import copy
 import json
 import os
 import random
-from collections import Counter
+from collections import Counter, deque
+from types import SimpleNamespace
 from pathlib import Path
 
 import cocotb
@@ -42,10 +43,11 @@ from model.icrc import icrc, ipv4_checksum
 from model.memory import SparseMemory
 from model.read_atomic import (build_atomic_ack, build_atomic_request, build_masked_atomic_request, build_read_request,
                                build_read_responses)
-from model.parse import _patch_bth, build_rc_packet, build_response, parse_frame
+from model.parse import ATOMIC_OPCODES, _patch_bth, build_rc_packet, build_response, parse_frame
 from model.requester import RcRequester
 from model.responder import RcResponder
 from spec import formats as F
+from spec import params as P
 from spec.formats import Aeth, Op, QpState, WqeOp
 from tb.env import ENGINE_VERBS, NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
 from tb.rc_env import DST, KEY, KEY_ATOMIC, KEY_PD, KEY_RO, PD, REGION_LEN, REGIONS, match_coalesced, not_roce
@@ -121,36 +123,50 @@ def _set_field(f, name, rnd):
 READ_SPAN = 0x3E000         # READs read [DST, DST + READ_SPAN): preloaded, below every write
 RX_KINDS = ("random_bytes", "runt", "bit_flip", "field", "psn_behind", "psn_ahead", "over_mtu", "qp_not_ready",
             "wrong_peer", "other_opcode", "bad_key", "tver", "response", "atomic", "read")
+REMOTE_OPS = ATOMIC_OPCODES | {Op.READ_REQUEST}       # the requests that hold a responder resource
+ANSWER_OPS = frozenset(F.READ_RESPONSE_OPS + (Op.ATOMIC_ACK,))   # answers, for the requester side (with ACKs)
+
+# Frames on which `make fuzz` once found the engine and the model apart, replayed by
+# ``fuzz_found_cases`` on every regression: (seed, what it was, the frame).
+FOUND = [
+    (1, "a 118-byte ATOMIC ACK (a WRITE whose opcode a mutation made 0x12): bad_length at the port; the "
+        "responder model called it bad_opcode (it parsed only its own opcodes)",
+     "020000000001020000010001080045000068000040004011b832c0a80101c0a80001c10112b7005400001210ffff000000018044ef6c"
+     "00000000200534730000215a0000002b643a8527220e068abfc23a1dfaf11d306bd2b9f06dfcb5657e46ec352b88d3c2e0c6d86968"
+     "e6de5395ed39006ace6d3a"),
+]
 
 
-@cocotb.test()
-async def fuzz_receive(dut):
-    """Bad frames among in-order WRITEs at line rate: memory, ACK frames and counters as
-    ``RcResponder``; nothing written outside the accepted payloads; MAC RX never held."""
-    seed, n = _seed(), _count("receive", 2000)
+def receive_plan(seed, n, kinds_on=RX_KINDS):
+    """The inputs of ``fuzz_receive`` for ``seed`` and ``n`` bad frames, made without a
+    simulator (a mismatch can be replayed and reduced against the model alone): a
+    namespace of ``setup`` (the responder QPs: QpContext and ACK count), ``frames``,
+    ``acks`` (indices of the frames that go to the requester side), ``kinds`` (each
+    frame's kind), ``pattern`` (GPU memory's preloaded READ range), ``answer_before``
+    (``run_and_check``'s: the frames that wait for a READ's or atomic's answer),
+    ``make_model`` and ``rep`` (the Report with what was tried)."""
     rep = Report("receive", seed)
     rnd = random.Random(seed)
-    env = await NicEnv(dut).start()
-    cq = await env.cq(0, 6)
     setup, peers, va = [], {}, {}
     for q, mtu in ((1, 256), (2, 1024), (3, 4096)):
         start, every = rnd.randrange(1 << 24), rnd.choice([1, 2, 4])
         # (the RNR NAK's timer code, the same for both: SENDs get RNR NAKs, no receive queue)
-        await env.qp(q, cq, mtu=mtu, remote_qpn=0x100 + q, rq_psn=start, pd=PD, ack_every=every, min_rnr_timer=q)
         setup.append((QpContext(qpn=q, remote_qpn=0x100 + q, dmac=peer_mac(q), dip=peer_ip(q), start_psn=start,
                                 mtu=mtu, min_rnr_timer=q), every))
         peers[q] = QpContext(qpn=0x100 + q, remote_qpn=q, dmac=PORT_MAC, dip=PORT_IP, start_psn=start, mtu=mtu)
         va[q] = DST + 0x40000 * q
-    await env.qp(4, cq, mtu=1024, remote_qpn=0x104, rq_psn=0, pd=PD, state=QpState.INIT)   # not ready
-    for r in REGIONS:
-        await env.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
 
     def make_model(image=None):
         # the engine executes READs and atomics: the model does too, on its image of GPU memory;
         # and SENDs (two-sided verbs): these QPs have no receive queue, so a SEND that passes
         # the PSN and opcode-sequence checks gets an RNR NAK, as the engine's
         image = SparseMemory() if image is None else image
-        m = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), remote_ops=True, two_sided=True, read_memory=image.read)
+        # (answer_at_once=False: the engine answers READs and atomics a GPU-memory read or
+        # more later, so a QP's new ones hold its responder resources until answered; the
+        # generator sends a READ or atomic that would find them all held only once the
+        # oldest one's answer is on the wire: ``answer_before``)
+        m = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), remote_ops=True, two_sided=True, read_memory=image.read,
+                        answer_at_once=False)
         for ctx, every in setup:
             m.add_qp(ctx, PD, ack_every=every)
         for r in REGIONS:
@@ -262,7 +278,9 @@ async def fuzz_receive(dut):
 
     nic_port = Port(smac=PORT_MAC, sip=PORT_IP)
     frames, acks, kinds = [], [], []
-    kinds_on = os.environ.get("FUZZ_KINDS", ",".join(RX_KINDS)).split(",")     # FUZZ_KINDS narrows a replay
+    held = {q: deque() for q in peers}     # per QP: the frames (indices) of the READs and atomics holding a resource
+    answer_before = {}
+    rep.extra["waits_for_an_answer"] = 0
     while sum(rep.tried.values()) < n:
         if rnd.random() < 0.35:
             for f in good(rnd.choice(list(peers))):
@@ -275,30 +293,63 @@ async def fuzz_receive(dut):
             continue        # the access-error path is fatal to the QP: covered by rc_access_errors
         f = bad(kind)
         pp, _ = parse_frame(f, None, nic_port)
-        # (a mutation may make a READ RESPONSE, which goes to the requester side too)
-        rr, _ = parse_frame(f, frozenset(F.READ_RESPONSE_OPS), nic_port)
+        # (a mutation may make a READ RESPONSE or an ATOMIC ACK, which go to the requester side too)
+        rr, _ = parse_frame(f, ANSWER_OPS, nic_port)
         if kind == "response" or (pp is not None and pp.opcode == Op.ACK) or rr is not None:
             acks.append(len(frames))          # a good ACK/NAK (a mutation may make one): the requester's
         else:
+            q = pp.dqpn if pp is not None and pp.opcode in REMOTE_OPS else None
+            if q in held and gen[0].resources_held(q) >= P.MAX_DEST_RD_ATOMIC:
+                # every responder resource of the QP held: this frame waits for the oldest's answer
+                answer_before.setdefault(len(frames), []).append((q, held[q].popleft()))
+                gen[0].answers_sent(q, 1)
+                rep.extra["waits_for_an_answer"] += 1
             trial = copy.deepcopy(gen[0])
             r = trial.receive(f)
             if any(q_.state == QpState.ERR for q_ in trial.qps.values()):
                 rep.found["fatal (not sent)"] += 1
                 continue
             gen[0] = trial
+            if r.accepted and r.opcode in REMOTE_OPS:
+                held[r.qpn].append(len(frames))
         rep.tried[kind] += 1
         frames.append(f)
         kinds.append(kind)
     rep.extra["good_frames"] = kinds.count("good")
+    pattern = bytes(rnd.randrange(256) for _ in range(READ_SPAN))
+    return SimpleNamespace(rep=rep, setup=setup, frames=frames, acks=acks, kinds=kinds, pattern=pattern,
+                           make_model=make_model, answer_before=answer_before)
+
+
+@cocotb.test()
+async def fuzz_receive(dut):
+    """Bad frames among in-order WRITEs at line rate: memory, ACK frames and counters as
+    ``RcResponder``; nothing written outside the accepted payloads; MAC RX never held."""
+    seed, n = _seed(), _count("receive", 2000)
+    kinds_on = os.environ.get("FUZZ_KINDS", ",".join(RX_KINDS)).split(",")     # FUZZ_KINDS narrows a replay
+    plan = receive_plan(seed, n, kinds_on)
+    rep, frames, acks, kinds = plan.rep, plan.frames, plan.acks, plan.kinds
+    env = await NicEnv(dut).start()
+    cq = await env.cq(0, 6)
+    for ctx, every in plan.setup:
+        await env.qp(ctx.qpn, cq, mtu=ctx.mtu, remote_qpn=ctx.remote_qpn, rq_psn=ctx.start_psn, pd=PD,
+                     ack_every=every, min_rnr_timer=ctx.min_rnr_timer)
+    await env.qp(4, cq, mtu=1024, remote_qpn=0x104, rq_psn=0, pd=PD, state=QpState.INIT)   # not ready
+    for r in REGIONS:
+        await env.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
 
     async def body():
         from tb.rc_env import run_and_check
         try:
             image = SparseMemory()
-            pattern = bytes(rnd.randrange(256) for _ in range(READ_SPAN))
-            env.mem.write(DST, pattern)
-            image.write(DST, pattern)
-            expect, c = await run_and_check(env, make_model(image), frames, acks=acks, image=image)
+            env.mem.write(DST, plan.pattern)
+            image.write(DST, plan.pattern)
+            if os.environ.get("FUZZ_WRONG_MODEL"):
+                # the self-test of scripts/run_fuzz.py: the model is told one preloaded
+                # byte other than GPU memory holds, so its expectation is wrong
+                image.write(DST + 5, bytes([plan.pattern[5] ^ 0x5A]))
+            expect, c = await run_and_check(env, plan.make_model(image), frames, acks=acks, image=image,
+                                            answer_before=plan.answer_before)
         except AssertionError as e:
             e.repro = {"seed": seed, "count": n, "note": "rerun with FUZZ_SEED/FUZZ_RECEIVE to replay",
                        "frames": len(frames)}
@@ -314,6 +365,31 @@ async def fuzz_receive(dut):
         rep.extra["mac_rx_stalls"] = env.rx.stall_cycles
         assert env.rx.stall_cycles == 0, f"MAC RX waited {env.rx.stall_cycles} cycles"
     await rep.run(body)
+
+
+@cocotb.test()
+async def fuzz_found_cases(dut):
+    """Every frame on which the fuzzer once found the engine and the model apart
+    (``FOUND``), at the receive class's QPs, then a good WRITE on each: ACK frames,
+    memory and every counter as the model's."""
+    plan = receive_plan(1, 0)
+    env = await NicEnv(dut).start()
+    cq = await env.cq(0, 6)
+    for ctx, every in plan.setup:
+        await env.qp(ctx.qpn, cq, mtu=ctx.mtu, remote_qpn=ctx.remote_qpn, rq_psn=ctx.start_psn, pd=PD,
+                     ack_every=every, min_rnr_timer=ctx.min_rnr_timer)
+    for r in REGIONS:
+        await env.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
+    frames = [bytes.fromhex(h) for _, _, h in FOUND]
+    nic_port = Port(smac=PORT_MAC, sip=PORT_IP)
+    acks = [k for k, f in enumerate(frames) if parse_frame(f, ANSWER_OPS | {Op.ACK}, nic_port)[0] is not None]
+    for ctx, _ in plan.setup:
+        peer = QpContext(qpn=ctx.remote_qpn, remote_qpn=ctx.qpn, dmac=PORT_MAC, dip=PORT_IP, start_psn=ctx.start_psn,
+                         mtu=ctx.mtu)
+        frames += build_write_frames(peer, Port(smac=ctx.dmac, sip=ctx.dip), DST + 0x40000 * ctx.qpn, KEY,
+                                     bytes(range(40)), ctx.start_psn)
+    from tb.rc_env import run_and_check
+    await run_and_check(env, plan.make_model(), frames, acks=acks)
 
 
 def _no_stray_writes(env, accepted, cqs):

@@ -42,6 +42,7 @@ ICARUS = [
 
 
 def _check(p, r):
+    assert "failed" not in r, r.get("failed")
     assert r["workload"] == p["workload"] and r["path"] == p["path"]
     if p["workload"] == "rate":
         assert r["ops"] == p["warps"] * p["ops"]
