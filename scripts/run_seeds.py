@@ -170,8 +170,13 @@ def main():
                 print(f"    {line[:300]}")
         raise SystemExit(1)
     (out / "records.json").write_text(json.dumps({"quick": args.quick, "records": recs}, indent=1))
-    report(recs, out, quick=args.quick)
-    print(f"seeds: all {len(recs)} points passed their checks")
+    res = report(recs, out, quick=args.quick)
+    over = [c["what"] for c in (res["model"]["checks"] or []) if not c["ok"]]
+    if over:
+        print(f"seeds: FAILED: the cluster model is off by more than 5% at {len(over)} of "
+              f"{len(res['model']['checks'])} points: {'; '.join(over)}")
+        raise SystemExit(1)
+    print(f"seeds: all {len(recs)} points passed their checks; the cluster model within 5% of every one it predicts")
 
 
 if __name__ == "__main__":

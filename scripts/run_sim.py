@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from tb.runner import SIMULATORS, find_verilator, run
+from tb.runner import SIMULATORS, SimulationFailed, find_verilator, run
 
 
 def default_sim():
@@ -33,7 +33,10 @@ def main():
         old.unlink()                      # never report a stale dump
     module, case = ("tb.suites.nic", args.test) if args.test else ("tb.suites.scenario", "default_scenario")
     env = {"IBGDA_SIM_OUT": str(out)}
-    run(sim, module, case, waves=args.waves, extra_env=env, test_dir=out / "run")
+    try:
+        run(sim, module, case, waves=args.waves, extra_env=env, test_dir=out / "run")
+    except SimulationFailed as e:
+        sys.exit(f"sim: FAILED: {', '.join(e.failed)} (the simulation's output above says why)")
     summary = out / "summary.txt"
     if not args.test and summary.exists():
         print()
