@@ -564,7 +564,8 @@ class Responder(wiring.Component):
         m.d.comb += [
             new.dyn.rq_ci.eq(dyn.rq_ci + used),
             aligned.eq(Mux(used, att_eq, att_eq1)),
-            correct.eq(rwr & (att.gen == dyn.rq_gen) & ~aligned),
+            # (a QP without a receive queue: its numbers mean nothing, no sync at all)
+            correct.eq(rwr & ~att.norq & (att.gen == dyn.rq_gen) & ~aligned),
             new.dyn.rq_gen.eq(dyn.rq_gen ^ correct),
         ]
         sync = sig("sync", RecvSync(self.num_qps))
