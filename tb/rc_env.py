@@ -22,6 +22,7 @@ KEY_RO = (0x22 << 8) | 0x11                       # no remote write
 KEY_PD = (0x23 << 8) | 0x22                       # another PD
 KEY_ATOMIC = (0x24 << 8) | 0x33                   # remote write and remote atomic
 REGION_LEN = 1 << 20
+RNR_TIMER = 1                                     # the QPs' RNR NAK timer code
 REGIONS = [
     MemoryRegion(key=KEY, base=DST, length=REGION_LEN, access=Access.LOCAL_WRITE | Access.REMOTE_WRITE, pd=PD),
     MemoryRegion(key=KEY_RO, base=DST, length=REGION_LEN, access=Access.REMOTE_READ, pd=PD),
@@ -94,26 +95,30 @@ def traffic(rnd, peers, messages, *, faults=True, aligned=False):
     return out
 
 
-async def responder_env(dut, rnd, mtus, ack_every, *, image=None, resources=None, answer_at_once=True, **env_kw):
+async def responder_env(dut, rnd, mtus, ack_every, *, image=None, resources=None, answer_at_once=True,
+                        two_sided=False, **env_kw):
     """The NIC with RC QPs (QP q: MTU ``mtus[q]``, ``ack_every[q]``) and the regions, and
     the golden responder of the same set-up. ``image``: a ``SparseMemory`` that holds what
     the model expects GPU memory to hold (``run_and_check`` keeps it): the model then
     executes READs and atomics too, on that image, as the engine does. ``resources``: QP q's
     responder resources (max_dest_rd_atomic; default 16); ``answer_at_once=False``: the
-    model holds them until ``run_and_check`` says the answers have left (``answered_at``)."""
+    model holds them until ``run_and_check`` says the answers have left (``answered_at``).
+    ``two_sided``: the model takes SENDs too (the QPs have no receive queue: each SEND that
+    needs a receive WQE is answered by an RNR NAK, as the NIC does)."""
     resources = resources or {}
     env = await NicEnv(dut, **env_kw).start()
     cq = await env.cq(0, 6)
-    model = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), remote_ops=image is not None,
-                        read_memory=image.read if image is not None else None, answer_at_once=answer_at_once)
+    read = image.read if image is not None else env.mem.read if two_sided else None
+    model = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), remote_ops=image is not None, two_sided=two_sided,
+                        read_memory=read, answer_at_once=answer_at_once)
     peers = {}
     for q, mtu in mtus.items():
         psn = 0xFFFFF0 if q == 1 else rnd.randrange(1 << 24)          # QP 1 wraps its PSN
         limit = resources.get(q, P.MAX_DEST_RD_ATOMIC)
         await env.qp(q, cq, mtu=mtu, remote_qpn=0x100 + q, rq_psn=psn, pd=PD, ack_every=ack_every[q],
-                     max_dest_rd_atomic=limit)
+                     max_dest_rd_atomic=limit, min_rnr_timer=RNR_TIMER)
         model.add_qp(QpContext(qpn=q, remote_qpn=0x100 + q, dmac=peer_mac(q), dip=peer_ip(q), start_psn=psn,
-                               mtu=mtu), PD, ack_every=ack_every[q], max_dest_rd_atomic=limit)
+                               mtu=mtu, min_rnr_timer=RNR_TIMER), PD, ack_every=ack_every[q], max_dest_rd_atomic=limit)
         peers[q] = (QpContext(qpn=0x100 + q, remote_qpn=q, dmac=PORT_MAC, dip=PORT_IP, start_psn=psn, mtu=mtu), mtu)
     for r in REGIONS:
         await env.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
@@ -121,7 +126,8 @@ async def responder_env(dut, rnd, mtus, ack_every, *, image=None, resources=None
     return env, model, peers
 
 
-async def run_and_check(env, model, frames, *, acks=(), settle=300, image=None, answered_at=(), answer_before=None):
+async def run_and_check(env, model, frames, *, acks=(), settle=300, image=None, answered_at=(), answer_before=None,
+                        parts=None):
     """``acks``: indices of frames that are ACKs for the NIC's requester side (the
     responder model does not take them; the NIC counts them as ACKs received).
     ``settle``: cycles after the last ACK for the last writes to land. ``image``: the
@@ -131,8 +137,14 @@ async def run_and_check(env, model, frames, *, acks=(), settle=300, image=None, 
     ``answer_before``: ``{k: [(qpn, j), ...]}``: frame k is sent only once the first answer
     (READ RESPONSE, ATOMIC ACK) of frame j, a READ or atomic of QP qpn and its oldest
     holding a responder resource, is on the wire; the model hears of that answer
-    (``answers_sent(qpn, 1)``) before frame k."""
+    (``answers_sent(qpn, 1)``) before frame k.
+    ``parts``: {index: label} of frames that start a part of the stream: sent once MAC RX
+    has handed over the frames before them and their responses are on the wire (the model
+    is not told: nothing it decides depends on it; the wire quiet for 200 cycles), and ``env.part_stalls[label]`` is then
+    the MAC RX stall cycles of the part (from its first frame to the next part's)."""
     acks, answered_at, answer_before = set(acks), set(answered_at), answer_before or {}
+    parts = dict(parts or {})
+    env.part_stalls, label, stalls = {}, None, 0
     image = SparseMemory() if image is None else image
     expect, sent_before = [], {}
     wanted = {j for waits in answer_before.values() for _, j in waits}
@@ -154,16 +166,29 @@ async def run_and_check(env, model, frames, *, acks=(), settle=300, image=None, 
             tally.update(e.frames_out)
     on_wire = _WireTally(env)
     for k, f in enumerate(frames):
-        if k in answered_at:
+        if k in answered_at or k in parts:
             while not env.rx.idle:
                 await ClockCycles(env.dut.clk, 16)
+        if k in answered_at:
             await env.wire.wait_frames(sent_before[k], timeout_cycles=20_000)
         for _, j in answer_before.get(k, ()):
             await on_wire.wait(*first_answer[j], what=f"the answer to frame {j} (frame {k} waits on it)")
+        if k in parts:
+            # (coalesced ACKs never come: wait until the wire has been quiet a while)
+            while True:
+                n = len(env.wire.frames)
+                await ClockCycles(env.dut.clk, 200)
+                if len(env.wire.frames) == n:
+                    break
+            if label is not None:
+                env.part_stalls[label] = env.rx.stall_cycles - stalls
+            label, stalls = parts[k], env.rx.stall_cycles
         env.rx.send(f)
     responses = [f for e in expect for f in e.frames_out]      # ACK/NAKs, ATOMIC ACKs, READ responses
     while not env.rx.idle:
         await ClockCycles(env.dut.clk, 64)
+    if label is not None:
+        env.part_stalls[label] = env.rx.stall_cycles - stalls
     try:
         await env.wire.wait_frames(len(responses), timeout_cycles=20_000)
     except TimeoutError:

@@ -38,9 +38,10 @@ def GateWqe(max_sge):
     segment's address and the running sum of the segment lengths up to and including it
     (``end``; the segments past the WQE's last end where it does), and its capacity
     (``end`` of the last). ``valid``: the WQE is there (else only ``index`` and ``gen``,
-    the number the ``RecvQueue`` gave the packet, count)."""
+    the number the ``RecvQueue`` gave the packet, count). ``norq``: the QP has no receive
+    queue (an RNR NAK needs no lookup)."""
     return data.StructLayout({
-        "valid": unsigned(1), "index": unsigned(16), "gen": unsigned(1),
+        "valid": unsigned(1), "index": unsigned(16), "gen": unsigned(1), "norq": unsigned(1),
         "addr": data.ArrayLayout(unsigned(64), max_sge), "end": data.ArrayLayout(unsigned(32), max_sge),
     })
 
@@ -49,7 +50,7 @@ def gate_wqe(m, w, max_sge, name="gw"):
     """A ``GateWqe`` Signal from a ``RecvWqe`` view ``w``: the segment ends summed."""
     gw = Signal(GateWqe(max_sge), name=name)
     run = C(0, 32)
-    m.d.comb += [gw.valid.eq(w.valid), gw.index.eq(w.index), gw.gen.eq(w.gen)]
+    m.d.comb += [gw.valid.eq(w.valid), gw.index.eq(w.index), gw.gen.eq(w.gen), gw.norq.eq(w.norq)]
     for j in range(max_sge):
         here = Signal(32, name=f"{name}_end{j}")
         m.d.comb += here.eq(run + Mux(j < w.nsge, w.sge[j].length, 0))

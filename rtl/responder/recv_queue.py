@@ -53,7 +53,10 @@ def RecvWqe(num_qps, max_sge):
     return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "index": unsigned(COUNT_BITS),
                               "valid": unsigned(1), "gen": unsigned(1),
                               "nsge": range(max_sge + 1), "sge": data.ArrayLayout(RecvSge, max_sge),
-                              "bad": unsigned(1)})
+                              "bad": unsigned(1),
+                              # the QP has no receive queue (none created, or created without
+                              # one): nothing will ever be posted, so no lookup can find one
+                              "norq": unsigned(1)})
 
 
 def RecvSync(num_qps):
@@ -841,6 +844,7 @@ class RecvQueue(wiring.Component):
             qpn, index = Signal(qb, name=f"{name}_qpn"), Signal(COUNT_BITS, name=f"{name}_index")
             epoch, chunk = Signal(EPOCH_BITS, name=f"{name}_epoch"), Signal(cb, name=f"{name}_chunk")
             none = Signal(name=f"{name}_none")      # a number only: not posted, or not in the window
+            norq = Signal(name=f"{name}_norq")      # the QP has no receive queue
             dem = Signal(name=f"{name}_dem")        # read on demand: taken from the R side
             have = Signal(name=f"{name}_have")      # cap holds the WQE
             cap = Signal(Slot, name=f"{name}_cap")
@@ -856,6 +860,7 @@ class RecvQueue(wiring.Component):
                 out.valid.eq(valid & (none | have | arrived)),
                 out.p.qpn.eq(qpn), out.p.index.eq(index), out.p.valid.eq(~none),
                 out.p.nsge.eq(Mux(none, 0, got.nsge)), out.p.bad.eq(~none & got.bad),
+                out.p.norq.eq(norq),
                 leave.eq(out.valid & out.ready),
             ]
             for j in range(self.max_sge):
@@ -867,7 +872,8 @@ class RecvQueue(wiring.Component):
                     m.d.sync += [cap.eq(parsed), have.eq(1)]
             with m.If(load):
                 m.d.sync += [valid.eq(1), qpn.eq(fs1_qpn), index.eq(load_index), epoch.eq(frow.epoch),
-                             none.eq(~on_chip), dem.eq(need_demand), chunk.eq(idx_chunk), have.eq(0)]
+                             none.eq(~on_chip), norq.eq(~frow.enable), dem.eq(need_demand), chunk.eq(idx_chunk),
+                             have.eq(0)]
             with m.Elif(leave):
                 m.d.sync += valid.eq(0)
             if gen is not None:

@@ -486,8 +486,10 @@ class Responder(wiring.Component):
             # no receive WQE: RNR NAK at the packet's PSN; like a sequence NAK it
             # acknowledges every earlier PSN; unlike one it is not the gap's NAK: the next
             # packet ahead gets that (rxe's check_psn, model.responder). Unless the WQE the
-            # packet holds is only not the right one: then the lookup decides.
-            m.d.comb += [need.eq(~ovr_valid),
+            # packet holds is only not the right one: then the lookup decides. A QP without
+            # a receive queue (``norq``, the RecvQueue's word with the number) never has one:
+            # no lookup (a flood of SENDs to it is RNR NAKed two a cycle, not one in four).
+            m.d.comb += [need.eq(~ovr_valid & ~att.norq),
                          rnr.eq(1), new.dyn.nak_sent.eq(0), new.dyn.unacked.eq(0), respond.eq(1),
                          resp_psn.eq(p.psn), resp_syn.eq(Aeth.RNR_NAK | cfg.min_rnr_timer)]
         with m.Elif(~send & is_first & (status != MrCheck.OK)):
@@ -562,7 +564,8 @@ class Responder(wiring.Component):
         m.d.comb += [
             new.dyn.rq_ci.eq(dyn.rq_ci + used),
             aligned.eq(Mux(used, att_eq, att_eq1)),
-            correct.eq(rwr & (att.gen == dyn.rq_gen) & ~aligned),
+            # (a QP without a receive queue: its numbers mean nothing, no sync at all)
+            correct.eq(rwr & ~att.norq & (att.gen == dyn.rq_gen) & ~aligned),
             new.dyn.rq_gen.eq(dyn.rq_gen ^ correct),
         ]
         sync = sig("sync", RecvSync(self.num_qps))

@@ -304,7 +304,7 @@ def receive_plan(seed, n, kinds_on=RX_KINDS):
                 answer_before.setdefault(len(frames), []).append((q, held[q].popleft()))
                 gen[0].answers_sent(q, 1)
                 rep.extra["waits_for_an_answer"] += 1
-            trial = copy.deepcopy(gen[0])
+            trial = gen[0].fork()
             r = trial.receive(f)
             if any(q_.state == QpState.ERR for q_ in trial.qps.values()):
                 rep.found["fatal (not sent)"] += 1

@@ -769,3 +769,27 @@ def test_simulate_runs_over_network_links():
 
     with pytest.raises(ValueError, match="latency_ns must be an even int"):
         Env().run(latency_ns=201)             # 100.5 cycles: no rounding
+
+
+def test_responder_fork_equals_deepcopy():
+    """``RcResponder.fork`` (the fuzzer's trial copy) behaves as a deep copy: on the
+    fuzzer's receive frames, each frame given to a fork and to a deep copy of the same
+    model gives the same result, and both leave the original untouched."""
+    import copy
+    from dataclasses import asdict
+    from tb.suites.fuzz import receive_plan
+    plan = receive_plan(5, 400)
+    m = plan.make_model()
+    acks = set(plan.acks)
+    for k, f in enumerate(plan.frames):
+        if k in acks:
+            continue
+        before = copy.deepcopy(m)
+        a, b = m.fork(), copy.deepcopy(m)
+        ra, rb = a.receive(f), b.receive(f)
+        assert ra == rb, k
+        assert {n: asdict(q) for n, q in a.qps.items()} == {n: asdict(q) for n, q in b.qps.items()}, k
+        assert asdict(a.counters) == asdict(b.counters) and a.completions == b.completions, k
+        assert {n: asdict(q) for n, q in m.qps.items()} == {n: asdict(q) for n, q in before.qps.items()}, k
+        assert asdict(m.counters) == asdict(before.counters), k
+        m.receive(f)
