@@ -21,7 +21,7 @@ from amaranth.lib.wiring import Out
 from spec import formats as F
 from spec import params as P
 from rtl.common.passthrough import WiringLevel
-from rtl.common.records import AckRecord
+from rtl.common.records import AckRecord, RxKeepPair
 from rtl.common.rx_beat import RxSegmentBeat
 from rtl.common.stream import Pair, PairSplitter, StreamFifo
 from rtl.responder.ack_addresser import AckAddresser
@@ -41,6 +41,7 @@ from rtl.responder.recv_flush import RecvFlush
 from rtl.responder.recv_gate import RecvGate
 from rtl.responder.recv_queue import RecvCreate, RecvQueue
 from rtl.responder.response_merge import ResponseMerge
+from rtl.responder.keep_join import RxKeepJoin
 from rtl.responder.resegmenter import RxResegmenter
 from rtl.responder.scatter_split import RxScatterSplit
 from rtl.responder.responder import ReadJob, RecvCqe, Responder, ResponderAck
@@ -58,6 +59,11 @@ __all__ = ["ResponderPath"]
 # than the beat buffer fills with the buffer half empty and holds MAC RX back.
 COMMAND_QUEUE = P.RX_BEAT_BUFFER + 16
 ORDER_QUEUE = 16            # write orders (pairs) between the sorter and the issuer
+# The sorter's verdicts (frames of the segment stream: written or not) wait here for the
+# resegmenter, and the writer's commands for their frames' beats: the sorter runs ahead of
+# the writer by the orders waiting (ORDER_QUEUE pairs), so these need little more.
+VERDICT_QUEUE = 16
+WRITER_COMMAND_QUEUE = 2 * ORDER_QUEUE + 8
 SEGMENT_QUEUE = 4           # payload beats between the resegmenter and the payload writer
 # ACK/NAKs (pairs) waiting while MAC TX sends a data frame, behind an ATOMIC ACK whose
 # atomic waits for the writes before it to land and for its word's read (at 200 M atomics/s,
@@ -97,7 +103,8 @@ class ResponderPath(WiringLevel):
     beats : In(stream.Signature(RxBeat))
         Every received frame's beats, from the port's beat buffer.
     keep : In(stream.Signature(RxKeepPair))
-        Which of those frames carry payload for the writer.
+        Which of those frames carry payload in the segment stream (the dispatch's candidates;
+        the write sorter's verdicts decide which the resegmenter passes on: RxKeepJoin).
     commit, modify, mr_commit : In(stream.Signature(...))
         A QP create's receive side; a QP_MODIFY's state; a memory region (the
         responder's key tables).
@@ -154,6 +161,11 @@ class ResponderPath(WiringLevel):
             # a SEND packet whose payload runs over receive segments: one command per piece
             "scatter_split": RxScatterSplit(),
             "rx_write_sorter": RxWriteSorter(),
+            # the resegmenter passes on only the frames the writer writes (RxKeepJoin): a
+            # discarded frame costs neither a cycle
+            "rx_verdict_fifo": StreamFifo(RxKeepPair, VERDICT_QUEUE),
+            "rx_keep_join": RxKeepJoin(),
+            "rx_writer_cmd_fifo": StreamFifo(RxWriteCommand, WRITER_COMMAND_QUEUE),
             "rx_order_fifo": StreamFifo(Pair(RxWriteOrder), ORDER_QUEUE),
             "rx_write_issuer": RxWriteIssuer(),
             # a registered queue between the resegmenter and the payload writer: without it the
@@ -206,7 +218,8 @@ class ResponderPath(WiringLevel):
         }
         b = self._blocks
         self._ports = [
-            (b["rx_resegmenter"], {"beats": "beats", "keep": "keep"}),
+            (b["rx_resegmenter"], {"beats": "beats"}),
+            (b["rx_keep_join"], {"keep": "candidates"}),
             (b["recv_flush"], {"requests": "i"}),
             (b["recv_create_fifo"], {"recv_create": "i"}),
             (b["recv_queue"], {"recv_dma": "m_axi"}),
@@ -260,7 +273,11 @@ class ResponderPath(WiringLevel):
         wiring.connect(m, b["rx_cmd_fifo"].o, b["read_join"].i)
         wiring.connect(m, b["read_join"].o, b["scatter_split"].i)
         wiring.connect(m, b["scatter_split"].o, b["rx_write_sorter"].i)
-        wiring.connect(m, b["rx_write_sorter"].commands, rpw.commands)
+        wiring.connect(m, b["rx_write_sorter"].commands, b["rx_writer_cmd_fifo"].i)
+        wiring.connect(m, b["rx_writer_cmd_fifo"].o, rpw.commands)
+        wiring.connect(m, b["rx_write_sorter"].verdicts, b["rx_verdict_fifo"].i)
+        wiring.connect(m, b["rx_verdict_fifo"].o, b["rx_keep_join"].verdicts)
+        wiring.connect(m, b["rx_keep_join"].keep, b["rx_resegmenter"].keep)
         wiring.connect(m, b["rx_write_sorter"].orders, b["rx_order_fifo"].i)
         wiring.connect(m, b["rx_order_fifo"].o, b["rx_write_issuer"].orders)
         wiring.connect(m, rpw.dma, b["rx_write_issuer"].writer)

@@ -6,6 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from spec.params import AXI_PAGE, AXI_PAGE_SHIFT
 from rtl.common.rx_packet import INLINE_MAX
+from rtl.common.records import RxKeepPair
 from rtl.common.stream import Pair, pack_pair
 from rtl.responder.payload_writer import QP_TAG_BITS, RxWriteCommand, BEAT_SHIFT as LINE_SHIFT
 
@@ -31,37 +32,47 @@ RxWriteOrder.__doc__ = """One write to GPU memory, in the order the responder ac
 
 class RxWriteSorter(wiring.Component):
     """Splits the responder's payload commands between the payload writer and the list of
-    writes the write issuer puts on the DMA ports, keeping their order.
+    writes the write issuer puts on the DMA ports, keeping their order, and says of each
+    frame in the segment stream whether the writer takes it.
 
     A command with ``inline`` = 1 carries its payload (at most 4 bytes in one 128-byte
     line; the header parser took it from the header window and kept the frame out of
     the segment stream): it becomes an inline order when accepted (``write`` = 1) and
     is dropped otherwise; with ``fence`` (an atomic) it becomes a fence order. Every
-    other command goes to the payload writer, which sees
-    each frame of the segment stream once; an accepted one with payload also becomes an
-    order that stands for the writer's one or two AXI bursts.
+    other command is of a frame in the segment stream: its verdict (``write``) goes on
+    ``verdicts``, once per frame (on its last piece), for the resegmenter, which passes
+    only the frames written; the accepted ones go to the payload writer, which so sees
+    each frame it writes once (a piece of one: once per piece), and also become orders
+    that stand for the writer's one or two AXI bursts. A discarded frame (a duplicate,
+    one behind a gap, one answered by an RNR NAK) so costs the writer and the
+    resegmenter nothing: a flood of them runs at the line rate whatever their size.
 
     A command with ``cqe`` (a receive completion) is followed by a CQE fence order
     (``fence_cqe``), after its write if it has one. A pair with such a command goes one lane
     a cycle (each lane's up to two orders in one transfer).
 
     One pair is taken per cycle, or two cycles for a pair of two writer commands (the
-    writer takes one per cycle) or with a receive completion. Both outputs are registered.
+    writer takes one per cycle) or with a receive completion; a pair's verdicts go out in
+    its first cycle. All outputs are registered.
 
     Members
     -------
     i : In(stream.Signature(Pair(RxWriteCommand)))
         The responder's commands, one or two per transfer, in frame order.
     commands : Out(stream.Signature(RxWriteCommand))
-        To the payload writer.
+        To the payload writer: the accepted commands of the segment stream.
     orders : Out(stream.Signature(Pair(RxWriteOrder)))
         The writes, in order, one or two per transfer.
+    verdicts : Out(stream.Signature(RxKeepPair))
+        Per frame of the segment stream, in frame order, one or two per transfer (packed
+        to the front): 1 when the writer takes it.
     """
     def __init__(self):
         super().__init__({
             "i": In(stream.Signature(Pair(RxWriteCommand))),
             "commands": Out(stream.Signature(RxWriteCommand)),
             "orders": Out(stream.Signature(Pair(RxWriteOrder))),
+            "verdicts": Out(stream.Signature(RxKeepPair)),
         })
 
     def elaborate(self, platform):
@@ -70,6 +81,12 @@ class RxWriteSorter(wiring.Component):
         present = [C(1, 1), pair.second]
         c = [pair.p[0], pair.p[1]]
         seg = [present[k] & ~c[k].inline for k in range(2)]
+        # (a frame of the segment stream: its verdict on its last piece; the writer takes it if written)
+        ends = [seg[k] & ~c[k].more for k in range(2)]
+        wseg = [seg[k] & c[k].write for k in range(2)]
+        verdict = Signal(RxKeepPair)
+        m.d.comb += [verdict.second.eq(ends[0] & ends[1]),
+                     verdict.keep.eq(Cat(Mux(ends[0], c[0].write, c[1].write), c[1].write))]
         does = [present[k] & ((c[k].write & (c[k].inline | (c[k].length != 0))) | c[k].fence) for k in range(2)]
         orders = []
         for k in range(2):
@@ -97,20 +114,26 @@ class RxWriteSorter(wiring.Component):
             lane_pairs.append(lp)
 
         half = Signal()                  # p[0] went to the writer; p[1] is next
-        cmd_free, ord_free = Signal(), Signal()
+        cmd_free, ord_free, ver_free = Signal(), Signal(), Signal()
         m.d.comb += [cmd_free.eq(~self.commands.valid | self.commands.ready),
-                     ord_free.eq(~self.orders.valid | self.orders.ready)]
+                     ord_free.eq(~self.orders.valid | self.orders.ready),
+                     ver_free.eq(~self.verdicts.valid | self.verdicts.ready | ~(ends[0] | ends[1]))]
         with m.If(self.commands.valid & self.commands.ready):
             m.d.sync += self.commands.valid.eq(0)
         with m.If(self.orders.valid & self.orders.ready):
             m.d.sync += self.orders.valid.eq(0)
+        with m.If(self.verdicts.valid & self.verdicts.ready):
+            m.d.sync += self.verdicts.valid.eq(0)
 
         go = Signal()
+        # a pair's verdicts go out in its first cycle (a pair without one leaves a waiting one be)
+        with m.If(go & ~half & (ends[0] | ends[1])):
+            m.d.sync += [self.verdicts.valid.eq(1), self.verdicts.p.eq(verdict)]
         with m.If(half & any_cqe):
             # lane 1 of a pair with a receive completion
             m.d.comb += [go.eq(self.i.valid & cmd_free & ord_free), self.i.ready.eq(go)]
             with m.If(go):
-                m.d.sync += [self.commands.valid.eq(seg[1]), self.commands.p.eq(c[1]), half.eq(0),
+                m.d.sync += [self.commands.valid.eq(wseg[1]), self.commands.p.eq(c[1]), half.eq(0),
                              self.orders.valid.eq(does[1] | cq[1]), self.orders.p.eq(lane_pairs[1])]
         with m.Elif(half):
             m.d.comb += [go.eq(self.i.valid & cmd_free), self.i.ready.eq(go)]
@@ -118,22 +141,22 @@ class RxWriteSorter(wiring.Component):
                 m.d.sync += [self.commands.valid.eq(1), self.commands.p.eq(c[1]), half.eq(0)]
         with m.Elif(any_cqe):
             # lane 0 of a pair with a receive completion (the whole pair when it is alone)
-            m.d.comb += go.eq(self.i.valid & cmd_free & ord_free)
+            m.d.comb += go.eq(self.i.valid & cmd_free & ord_free & ver_free)
             with m.If(go):
-                m.d.sync += [self.commands.valid.eq(seg[0]), self.commands.p.eq(c[0]),
+                m.d.sync += [self.commands.valid.eq(wseg[0]), self.commands.p.eq(c[0]),
                              self.orders.valid.eq(does[0] | cq[0]), self.orders.p.eq(lane_pairs[0])]
                 with m.If(pair.second):
                     m.d.sync += half.eq(1)
                 with m.Else():
                     m.d.comb += self.i.ready.eq(1)
         with m.Else():
-            m.d.comb += go.eq(self.i.valid & cmd_free & ord_free)
+            m.d.comb += go.eq(self.i.valid & cmd_free & ord_free & ver_free)
             with m.If(go):
                 m.d.sync += [
-                    self.commands.valid.eq(seg[0] | seg[1]), self.commands.p.eq(Mux(seg[0], c[0], c[1])),
+                    self.commands.valid.eq(wseg[0] | wseg[1]), self.commands.p.eq(Mux(wseg[0], c[0], c[1])),
                     self.orders.valid.eq(does[0] | does[1]), *pack_pair(self.orders.p, does, orders),
                 ]
-                with m.If(seg[0] & seg[1]):
+                with m.If(wseg[0] & wseg[1]):
                     m.d.sync += half.eq(1)
                 with m.Else():
                     m.d.comb += self.i.ready.eq(1)

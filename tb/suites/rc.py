@@ -228,12 +228,21 @@ def _flood_frames(peers, kind, n, count):
     raise ValueError(kind)
 
 
-# (kind, frame sizes): every size from 76 bytes (a flood of frames with payload in the
-# segment stream below 76 bytes outruns the payload writer: docs/architecture.md, "Known
-# limits"), and the sizes below it of the kinds without such payload
-FLOOD_SIZES = [("dup_only", range(74, 101)), ("rnr", range(76, 101)), ("dup_last", range(76, 101)),
-               ("ahead", range(76, 101)), ("read", [74]), ("atomic", [86])]
+# (kind, frame sizes): every size from the kind's smallest (60 bytes: 2 payload bytes
+# behind a BTH) to 100, then FLOOD_LARGE. Frames under 76 bytes arrive more than one a
+# cycle: 600 of each size, more than the receive path's buffers hold, so that a path taking
+# one a cycle would hold MAC RX back (before RxKeepJoin discarded frames still went through
+# the resegmenter and the payload writer: 1,000 duplicate WRITE LASTs of 60 bytes held it
+# back 132 cycles); 200 of each size from 76 to 100 bytes, 300 of the large ones.
+FLOOD_SIZES = [("dup_only", range(74, 101)), ("rnr", range(60, 101)), ("dup_last", range(60, 101)),
+               ("ahead", range(60, 101)), ("read", [74]), ("atomic", [86])]
 FLOOD_LARGE = [120, 200, 314, 1058]
+
+
+def _flood_count(n, verilator):
+    if not verilator:
+        return 4
+    return 600 if n < 76 else 200 if n <= 100 else 300
 
 
 @cocotb.test()
@@ -244,12 +253,11 @@ async def small_frame_floods(dut):
     held MAC RX back 5,964 cycles, a RecvQueue lookup per RNR NAK), WRITE LASTs with a
     PSN ahead (one sequence NAK, then silent drops), duplicate READ requests (executed
     again) and duplicate FETCH_ADDs (answered from the replay record). Every size from
-    74..76 to 100 bytes (300 frames each), then 120, 200, 314 and 1058 bytes (600 each):
-    MAC RX is never held back, and the responses, memory and counters equal the model's.
-    Icarus: 4 frames a part."""
+    the kind's smallest (60 bytes, 74 for a WRITE ONLY) to 100 bytes, then 120, 200, 314
+    and 1058 bytes (``FLOOD_SIZES``, counts ``_flood_count``): MAC RX is never held back,
+    and the responses, memory and counters equal the model's. Icarus: 4 frames a part."""
     rnd = random.Random(23)
     verilator = cocotb.SIM_NAME.lower().startswith("verilator")
-    small, large = (300, 600) if verilator else (4, 4)
     image = SparseMemory()
     mtus = dict.fromkeys(range(1, 6), 1024)
     env, model, peers = await responder_env(dut, rnd, mtus, dict.fromkeys(mtus, 1), image=image, two_sided=True)
@@ -261,7 +269,7 @@ async def small_frame_floods(dut):
     for kind, sizes in FLOOD_SIZES:
         for n in list(sizes) + (FLOOD_LARGE if len(sizes) > 1 else []):
             parts[len(frames)] = f"{kind}:{n}"
-            frames += _flood_frames(peers, kind, n, small if n <= 100 else large)
+            frames += _flood_frames(peers, kind, n, _flood_count(n, verilator))
     await run_and_check(env, model, frames, image=image, parts=parts, settle=2000)
     stalled = {k: v for k, v in env.part_stalls.items() if v}
     dut._log.info(f"{len(frames)} frames, MAC RX stalls {env.rx.stall_cycles}: {stalled}")

@@ -175,6 +175,7 @@ class _WriterPath(wiring.Component):
         m.d.comb += [srt.i.valid.eq(self.commands.valid), srt.i.p.p[0].eq(self.commands.p),
                      self.commands.ready.eq(srt.i.ready)]
         wiring.connect(m, srt.commands, w.commands)
+        m.d.comb += srt.verdicts.ready.eq(1)        # (the resegmenter's: every frame here is written)
         wiring.connect(m, srt.orders, q.i)
         wiring.connect(m, q.o, iss.orders)
         wiring.connect(m, w.dma, iss.writer)

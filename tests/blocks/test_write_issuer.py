@@ -278,8 +278,9 @@ def test_one_qp_one_port_at_a_time():
 
 
 def test_sorter_splits_commands():
-    """The sorter: writer commands (payload in the segment stream, accepted or not) in
-    order one per cycle; orders for every accepted write, inline ones dropped when not
+    """The sorter: writer commands (payload in the segment stream, accepted) in order one
+    per cycle; a verdict for every frame of the segment stream (accepted or not) on its
+    last piece, in order; orders for every accepted write, inline ones dropped when not
     accepted, in pairs as they came."""
     rnd = random.Random(5)
     dut = RxWriteSorter()
@@ -288,9 +289,12 @@ def test_sorter_splits_commands():
         inline = rnd.random() < 0.5
         addr = rnd.randrange(1 << 40)
         length = rnd.randint(1, 4) if inline else rnd.randint(1, 4096)
-        cmds.append({"write": int(rnd.random() < 0.8), "addr": addr, "offset": 70, "length": length,
-                     "inline": int(inline), "data": rnd.getrandbits(32)})
-    got_cmds, got_orders = [], []
+        write = int(rnd.random() < 0.8)
+        # (a written SEND over receive segments comes as pieces: ``more`` on all but the last)
+        more = int(not inline and write and rnd.random() < 0.2)
+        cmds.append({"write": write, "addr": addr, "offset": 70, "length": length,
+                     "inline": int(inline), "data": rnd.getrandbits(32), "more": more})
+    got_cmds, got_orders, got_verdicts = [], [], []
 
     async def feed(ctx):
         i = 0
@@ -301,24 +305,29 @@ def test_sorter_splits_commands():
             i += len(c)
 
     async def sink(ctx):
-        async for _, _, cv, cr, cp, ov, or_, op in ctx.tick().sample(
+        async for _, _, cv, cr, cp, ov, or_, op, vv, vr, vp in ctx.tick().sample(
                 dut.commands.valid, dut.commands.ready, dut.commands.p,
-                dut.orders.valid, dut.orders.ready, dut.orders.p):
+                dut.orders.valid, dut.orders.ready, dut.orders.p,
+                dut.verdicts.valid, dut.verdicts.ready, dut.verdicts.p):
             if cv and cr:
                 got_cmds.append((cp.addr, cp.length, cp.write))
             if ov and or_:
                 for k in range(1 + op.second):
                     o = op.p[k]
                     got_orders.append((o.inline, o.bursts, o.line, o.lane, o.length, o.data))
+            if vv and vr:
+                got_verdicts.extend([vp.keep & 1] + ([vp.keep >> 1] if vp.second else []))
             ctx.set(dut.commands.ready, rnd.random() < 0.7)
             ctx.set(dut.orders.ready, rnd.random() < 0.7)
+            ctx.set(dut.verdicts.ready, rnd.random() < 0.7)
 
     sim = Simulator(dut)
     sim.add_clock(2e-9)
     sim.add_testbench(feed, background=True)
     sim.add_process(sink)
     sim.run_until(2e-9 * 3000)
-    assert got_cmds == [(c["addr"], c["length"], c["write"]) for c in cmds if not c["inline"]]
+    assert got_cmds == [(c["addr"], c["length"], c["write"]) for c in cmds if not c["inline"] and c["write"]]
+    assert got_verdicts == [c["write"] for c in cmds if not c["inline"] and not c["more"]]
     want = []
     for c in cmds:
         if not c["write"]:
