@@ -253,6 +253,9 @@ class ResponderPath(WiringLevel):
         m.d.comb += [fl.modify.valid.eq(rsp.modify.valid), fl.modify.p.eq(rsp.modify.p),
                      fl.flushed.eq(rsp.flushed), fl.more.eq(rsp.flush_more)]
         wiring.connect(m, b["recv_create_fifo"].o, rq.create)
+        # (the gate keeps its own bit per QP of whether it has a receive queue)
+        m.d.comb += [gate.create_valid.eq(b["recv_create_fifo"].o.valid & rq.create.ready),
+                     gate.create.eq(b["recv_create_fifo"].o.p)]
         m.d.comb += self.recv_ready.eq(rq.ready)
         wiring.connect(m, gate.query, rq.query)
         wiring.connect(m, rq.answer, gate.answer)

@@ -2,13 +2,14 @@
 ``RecvQueue`` before the ``Responder`` decides."""
 from amaranth.hdl import *
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from spec import formats as F
 from rtl.common.contexts import qp_bits
 from rtl.common.rx_packet import RxPacket
 from rtl.common.stream import Pair, StreamFifo
-from rtl.responder.recv_queue import RecvAnswer, RecvConsume, RecvQuery, RecvWqe
+from rtl.responder.recv_queue import RecvAnswer, RecvConsume, RecvCreate, RecvQuery, RecvWqe
 
 __all__ = ["RecvGate", "GateWqe", "GatedPair", "gate_wqe", "RWR_OPS", "SEND_OPS", "FLUSH_HELD", "FLUSH_NEXT", "is_rwr"]
 
@@ -77,8 +78,16 @@ class RecvGate(wiring.Component):
     QP's next committed WQE; otherwise it looks that one up and tells the queue to correct
     its numbering (``RecvQueue``, "speculative hand-on, committed use").
 
-    Pipeline: a pair is taken when its queries (one a cycle: a pair of two such packets
-    takes two cycles) are issued and the pair queue has room; answers go to a queue of
+    A QP without a receive queue never has a WQE: the gate keeps a bit per QP (a RAM
+    written with each ``create`` the ``RecvQueue`` takes, read as a pair enters) and
+    gives such a QP's packets a record that says so (``norq``) without a query, so that
+    they cost the gate nothing and a flood of them (each RNR NAKed) runs at the line rate.
+    (After a reset the RAM keeps its bits: a QP not created since is asked of the
+    ``RecvQueue``, whose own rows say it has none.)
+
+    Pipeline: a pair is registered as it enters (its QPs' bits read); then it is taken when
+    its queries (one a cycle: a pair of two such packets takes two cycles) are issued and
+    the pair queue has room; answers go to a queue of
     bits and their consumes to the ``RecvQueue``; WQEs come back in consume order into a
     queue. The output stage takes the head pair's lanes one a cycle when they need a WQE
     (a lane that needs none costs nothing), so up to one such packet a cycle leaves. The
@@ -103,6 +112,8 @@ class RecvGate(wiring.Component):
         posted, or the packet consumes none).
     query, answer, consume, wqe :
         The ``RecvQueue``'s ports, flipped.
+    create_valid, create : In(1), In(RecvCreate(num_qps))
+        A create the ``RecvQueue`` takes this cycle (``enable``: the QP has a receive queue).
     """
     def __init__(self, *, num_qps, max_sge, depth=16):
         if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
@@ -119,34 +130,56 @@ class RecvGate(wiring.Component):
             "answer": In(stream.Signature(RecvAnswer(num_qps))),
             "consume": Out(stream.Signature(RecvConsume(num_qps))),
             "wqe": In(stream.Signature(RecvWqe(num_qps, max_sge))),
+            "create_valid": In(1),
+            "create": In(RecvCreate(num_qps)),
         })
 
     def elaborate(self, platform):
         m = Module()
         qb = qp_bits(self.num_qps)
-        m.submodules.pairs = pairs = StreamFifo(Pair(RxPacket()), self.depth)
+        # (each queued pair with the lanes that consume a WQE of a QP without a receive queue)
+        m.submodules.pairs = pairs = StreamFifo(data.StructLayout({"pair": Pair(RxPacket()), "norq": unsigned(2)}),
+                                                self.depth)
         m.submodules.avail = avail = StreamFifo(unsigned(1), 2 * self.depth)
         # room for every WQE its pairs asked for (2 per queued pair and the one asking), so the
         # RecvQueue never waits on the gate (its lookups for the responder would wait behind)
         m.submodules.wqes = wqes = StreamFifo(GateWqe(self.max_sge), 2 * self.depth + 2)
 
+        # ---- a bit per QP: it has a receive queue; read as a pair enters the stage below ----
+        m.submodules.has_rq = has_rq = Memory(shape=unsigned(1), depth=self.num_qps, init=[])
+        wp = has_rq.write_port()
+        m.d.comb += [wp.addr.eq(self.create.qpn), wp.data.eq(self.create.enable), wp.en.eq(self.create_valid)]
+        rps = [has_rq.read_port(transparent_for=(wp,)) for _ in range(2)]
+        st_valid = Signal()
+        pin = Signal.like(self.i.p, name="stage")
+        st_take = Signal()              # the stage's pair goes on (below)
+        accept = Signal()
+        m.d.comb += [self.i.ready.eq(~st_valid | st_take), accept.eq(self.i.valid & self.i.ready)]
+        for k in range(2):
+            m.d.comb += [rps[k].addr.eq(self.i.p.p[k].dqpn[:qb]), rps[k].en.eq(accept)]
+        with m.If(accept):
+            m.d.sync += [pin.eq(self.i.p), st_valid.eq(1)]
+        with m.Elif(st_take):
+            m.d.sync += st_valid.eq(0)
+
         # ---- in: one query a cycle (lane 0, then lane 1), the pair queued with the last ----
-        pin = self.i.p
-        need = [is_rwr(pin.p[0].opcode), pin.second & is_rwr(pin.p[1].opcode)]
+        rwr = [is_rwr(pin.p[0].opcode), pin.second & is_rwr(pin.p[1].opcode)]
+        need = [rwr[k] & rps[k].data for k in range(2)]
         half = Signal()                 # lane 0's query went out; lane 1's is next
         lane1 = Signal()
         m.d.comb += lane1.eq(half | ~need[0])
         qpn = Mux(lane1, pin.p[1].dqpn, pin.p[0].dqpn)
         asking = Signal()
-        m.d.comb += [asking.eq(self.i.valid & pairs.i.ready & (need[0] & ~half | need[1])),
+        m.d.comb += [asking.eq(st_valid & pairs.i.ready & (need[0] & ~half | need[1])),
                      self.query.valid.eq(asking), self.query.p.qpn.eq(qpn[:qb])]
         asked = asking & self.query.ready
         # the pair goes when its last query does (or at once with none)
         last = Signal()
         m.d.comb += last.eq(Mux(need[1], lane1 & asked, Mux(need[0], asked, 1)))
-        m.d.comb += [pairs.i.valid.eq(self.i.valid & last), pairs.i.p.eq(pin),
-                     self.i.ready.eq(pairs.i.ready & last)]
-        with m.If(self.i.valid & self.i.ready):
+        m.d.comb += [pairs.i.valid.eq(st_valid & last), pairs.i.p.pair.eq(pin),
+                     pairs.i.p.norq.eq(Cat(rwr[0] & ~rps[0].data, rwr[1] & ~rps[1].data)),
+                     st_take.eq(pairs.i.ready & last)]
+        with m.If(st_valid & st_take):
             m.d.sync += half.eq(0)
         with m.Elif(asked & need[0] & need[1] & ~half):
             m.d.sync += half.eq(1)
@@ -166,8 +199,8 @@ class RecvGate(wiring.Component):
         m.d.comb += [wqes.i.valid.eq(self.wqe.valid), wqes.i.p.eq(gw), self.wqe.ready.eq(wqes.i.ready)]
 
         # ---- out: the head pair's lanes take their answers (and WQEs) one a cycle -----------
-        hp = pairs.o.p
-        hneed = [is_rwr(hp.p[0].opcode), hp.second & is_rwr(hp.p[1].opcode)]
+        hp, hnorq = pairs.o.p.pair, pairs.o.p.norq
+        hneed = [is_rwr(hp.p[0].opcode) & ~hnorq[0], hp.second & is_rwr(hp.p[1].opcode) & ~hnorq[1]]
         got = Signal(2)                  # lanes of the head pair already served
         held = Signal(data.ArrayLayout(GateWqe(self.max_sge), 2))
         out_free = Signal()
@@ -202,4 +235,6 @@ class RecvGate(wiring.Component):
             for k in range(2):
                 lane_now = serve & ((k1 if k else ~k1))
                 m.d.sync += self.o.p.wqe[k].eq(Mux(lane_now, cur, Mux(got[k], held[k], 0)))
+                with m.If(hnorq[k]):
+                    m.d.sync += [self.o.p.wqe[k].eq(0), self.o.p.wqe[k].norq.eq(1)]
         return m

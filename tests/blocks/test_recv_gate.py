@@ -7,7 +7,8 @@ itself or none at random, random segments) per consume after another, random rea
 the output. Checked: the pairs leave in order and unchanged; every lane that consumes a
 WQE gets the record consumed for it (valid, counter, generation, addresses, the running
 segment ends), other lanes none; one consume (``ok`` = 1, the answer's QP) per answer,
-whatever it says (the gate's takes are speculative: the responder decides).
+whatever it says (the gate's takes are speculative: the responder decides). QPs created
+without a receive queue are never asked: their lanes get a record with ``norq``.
 
 RecvCqeWriter: random completions to two ring CQs and a collapsed one, the ``landed``
 strobes at random (before or after their completion), random AW/W ready. Checked: each
@@ -27,6 +28,7 @@ from spec.formats import CQE_SIZE, CqeOp, Op
 
 NUM_QPS = 8
 MAX_SGE = 4
+NORQ = (6, 7)               # QPs created without a receive queue
 OPS = [Op.SEND_ONLY, Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM,
        Op.WRITE_LAST_IMM, Op.SEND_ONLY_IMM, Op.WRITE_FIRST]
 
@@ -44,6 +46,12 @@ def test_recv_gate():
     out = []
 
     async def drive(ctx):
+        for q in range(NUM_QPS):         # QPs 6 and 7 have no receive queue (created without one)
+            ctx.set(dut.create_valid, 1)
+            ctx.set(dut.create.qpn, q)
+            ctx.set(dut.create.enable, int(q not in NORQ))
+            await ctx.tick()
+        ctx.set(dut.create_valid, 0)
         for lanes in pairs:
             while rnd.random() < 0.2:
                 await ctx.tick()
@@ -111,7 +119,8 @@ def test_recv_gate():
                 for j in range(1 + o.pair.second):
                     w = o.wqe[j]
                     lanes.append((o.pair.p[j].opcode, o.pair.p[j].dqpn, o.pair.p[j].psn, w.valid, w.index,
-                                  [w.addr[s] for s in range(MAX_SGE)], [w.end[s] for s in range(MAX_SGE)], w.gen))
+                                  [w.addr[s] for s in range(MAX_SGE)], [w.end[s] for s in range(MAX_SGE)], w.gen,
+                                  w.norq))
                 out.append(lanes)
             await ctx.tick()
             if len(out) == len(pairs):
@@ -128,8 +137,13 @@ def test_recv_gate():
         assert [(op, q, tag) for op, q, tag in lanes] == [g[:3] for g in got]
         for (op, q, _), g in zip(lanes, got):
             if op not in RWR_OPS:
-                assert g[3] == 0
+                assert g[3] == 0 and g[8] == 0
                 continue
+            if q in NORQ:
+                # no query: a record that says the QP has no receive queue
+                assert g[3] == 0 and g[8] == 1
+                continue
+            assert g[8] == 0
             qq, avail = qs.popleft()
             hq, index, segs, valid, gen = hs.popleft()
             assert qq == q and hq == q and g[3] == valid and g[4] == index and g[7] == gen
