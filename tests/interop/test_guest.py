@@ -429,7 +429,9 @@ def test_send_without_receive_rnr(env):
     g.send(16, 16, 0, 100, wr=311)
     assert g.poll_cq(16, ms=300) is None                       # still retrying
     d = _counters_delta(g, before)
-    assert d.get("rcvd_rnr_err", 0) >= 2 and d.get("send_rnr_err") == d.get("rcvd_rnr_err"), d
+    # (read while the sender still retries: an RNR NAK may be counted at one end and not
+    # yet at the other, so the two may differ by one)
+    assert d.get("rcvd_rnr_err", 0) >= 2 and abs(d.get("send_rnr_err", 0) - d["rcvd_rnr_err"]) <= 1, d
     assert not d.get("retry_rnr_exceeded_err"), d
     g.post_recv(17, 17, 0x100, 256, wr=312)
     _wc(g, 16, wr=311, opcode="SEND", byte_len=100)

@@ -30,7 +30,7 @@ def test_fuzz_responder_resources(tmp_path):
     (tb/suites/fuzz.py receive_plan, `answer_before`). Before that this failed at
     response 97 of 777."""
     run("verilator", "tb.suites.fuzz", "fuzz_receive", test_dir=tmp_path,
-        extra_env={"FUZZ_SEED": "1", "FUZZ_RECEIVE": "150", "FUZZ_KINDS": "read,atomic", "FUZZ_REPORT": str(tmp_path)})
+        extra_env={"FUZZ_SEED": "1", "FUZZ_RECEIVE": "100", "FUZZ_KINDS": "read,atomic", "FUZZ_REPORT": str(tmp_path)})
     rep = json.loads((tmp_path / "receive.json").read_text())
     assert rep["ok"] and rep["waits_for_an_answer"] > 0, rep
 
