@@ -321,14 +321,9 @@ def receive_plan(seed, n, kinds_on=RX_KINDS):
                            make_model=make_model, answer_before=answer_before)
 
 
-@cocotb.test()
-async def fuzz_receive(dut):
-    """Bad frames among in-order WRITEs at line rate: memory, ACK frames and counters as
-    ``RcResponder``; nothing written outside the accepted payloads; MAC RX never held."""
-    seed, n = _seed(), _count("receive", 2000)
-    kinds_on = os.environ.get("FUZZ_KINDS", ",".join(RX_KINDS)).split(",")     # FUZZ_KINDS narrows a replay
-    plan = receive_plan(seed, n, kinds_on)
-    rep, frames, acks, kinds = plan.rep, plan.frames, plan.acks, plan.kinds
+async def _receive_env(dut, plan):
+    """The NIC with the receive class's QPs (``plan.setup``), a QP not ready (4) and the
+    regions; returns (env, its CQ)."""
     env = await NicEnv(dut).start()
     cq = await env.cq(0, 6)
     for ctx, every in plan.setup:
@@ -337,6 +332,18 @@ async def fuzz_receive(dut):
     await env.qp(4, cq, mtu=1024, remote_qpn=0x104, rq_psn=0, pd=PD, state=QpState.INIT)   # not ready
     for r in REGIONS:
         await env.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
+    return env, cq
+
+
+@cocotb.test()
+async def fuzz_receive(dut):
+    """Bad frames among in-order WRITEs at line rate: memory, ACK frames and counters as
+    ``RcResponder``; nothing written outside the accepted payloads; MAC RX never held."""
+    seed, n = _seed(), _count("receive", 2000)
+    kinds_on = os.environ.get("FUZZ_KINDS", ",".join(RX_KINDS)).split(",")     # FUZZ_KINDS narrows a replay
+    plan = receive_plan(seed, n, kinds_on)
+    rep, frames, acks, kinds = plan.rep, plan.frames, plan.acks, plan.kinds
+    env, cq = await _receive_env(dut, plan)
 
     async def body():
         from tb.rc_env import run_and_check
@@ -373,13 +380,7 @@ async def fuzz_found_cases(dut):
     (``FOUND``), at the receive class's QPs, then a good WRITE on each: ACK frames,
     memory and every counter as the model's."""
     plan = receive_plan(1, 0)
-    env = await NicEnv(dut).start()
-    cq = await env.cq(0, 6)
-    for ctx, every in plan.setup:
-        await env.qp(ctx.qpn, cq, mtu=ctx.mtu, remote_qpn=ctx.remote_qpn, rq_psn=ctx.start_psn, pd=PD,
-                     ack_every=every, min_rnr_timer=ctx.min_rnr_timer)
-    for r in REGIONS:
-        await env.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)
+    env, cq = await _receive_env(dut, plan)
     frames = [bytes.fromhex(h) for _, _, h in FOUND]
     nic_port = Port(smac=PORT_MAC, sip=PORT_IP)
     acks = [k for k, f in enumerate(frames) if parse_frame(f, ANSWER_OPS | {Op.ACK}, nic_port)[0] is not None]
