@@ -167,6 +167,10 @@ class Env:
         self.cur_sync = None
         self.lookup_state = None        # None, "wait" (sync idle), "asked"
         self.lookups = 0
+        self.empties = 0                # empty records RNR NAKed without a lookup
+        # an empty record may miss a post this much older than it at most: two doorbell-record
+        # reads (the poll's rule), with room for the AR queue
+        self.stale_window = 1400
         self.corrections = 0
         self.sig["answer__ready"].value = 1
         self.sig["wqe__ready"].value = 1
@@ -311,6 +315,11 @@ class Env:
             assert w["qpn"] == qpn, f"{self.prefix}: a record of QP {w['qpn']}, expected {qpn}"
             if w["valid"]:
                 self.check_wqe(r, w, c, "handed on")
+            if w["empty"] and r is not None:
+                n = next(k for k in (r.used + d for d in range(-64, 70000)) if (k & 0xFFFF) == w["index"] and k >= 0)
+                assert not 0 < (r.head_at(max(c - self.stale_window, -1)) - n) & 0xFFFF < 0x8000, \
+                    f"{self.prefix} cycle {c}: empty record for WQE {w['index']}, published before cycle " \
+                    f"{c - self.stale_window}"
             if r is not None:
                 r.handed += 1
                 self.records.append((qpn, w))
@@ -360,6 +369,9 @@ class Env:
             use = found["valid"]
         elif w["valid"] and w["index"] == r.used & 0xFFFF:
             use = True
+        elif w["empty"] and w["index"] == r.used & 0xFFFF:
+            use = False                 # its WQE is not posted: RNR, no lookup
+            self.empties += 1
         elif self.lookup_state is None and self.rnd.random() >= self.reject_p:
             # not the WQE to use: look it up once every sync has been applied
             if self.cur_sync is None and not self.syncs and s["sync_idle"].value == 1:
@@ -375,7 +387,10 @@ class Env:
         self.records.popleft()
         used_before = r.used
         r.used += int(bool(use))
-        aligned = (w["index"] == used_before & 0xFFFF) if use else ((w["index"] + 1) & 0xFFFF == used_before & 0xFFFF)
+        if w["empty"]:                  # it did not move the numbering
+            aligned = not use and w["index"] == used_before & 0xFFFF
+        else:
+            aligned = (w["index"] == used_before & 0xFFFF) if use else ((w["index"] + 1) & 0xFFFF == used_before & 0xFFFF)
         correct = w["gen"] == r.gen and not aligned
         self.lookups += found is not None
         if correct:
@@ -383,7 +398,7 @@ class Env:
             self.corrections += 1
         if use or correct:
             self.syncs.append(pack(RecvSync(NUM_QPS), qpn=qpn, committed=r.used & 0xFFFF, index=w["index"],
-                                   correct=int(correct)))
+                                   correct=int(correct), empty=w["empty"]))
 
     def check_answer(self, qpn, taken, c, available):
         r = self.rings.get(qpn)
@@ -401,7 +416,7 @@ class Env:
                 self.revealed += 1      # posted after the query was taken: a fresh read found it
         else:
             self.rnr += 1
-        r.answered += 1
+        r.answered += int(bool(available))     # an unavailable answer numbers nothing
         r.reserved += 1
         if self.auto_consume:
             self.consume_q.append((qpn, 1))
@@ -512,20 +527,22 @@ async def random_traffic(dut):
         n1 = sum(a for _, a in e.answers)
         dut._log.info(f"{e.prefix}: {len(e.answers)} answers ({n1} available, {e.rnr} RNR, {e.revealed} found "
                       f"by a fresh read), {len(e.handed)} records handed on, {e.lookups} lookups, "
-                      f"{e.corrections} corrections, {len(e.axi.reads)} reads, "
+                      f"{e.corrections} corrections, {e.empties} empty records, {len(e.axi.reads)} reads, "
                       f"{e.axi.in_flight_max} in flight at most, {counter[0]} cycles")
     for e in envs:
         n1 = sum(a for _, a in e.answers)
-        assert n1 > 100 and e.rnr > 10 and len(e.handed) > 100 and e.corrections > 10 and e.lookups > 10, \
+        assert n1 > 100 and e.rnr > 10 and len(e.handed) > 100 and e.corrections > 10 and e.lookups > 5 \
+            and e.empties > 10, \
             "too little traffic"
 
 
 @cocotb.test()
 async def post_seen_by_later_query(dut):
-    """Nothing posted: RNR (after a read of the doorbell record; the record is a number
-    only, the lookup finds none); one WQE posted: the next query finds it (the record is
-    read again) and it is used, the one after is RNR; three posted: three available, then
-    RNR; a recreate on the old doorbell record starts from 0."""
+    """Nothing posted: RNR after a read of the doorbell record (an empty record, RNR
+    NAKed without a lookup); the next query at once (armed: the record is polled); after a
+    round trip without queries the poll stops and a query waits for a read again. One WQE
+    posted: the next query finds it and it is used, the one after is RNR; three posted:
+    three available, then RNR; a recreate on the old doorbell record starts from 0."""
     e = (await start(dut, 3))["a"]
     e.axi.latency = lambda: 150
     counter = [0]
@@ -539,15 +556,23 @@ async def post_seen_by_later_query(dut):
         assert await run_cycles([e], counter, 2000, until=lambda: len(e.answers) > n and quiet(e))
         return e.answers[-1][1]
 
-    assert await ask(3) == 0
     t0 = counter[0]
     assert await ask(3) == 0
     assert counter[0] - t0 >= 150, "an RNR answer without reading the doorbell record"
-    assert e.rings[3].used == 0 and e.lookups == 2
+    t0 = counter[0]
+    assert await ask(3) == 0
+    assert counter[0] - t0 < 20, f"armed, answered after {counter[0] - t0} cycles"
+    assert e.rings[3].used == 0 and e.lookups == 0 and e.empties == 2
+    await run_cycles([e], counter, 400)         # no query while a poll read was out: disarmed
+    t0 = counter[0]
+    assert await ask(3) == 0
+    assert counter[0] - t0 >= 150, "an RNR answer without reading the doorbell record, the poll over"
+    await run_cycles([e], counter, 400)
     e.post(3, cycle=counter[0])
     assert await ask(3) == 1
     assert e.rings[3].used == 1
     assert await ask(3) == 0
+    await run_cycles([e], counter, 400)
     for _ in range(3):
         e.post(3, cycle=counter[0])
     assert [await ask(3) for _ in range(4)] == [1, 1, 1, 0]
@@ -556,9 +581,43 @@ async def post_seen_by_later_query(dut):
     e.create(3, e.new_ring(1, 4, same_dbr_as=ring))
     await run_cycles([e], counter, 10)
     assert await ask(3) == 0
+    await run_cycles([e], counter, 400)
     e.post(3, [(0x1234, 8, 0x77)], cycle=counter[0])
     assert await ask(3) == 1
     assert e.rings[3].used == 1
+
+
+@cocotb.test()
+async def rnr_flood_answered_at_once(dut):
+    """Queries back to back on a QP with nothing posted (150 cycles a read): the first waits
+    for a read, the rest are answered one a cycle from the polled record (empty records, no
+    lookup, no correction); a WQE posted midway is found within two read round trips and
+    used, the queries after it RNR again. Before the poll every such query waited for a read
+    of its own (about 150 cycles each)."""
+    e = (await start(dut, 5))["a"]
+    e.axi.latency = lambda: 150
+    counter = [0]
+    e.create(4, e.new_ring(3, 5))
+    await run_cycles([e], counter, 10)
+    n = 400
+    e.query_q.extend([4] * n)
+    assert await run_cycles([e], counter, 200, until=lambda: len(e.answers) >= 1)
+    first = counter[0]
+    posted_at = None
+    while len(e.answers) < n:
+        await run_cycles([e], counter, 1)
+        if posted_at is None and len(e.answers) >= 100:
+            posted_at = counter[0]
+            e.post(4, cycle=counter[0])
+        assert counter[0] - first < 3 * n, f"{len(e.answers)} of {n} answered in {counter[0] - first} cycles"
+    assert await run_cycles([e], counter, 2000, until=lambda: quiet(e))
+    took = e.answer_cycles[-1] - e.answer_cycles[1]
+    hits = [c for (q, a), c in zip(e.answers, e.answer_cycles) if a]
+    dut._log.info(f"{n - 1} queries after the first answered in {took} cycles; the post at cycle {posted_at} "
+                  f"found at {hits}, {e.empties} empty records, {e.lookups} lookups, {e.corrections} corrections")
+    assert took <= n + 20, f"{n - 1} queries answered in {took} cycles: not one a cycle"
+    assert len(hits) == 1 and hits[0] - posted_at <= 2 * 150 + 60, f"post at {posted_at}, found at {hits}"
+    assert e.rings[4].used == 1 and e.lookups == 0 and e.corrections == 0 and e.empties == n - 1
 
 
 async def _rings_posted(e, counter, posts):

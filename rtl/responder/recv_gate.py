@@ -40,9 +40,11 @@ def GateWqe(max_sge):
     (``end``; the segments past the WQE's last end where it does), and its capacity
     (``end`` of the last). ``valid``: the WQE is there (else only ``index`` and ``gen``,
     the number the ``RecvQueue`` gave the packet, count). ``norq``: the QP has no receive
-    queue (an RNR NAK needs no lookup)."""
+    queue (an RNR NAK needs no lookup). ``empty``: WQE ``index`` was not posted when the
+    record was handed on, and the numbering did not move (``RecvWqe.empty``)."""
     return data.StructLayout({
         "valid": unsigned(1), "index": unsigned(16), "gen": unsigned(1), "norq": unsigned(1),
+        "empty": unsigned(1),
         "addr": data.ArrayLayout(unsigned(64), max_sge), "end": data.ArrayLayout(unsigned(32), max_sge),
     })
 
@@ -51,7 +53,8 @@ def gate_wqe(m, w, max_sge, name="gw"):
     """A ``GateWqe`` Signal from a ``RecvWqe`` view ``w``: the segment ends summed."""
     gw = Signal(GateWqe(max_sge), name=name)
     run = C(0, 32)
-    m.d.comb += [gw.valid.eq(w.valid), gw.index.eq(w.index), gw.gen.eq(w.gen), gw.norq.eq(w.norq)]
+    m.d.comb += [gw.valid.eq(w.valid), gw.index.eq(w.index), gw.gen.eq(w.gen), gw.norq.eq(w.norq),
+                 gw.empty.eq(w.empty)]
     for j in range(max_sge):
         here = Signal(32, name=f"{name}_end{j}")
         m.d.comb += here.eq(run + Mux(j < w.nsge, w.sge[j].length, 0))

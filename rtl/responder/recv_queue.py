@@ -56,16 +56,21 @@ def RecvWqe(num_qps, max_sge):
                               "bad": unsigned(1),
                               # the QP has no receive queue (none created, or created without
                               # one): nothing will ever be posted, so no lookup can find one
-                              "norq": unsigned(1)})
+                              "norq": unsigned(1),
+                              # (a consume's record) WQE ``index`` is not posted as the queue last
+                              # read the doorbell record: the count did not move on, and a packet
+                              # whose committed count is ``index`` is RNR NAKed without a lookup
+                              "empty": unsigned(1)})
 
 
 def RecvSync(num_qps):
     """What the responder's decision on a packet that held a receive WQE number tells the
     queue: the QP's ``committed`` count (WQEs used), the packet's number (``index``), and
-    ``correct``: move the speculative count by ``committed - index - 1`` (computed here, not
-    in the responder's decision path)."""
+    ``correct``: move the speculative count by ``committed - index - 1 + empty`` (computed
+    here, not in the responder's decision path; ``empty``: the packet's record was an empty
+    one, which did not move the count)."""
     return data.StructLayout({"qpn": unsigned(qp_bits(num_qps)), "committed": unsigned(COUNT_BITS),
-                              "index": unsigned(COUNT_BITS), "correct": unsigned(1)})
+                              "index": unsigned(COUNT_BITS), "correct": unsigned(1), "empty": unsigned(1)})
 
 
 def RecvLookup(num_qps):
@@ -262,8 +267,12 @@ class RecvQueue(wiring.Component):
                      consume_valid.eq(self.consume.valid & ~walking), lookup_valid.eq(self.lookup.valid & ~walking)]
 
         # ---- layouts ---------------------------------------------------------------------
+        # armed: a read issued after a query found nothing posted, and the record is read
+        # again and again (``bg``) while queries come (``touched``: one came since the read in
+        # flight was issued): a query that finds nothing known meanwhile is answered at once
         QRow = data.StructLayout({"known": unsigned(COUNT_BITS), "answered": unsigned(COUNT_BITS),
-                                  "bg": unsigned(1), "epoch": unsigned(EPOCH_BITS), "enable": unsigned(1),
+                                  "bg": unsigned(1), "armed": unsigned(1), "touched": unsigned(1),
+                                  "epoch": unsigned(EPOCH_BITS), "enable": unsigned(1),
                                   "dbr": unsigned(DMA_ADDR_WIDTH)})
         CS = CHUNK.bit_length() - 1             # WQE counter bits within a chunk
         KB = COUNT_BITS - CS                    # chunk numbers (a WQE's counter >> CS)
@@ -338,7 +347,7 @@ class RecvQueue(wiring.Component):
         m.d.comb += [syncs.i.valid.eq(so.valid & ~walking), so.ready.eq(syncs.i.ready & ~walking),
                      syncs.i.p.qpn.eq(so.p.qpn),
                      syncs.i.p.committed.eq(so.p.committed), syncs.i.p.correct.eq(so.p.correct),
-                     syncs.i.p.delta.eq(so.p.committed - so.p.index - 1)]
+                     syncs.i.p.delta.eq(so.p.committed - so.p.index - 1 + so.p.empty)]
         # (levels, not output valids: an entry is in a FIFO a cycle before its output shows it)
         m.d.comb += self.sync_idle.eq(~self.sync.valid & (syncs.level == 0))
         fix_in_fs1 = Signal()
@@ -497,15 +506,33 @@ class RecvQueue(wiring.Component):
                         with m.If(~qs1_query):
                             m.d.comb += new.bg.eq(0)
                         m.d.comb += push_hint.eq(row.enable & (qs1_value != row.known))
+                    fresh = Signal(COUNT_BITS)
+                    posted = Signal()
+                    m.d.comb += [fresh.eq(qs1_value - row.answered), posted.eq((fresh != 0) & ~fresh[-1])]
                     with m.If(qs1_query):
-                        fresh = Signal(COUNT_BITS)
-                        m.d.comb += fresh.eq(qs1_value - row.answered)
-                        m.d.comb += [ans_valid.eq(1), ans_avail.eq(row.enable & (fresh != 0) & ~fresh[-1])]
-                        # every query of an enabled QP is consumed (and numbered) by the gate
-                        m.d.comb += new.answered.eq(row.answered + row.enable)
+                        m.d.comb += [ans_valid.eq(1), ans_avail.eq(row.enable & posted)]
+                        # the count moves with the WQEs handed on: an empty record moves nothing
+                        m.d.comb += new.answered.eq(row.answered + ans_avail)
                         m.d.sync += waiting.eq(0)
+                        # nothing posted, by a read issued after the query: armed, and the
+                        # record polled from now on (one read in flight) while queries come
+                        with m.If(match & row.enable & ~posted):
+                            # (a read already out, issued before this answer: it polls once more)
+                            m.d.comb += [new.armed.eq(1), new.touched.eq(row.bg)]
+                            with m.If(~row.bg):
+                                with m.If(dbr_reqs.i.ready):
+                                    m.d.comb += [push_dbr.eq(1), new.bg.eq(1)]
+                                with m.Else():
+                                    m.d.comb += new.armed.eq(0)
+                    with m.Elif(match & row.armed):
+                        # the poll: again while queries come, else disarmed
+                        with m.If(row.touched & dbr_reqs.i.ready):
+                            m.d.comb += [push_dbr.eq(1), new.bg.eq(1), new.touched.eq(0)]
+                        with m.Else():
+                            m.d.comb += new.armed.eq(0)
                 with m.Case(OP_CREATE):
-                    m.d.comb += [new.known.eq(0), new.answered.eq(0), new.bg.eq(0), new.epoch.eq(row.epoch + 1),
+                    m.d.comb += [new.known.eq(0), new.answered.eq(0), new.bg.eq(0), new.armed.eq(0),
+                                 new.touched.eq(0), new.epoch.eq(row.epoch + 1),
                                  new.enable.eq(qs1_create.enable),
                                  new.dbr.eq(qs1_create.dbr + F.DBR_RECV_OFFSET)]
                 with m.Case(OP_NACK):
@@ -514,14 +541,16 @@ class RecvQueue(wiring.Component):
                     m.d.comb += new.answered.eq(row.answered + qs1_delta)
                 with m.Case(OP_QUERY):
                     with m.If(~qs1_replay & (waiting | (nbounced != 0))):
-                        m.d.comb += [bounced.w_en.eq(1), bounced.w_data.eq(qs1_qpn)]
+                        m.d.comb += [bounced.w_en.eq(1), bounced.w_data.eq(qs1_qpn), new.touched.eq(row.armed)]
                         # its record read now, in the background (if there is room: else its
                         # own read when it is taken again)
                         with m.If(row.enable & ~avail_now & ~row.bg & dbr_reqs.i.ready):
                             m.d.comb += [push_dbr.eq(1), new.bg.eq(1)]
-                    with m.Elif(~row.enable | avail_now):
+                    with m.Elif(~row.enable | avail_now | row.armed):
+                        # (armed with nothing known: the last read, issued at most two read
+                        # round trips ago, says none is posted; the poll in flight goes on)
                         m.d.comb += [ans_valid.eq(1), ans_avail.eq(avail_now),
-                                     new.answered.eq(row.answered + row.enable)]
+                                     new.answered.eq(row.answered + avail_now), new.touched.eq(row.armed)]
                         with m.If(avail_now & low & ~row.bg & dbr_reqs.i.ready):
                             m.d.comb += [push_dbr.eq(1), new.bg.eq(1)]
                     with m.Else():
@@ -767,6 +796,11 @@ class RecvQueue(wiring.Component):
         idx_chunk = Signal(cb)
         m.d.comb += idx_chunk.eq(Mux(got_chunk & (ik == fk), new_id, cmap_row[ik[:mb]]))
 
+        # a consume of a WQE not posted (as last read) hands on an empty record and does not
+        # move the count, so an RNR NAKed flood needs no correction and no lookup
+        d_posted = Signal(COUNT_BITS)
+        posted_f = Signal()
+        m.d.comb += [d_posted.eq(known - frow.consumed), posted_f.eq((d_posted != 0) & ~d_posted[-1])]
         is_consume = Signal()
         is_lookup = Signal()
         is_fix = Signal()
@@ -810,7 +844,7 @@ class RecvQueue(wiring.Component):
                          fnew.lo.eq(0), fnew.top.eq(0), fnew.starved.eq(0)]
         with m.Else():
             m.d.comb += [fnew.fetched.eq(front_new), fnew.lo.eq(lo_new), fnew.top.eq(top_new)]
-            with m.If((fs1_op == F_CONSUME) & frow.enable):
+            with m.If((fs1_op == F_CONSUME) & frow.enable & posted_f):
                 m.d.comb += fnew.consumed.eq(frow.consumed + 1)
             with m.If(fs1_op == F_FIX):
                 m.d.comb += [fnew.consumed.eq(frow.consumed + fs1_delta), fnew.gen.eq(~frow.gen)]
@@ -840,7 +874,7 @@ class RecvQueue(wiring.Component):
         # lookup stage (the named WQE, onto ``found``). Each takes its WQE from its pool entry
         # once that holds it (read again each cycle), or from its demanded read on the R side;
         # a WQE not committed keeps its chunk, so it cannot leave while a stage waits on it.
-        def waiting_stage(name, rd, valid, leave, load, load_index, out, gen=None):
+        def waiting_stage(name, rd, valid, leave, load, load_index, out, gen=None, empty=None):
             qpn, index = Signal(qb, name=f"{name}_qpn"), Signal(COUNT_BITS, name=f"{name}_index")
             epoch, chunk = Signal(EPOCH_BITS, name=f"{name}_epoch"), Signal(cb, name=f"{name}_chunk")
             none = Signal(name=f"{name}_none")      # a number only: not posted, or not in the window
@@ -881,10 +915,16 @@ class RecvQueue(wiring.Component):
                 m.d.comb += out.p.gen.eq(held_gen)
                 with m.If(load):
                     m.d.sync += held_gen.eq(gen)
+            if empty is not None:
+                held_empty = Signal(name=f"{name}_empty")
+                m.d.comb += out.p.empty.eq(held_empty)
+                with m.If(load):
+                    m.d.sync += held_empty.eq(empty)
 
         s2_load, l2_load = Signal(), Signal()
         m.d.comb += [s2_load.eq(fs1_commit & is_consume), l2_load.eq(fs1_commit & is_lookup)]
-        waiting_stage("s2", s_rd, s2_valid, s2_leave, s2_load, frow.consumed, self.wqe, gen=frow.gen)
+        waiting_stage("s2", s_rd, s2_valid, s2_leave, s2_load, frow.consumed, self.wqe, gen=frow.gen,
+                      empty=frow.enable & ~posted_f)
         waiting_stage("l2", l_rd, l2_valid, l2_leave, l2_load, fs1_index, self.found)
 
         # ---- fetch runs: jobs split at the ring end and the 128-byte line ----------------------

@@ -488,8 +488,9 @@ class Responder(wiring.Component):
             # packet ahead gets that (rxe's check_psn, model.responder). Unless the WQE the
             # packet holds is only not the right one: then the lookup decides. A QP without
             # a receive queue (``norq``, the RecvQueue's word with the number) never has one:
-            # no lookup (a flood of SENDs to it is RNR NAKed two a cycle, not one in four).
-            m.d.comb += [need.eq(~ovr_valid & ~att.norq),
+            # no lookup (a flood of SENDs to it is RNR NAKed two a cycle, not one in four);
+            # nor does a packet whose record says its WQE, number rq_ci, is not posted (``empty``).
+            m.d.comb += [need.eq(~ovr_valid & ~att.norq & ~(att.empty & att_eq)),
                          rnr.eq(1), new.dyn.nak_sent.eq(0), new.dyn.unacked.eq(0), respond.eq(1),
                          resp_psn.eq(p.psn), resp_syn.eq(Aeth.RNR_NAK | cfg.min_rnr_timer)]
         with m.Elif(~send & is_first & (status != MrCheck.OK)):
@@ -563,14 +564,15 @@ class Responder(wiring.Component):
         aligned, correct = sig("aligned"), sig("correct")
         m.d.comb += [
             new.dyn.rq_ci.eq(dyn.rq_ci + used),
-            aligned.eq(Mux(used, att_eq, att_eq1)),
+            # (an empty record did not move the numbering: aligned when unused and its own)
+            aligned.eq(Mux(att.empty, ~used & att_eq, Mux(used, att_eq, att_eq1))),
             # (a QP without a receive queue: its numbers mean nothing, no sync at all)
             correct.eq(rwr & ~att.norq & (att.gen == dyn.rq_gen) & ~aligned),
             new.dyn.rq_gen.eq(dyn.rq_gen ^ correct),
         ]
         sync = sig("sync", RecvSync(self.num_qps))
         m.d.comb += [sync.qpn.eq(p.dqpn), sync.committed.eq(new.dyn.rq_ci), sync.index.eq(att.index),
-                     sync.correct.eq(correct)]
+                     sync.correct.eq(correct), sync.empty.eq(att.empty)]
         addr = sig("addr", 64)
         m.d.comb += addr.eq(Mux(send, send_addr, va + off))
         return {"new": new, "verdict": verdict, "write": write, "respond": respond,

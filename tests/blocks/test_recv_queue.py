@@ -23,7 +23,7 @@ from tb.runner import ROOT, require, sim_source
 TOP = "recv_queue_pair"
 CONFIGS = {"a": dict(num_qps=8, max_sge=4, depth=32, pool=128, max_reads=512),
            "b": dict(num_qps=8, max_sge=4, depth=0, pool=32, max_reads=512)}
-TESTS = ["random_traffic", "post_seen_by_later_query", "fresh_qps_overlap", "reset_mid_life", "throughput", "counter_wrap"]
+TESTS = ["random_traffic", "post_seen_by_later_query", "rnr_flood_answered_at_once", "fresh_qps_overlap", "reset_mid_life", "throughput", "counter_wrap"]
 VERILATOR_ONLY = {"counter_wrap"}
 SOURCES = ["rtl/responder/recv_queue.py", "rtl/common/axi.py", "rtl/common/stream.py", "rtl/common/contexts.py",
            "spec/formats.py", "spec/params.py", "tests/blocks/test_recv_queue.py"]
