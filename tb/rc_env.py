@@ -6,6 +6,7 @@ from collections import Counter
 
 from cocotb.triggers import ClockCycles
 
+from model.cqe import CqContext
 from model.frames import Port, QpContext, build_write_frames
 from model.memory import SparseMemory
 from model.mr import MemoryRegion
@@ -96,7 +97,7 @@ def traffic(rnd, peers, messages, *, faults=True, aligned=False):
 
 
 async def responder_env(dut, rnd, mtus, ack_every, *, image=None, resources=None, answer_at_once=True,
-                        two_sided=False, **env_kw):
+                        two_sided=False, recv_qps=(), **env_kw):
     """The NIC with RC QPs (QP q: MTU ``mtus[q]``, ``ack_every[q]``) and the regions, and
     the golden responder of the same set-up. ``image``: a ``SparseMemory`` that holds what
     the model expects GPU memory to hold (``run_and_check`` keeps it): the model then
@@ -104,21 +105,27 @@ async def responder_env(dut, rnd, mtus, ack_every, *, image=None, resources=None
     responder resources (max_dest_rd_atomic; default 16); ``answer_at_once=False``: the
     model holds them until ``run_and_check`` says the answers have left (``answered_at``).
     ``two_sided``: the model takes SENDs too (the QPs have no receive queue: each SEND that
-    needs a receive WQE is answered by an RNR NAK, as the NIC does)."""
+    needs a receive WQE is answered by an RNR NAK, as the NIC does); ``recv_qps``: those QPs
+    have a receive queue (16 WQEs of 64 bytes) with nothing posted (every such SEND is RNR
+    NAKed after the engine read its doorbell record)."""
     resources = resources or {}
     env = await NicEnv(dut, **env_kw).start()
     cq = await env.cq(0, 6)
     read = image.read if image is not None else env.mem.read if two_sided else None
+    cqs = {cq.cqn: CqContext(cq.cqn, 6, base=cq.base)} if recv_qps else None
     model = RcResponder(Port(smac=PORT_MAC, sip=PORT_IP), remote_ops=image is not None, two_sided=two_sided,
-                        read_memory=read, answer_at_once=answer_at_once)
+                        read_memory=read, answer_at_once=answer_at_once, cqs=cqs)
     peers = {}
     for q, mtu in mtus.items():
         psn = 0xFFFFF0 if q == 1 else rnd.randrange(1 << 24)          # QP 1 wraps its PSN
         limit = resources.get(q, P.MAX_DEST_RD_ATOMIC)
-        await env.qp(q, cq, mtu=mtu, remote_qpn=0x100 + q, rq_psn=psn, pd=PD, ack_every=ack_every[q],
-                     max_dest_rd_atomic=limit, min_rnr_timer=RNR_TIMER)
+        recv = dict(recv=(4, 6), rcq=cq) if q in recv_qps else {}
+        qp = await env.qp(q, cq, mtu=mtu, remote_qpn=0x100 + q, rq_psn=psn, pd=PD, ack_every=ack_every[q],
+                          max_dest_rd_atomic=limit, min_rnr_timer=RNR_TIMER, **recv)
+        rq = dict(rq=qp.rq, rcqn=cq.cqn) if q in recv_qps else {}
         model.add_qp(QpContext(qpn=q, remote_qpn=0x100 + q, dmac=peer_mac(q), dip=peer_ip(q), start_psn=psn,
-                               mtu=mtu, min_rnr_timer=RNR_TIMER), PD, ack_every=ack_every[q], max_dest_rd_atomic=limit)
+                               mtu=mtu, min_rnr_timer=RNR_TIMER, **rq), PD, ack_every=ack_every[q],
+                     max_dest_rd_atomic=limit)
         peers[q] = (QpContext(qpn=0x100 + q, remote_qpn=q, dmac=PORT_MAC, dip=PORT_IP, start_psn=psn, mtu=mtu), mtu)
     for r in REGIONS:
         await env.ctl.register_mr(r.key, r.base, r.length, r.access, r.pd)

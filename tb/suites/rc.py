@@ -209,7 +209,8 @@ async def put_with_signal_ordering(dut):
 
 def _flood_frames(peers, kind, n, count):
     """``count`` frames of ``n`` bytes of one kind, back to back (no IBTA pad: every size)."""
-    q = {"dup_last": 1, "dup_only": 1, "rnr": 2, "ahead": 3, "read": 4, "atomic": 5}[kind]
+    q = {"dup_last": 1, "dup_only": 1, "rnr": 2, "ahead": 3, "read": 4, "atomic": 5, "rnr_empty": 6,
+         "rnr_prime": 6}[kind]
     ctx, _ = peers[q]
     port = peer_port(q)
     if kind == "dup_last":          # duplicate WRITE LASTs (58 bytes + payload): ACK each
@@ -217,6 +218,8 @@ def _flood_frames(peers, kind, n, count):
     if kind == "dup_only":          # duplicate WRITE ONLYs (74 bytes + payload): ACK each
         return [build_write_frames(ctx, port, DST, KEY, bytes(n - 74), ctx.start_psn - 2, pad=False)[0]] * count
     if kind == "rnr":               # SEND ONLYs (58 bytes + payload) to a QP without receive queue: RNR NAK each
+        return [build_rc_frame(ctx, port, Op.SEND_ONLY, ctx.start_psn, bytes(n - 58), pad=False)] * count
+    if kind in ("rnr_empty", "rnr_prime"):  # the same to a QP whose receive queue has nothing posted
         return [build_rc_frame(ctx, port, Op.SEND_ONLY, ctx.start_psn, bytes(n - 58), pad=False)] * count
     if kind == "ahead":             # WRITE LASTs with a PSN ahead: one sequence NAK, then silent drops
         return [build_rc_frame(ctx, port, Op.WRITE_LAST, ctx.start_psn + 5 + k % 7, bytes(n - 58), pad=False)
@@ -234,7 +237,8 @@ def _flood_frames(peers, kind, n, count):
 # one a cycle would hold MAC RX back (before RxKeepJoin discarded frames still went through
 # the resegmenter and the payload writer: 1,000 duplicate WRITE LASTs of 60 bytes held it
 # back 132 cycles); 100 of each larger size (they arrive at most one a cycle).
-FLOOD_SIZES = [("dup_only", range(74, 101)), ("rnr", range(60, 101)), ("dup_last", range(60, 101)),
+FLOOD_SIZES = [("dup_only", range(74, 101)), ("rnr", range(60, 101)), ("rnr_empty", range(60, 101)),
+               ("dup_last", range(60, 101)),
                ("ahead", range(60, 101)), ("read", [74]), ("atomic", [86])]
 FLOOD_LARGE = [120, 200, 314, 1058]
 
@@ -259,8 +263,9 @@ async def small_frame_floods(dut):
     rnd = random.Random(23)
     verilator = cocotb.SIM_NAME.lower().startswith("verilator")
     image = SparseMemory()
-    mtus = dict.fromkeys(range(1, 6), 1024)
-    env, model, peers = await responder_env(dut, rnd, mtus, dict.fromkeys(mtus, 1), image=image, two_sided=True)
+    mtus = dict.fromkeys(range(1, 7), 1024)
+    env, model, peers = await responder_env(dut, rnd, mtus, dict.fromkeys(mtus, 1), image=image, two_sided=True,
+                                            recv_qps=(6,))
     # the READ and the atomic executed once, so that the floods are their duplicates
     frames = [build_read_request(peers[4][0], peer_port(4), DST + 0x100, KEY_RO, 8, peers[4][0].start_psn)]
     frames.append(build_atomic_request(peers[5][0], peer_port(5), Op.FETCH_ADD, DST + 0x800, KEY_ATOMIC, 5, 0,
@@ -268,6 +273,12 @@ async def small_frame_floods(dut):
     parts = {}
     for kind, sizes in FLOOD_SIZES:
         for n in list(sizes) + (FLOOD_LARGE if len(sizes) > 1 else []):
+            if kind == "rnr_empty":
+                # one SEND first, alone: a QP not asked for a read round trip is not polled,
+                # so its first SEND waits for a read of the record (as the first SEND to a QP
+                # whose posts are not known does); the flood behind it is answered at once
+                parts[len(frames)] = f"rnr_prime:{n}"
+                frames += _flood_frames(peers, "rnr_prime", n, 1)
             parts[len(frames)] = f"{kind}:{n}"
             frames += _flood_frames(peers, kind, n, _flood_count(n, verilator))
     await run_and_check(env, model, frames, image=image, parts=parts, settle=2000)
