@@ -33,6 +33,7 @@ AXI_ID_RECV_CQE_WRITE = 5          # AWID on m_axi_rx: receive CQEs (after their
 RECV_MAX_SGE = 4
 RECV_PREFETCH = 256                # a QP's window: WQEs fetched ahead of the committed count at most
 RECV_POOL = 4096                   # receive WQEs on chip, shared by the QPs (16 a chunk)
+RECV_EMPTY_CACHE_AGE = 64          # cycles the receive gate serves a QP's packets from its last empty record
 RECV_MAX_READS = 512
 NUM_QPS = 1024                     # QP contexts in RAM (issue 3: 1024 and more)
 NUM_CQS = NUM_QPS                  # one collapsed CQ per QP, as NVSHMEM creates them (issue 16)

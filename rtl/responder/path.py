@@ -207,7 +207,8 @@ class ResponderPath(WiringLevel):
             # (a create waits here: the RecvQueue takes it between its own operations, and the
             # top's QP commit needs a ready that does not depend on its valid)
             "recv_create_fifo": StreamFifo(RecvCreate(nq), 4),   # (2: a 1-deep inner FIFO, 0-bit pointers)
-            "recv_gate": RecvGate(num_qps=nq, max_sge=P.RECV_MAX_SGE, depth=RECV_GATE_DEPTH),
+            "recv_gate": RecvGate(num_qps=nq, max_sge=P.RECV_MAX_SGE, depth=RECV_GATE_DEPTH,
+                                  cache_age=P.RECV_EMPTY_CACHE_AGE),
             # a QP gone to ERR (fatal error, QP_MODIFY): its receive WQEs flushed in order, by
             # flush requests that go the packets' way through the gate and the responder
             "recv_flush": RecvFlush(num_qps=nq),

@@ -41,10 +41,12 @@ def GateWqe(max_sge):
     (``end`` of the last). ``valid``: the WQE is there (else only ``index`` and ``gen``,
     the number the ``RecvQueue`` gave the packet, count). ``norq``: the QP has no receive
     queue (an RNR NAK needs no lookup). ``empty``: WQE ``index`` was not posted when the
-    record was handed on, and the numbering did not move (``RecvWqe.empty``)."""
+    record was handed on, and the numbering did not move (``RecvWqe.empty``). ``cached``:
+    the gate gave the packet the QP's last empty record without a query: it holds no number
+    of its own, so its decision sends no correction."""
     return data.StructLayout({
         "valid": unsigned(1), "index": unsigned(16), "gen": unsigned(1), "norq": unsigned(1),
-        "empty": unsigned(1),
+        "empty": unsigned(1), "cached": unsigned(1),
         "addr": data.ArrayLayout(unsigned(64), max_sge), "end": data.ArrayLayout(unsigned(32), max_sge),
     })
 
@@ -88,6 +90,15 @@ class RecvGate(wiring.Component):
     (After a reset the RAM keeps its bits: a QP not created since is asked of the
     ``RecvQueue``, whose own rows say it has none.)
 
+    A QP whose receive queue has nothing posted: the gate keeps the last empty record the
+    queue handed on (its QP, number and generation) for ``cache_age`` cycles, and gives the
+    QP's packets that enter meanwhile that record (``cached``) without a query, so that a
+    flood of SENDs to it (each RNR NAKed) runs at the line rate, two a cycle, not one query
+    a cycle. The record says WQE ``index`` was not posted a few cycles before: the
+    responder RNR NAKs the packet when its committed count is ``index`` and looks the WQE
+    up otherwise (a WQE posted meanwhile and used by a packet before it); it sends no
+    correction for it. A record of the QP that is not empty, or its create, ends it.
+
     Pipeline: a pair is registered as it enters (its QPs' bits read); then it is taken when
     its queries (one a cycle: a pair of two such packets takes two cycles) are issued and
     the pair queue has room; answers go to a queue of
@@ -105,6 +116,8 @@ class RecvGate(wiring.Component):
         Data segments of a receive WQE (as the ``RecvQueue``).
     depth : int
         Pairs waiting for their answers and WQEs (and answers and WQEs waiting for their pair).
+    cache_age : int
+        Cycles a QP's last empty record serves its packets without a query (0: never).
 
     Members
     -------
@@ -118,14 +131,16 @@ class RecvGate(wiring.Component):
     create_valid, create : In(1), In(RecvCreate(num_qps))
         A create the ``RecvQueue`` takes this cycle (``enable``: the QP has a receive queue).
     """
-    def __init__(self, *, num_qps, max_sge, depth=16):
+    def __init__(self, *, num_qps, max_sge, depth=16, cache_age=64):
         if not isinstance(num_qps, int) or num_qps < 2 or num_qps & (num_qps - 1):
             raise ValueError(f"num_qps must be a power of two >= 2, not {num_qps!r}")
         if not isinstance(max_sge, int) or not 1 <= max_sge <= 7:
             raise ValueError(f"max_sge must be 1..7, not {max_sge!r}")
         if not isinstance(depth, int) or depth < 2:
             raise ValueError(f"depth must be an int >= 2, not {depth!r}")
-        self.num_qps, self.max_sge, self.depth = num_qps, max_sge, depth
+        if not isinstance(cache_age, int) or not 0 <= cache_age <= 1024:
+            raise ValueError(f"cache_age must be an int 0..1024, not {cache_age!r}")
+        self.num_qps, self.max_sge, self.depth, self.cache_age = num_qps, max_sge, depth, cache_age
         super().__init__({
             "i": In(stream.Signature(Pair(RxPacket()))),
             "o": Out(stream.Signature(GatedPair(max_sge))),
@@ -141,7 +156,10 @@ class RecvGate(wiring.Component):
         m = Module()
         qb = qp_bits(self.num_qps)
         # (each queued pair with the lanes that consume a WQE of a QP without a receive queue)
-        m.submodules.pairs = pairs = StreamFifo(data.StructLayout({"pair": Pair(RxPacket()), "norq": unsigned(2)}),
+        # (and the lanes given the cached empty record, with its number and generation)
+        m.submodules.pairs = pairs = StreamFifo(data.StructLayout({"pair": Pair(RxPacket()), "norq": unsigned(2),
+                                                                   "short": unsigned(2), "cidx": unsigned(16),
+                                                                   "cgen": unsigned(1)}),
                                                 self.depth)
         m.submodules.avail = avail = StreamFifo(unsigned(1), 2 * self.depth)
         # room for every WQE its pairs asked for (2 per queued pair and the one asking), so the
@@ -160,14 +178,41 @@ class RecvGate(wiring.Component):
         m.d.comb += [self.i.ready.eq(~st_valid | st_take), accept.eq(self.i.valid & self.i.ready)]
         for k in range(2):
             m.d.comb += [rps[k].addr.eq(self.i.p.p[k].dqpn[:qb]), rps[k].en.eq(accept)]
+
+        # ---- the last empty record (its QP's packets take it without a query for a while) ----
+        c_valid = Signal()
+        c_qpn = Signal(qb)
+        c_index = Signal(16)
+        c_gen = Signal()
+        c_age = Signal(range(self.cache_age + 1))
+        st_short = Signal(2)            # the stage's lanes that take it (decided as the pair enters)
+        st_cidx = Signal(16)
+        st_cgen = Signal()
         with m.If(accept):
-            m.d.sync += [pin.eq(self.i.p), st_valid.eq(1)]
+            m.d.sync += [pin.eq(self.i.p), st_valid.eq(1), st_cidx.eq(c_index), st_cgen.eq(c_gen)]
+            for k in range(2):
+                p = self.i.p.p[k]
+                m.d.sync += st_short[k].eq(c_valid & (p.dqpn[:qb] == c_qpn) & (p.opcode != FLUSH_NEXT))
         with m.Elif(st_take):
             m.d.sync += st_valid.eq(0)
+        wq = self.wqe
+        with m.If(c_age != 0):
+            m.d.sync += c_age.eq(c_age - 1)
+        with m.Else():
+            m.d.sync += c_valid.eq(0)
+        if self.cache_age:
+            with m.If(wq.valid & wq.ready & wq.p.empty & ~wq.p.norq):
+                m.d.sync += [c_valid.eq(1), c_qpn.eq(wq.p.qpn), c_index.eq(wq.p.index), c_gen.eq(wq.p.gen),
+                             c_age.eq(self.cache_age - 1)]
+            with m.Elif(wq.valid & wq.ready & (wq.p.qpn == c_qpn)):
+                m.d.sync += c_valid.eq(0)
+            with m.If(self.create_valid & (self.create.qpn == c_qpn)):
+                m.d.sync += c_valid.eq(0)
 
         # ---- in: one query a cycle (lane 0, then lane 1), the pair queued with the last ----
         rwr = [is_rwr(pin.p[0].opcode), pin.second & is_rwr(pin.p[1].opcode)]
-        need = [rwr[k] & rps[k].data for k in range(2)]
+        short = [rwr[k] & rps[k].data & st_short[k] for k in range(2)]
+        need = [rwr[k] & rps[k].data & ~st_short[k] for k in range(2)]
         half = Signal()                 # lane 0's query went out; lane 1's is next
         lane1 = Signal()
         m.d.comb += lane1.eq(half | ~need[0])
@@ -181,6 +226,7 @@ class RecvGate(wiring.Component):
         m.d.comb += last.eq(Mux(need[1], lane1 & asked, Mux(need[0], asked, 1)))
         m.d.comb += [pairs.i.valid.eq(st_valid & last), pairs.i.p.pair.eq(pin),
                      pairs.i.p.norq.eq(Cat(rwr[0] & ~rps[0].data, rwr[1] & ~rps[1].data)),
+                     pairs.i.p.short.eq(Cat(*short)), pairs.i.p.cidx.eq(st_cidx), pairs.i.p.cgen.eq(st_cgen),
                      st_take.eq(pairs.i.ready & last)]
         with m.If(st_valid & st_take):
             m.d.sync += half.eq(0)
@@ -202,8 +248,9 @@ class RecvGate(wiring.Component):
         m.d.comb += [wqes.i.valid.eq(self.wqe.valid), wqes.i.p.eq(gw), self.wqe.ready.eq(wqes.i.ready)]
 
         # ---- out: the head pair's lanes take their answers (and WQEs) one a cycle -----------
-        hp, hnorq = pairs.o.p.pair, pairs.o.p.norq
-        hneed = [is_rwr(hp.p[0].opcode) & ~hnorq[0], hp.second & is_rwr(hp.p[1].opcode) & ~hnorq[1]]
+        hp, hnorq, hshort = pairs.o.p.pair, pairs.o.p.norq, pairs.o.p.short
+        hneed = [is_rwr(hp.p[0].opcode) & ~hnorq[0] & ~hshort[0], hp.second & is_rwr(hp.p[1].opcode) & ~hnorq[1]
+                 & ~hshort[1]]
         got = Signal(2)                  # lanes of the head pair already served
         held = Signal(data.ArrayLayout(GateWqe(self.max_sge), 2))
         out_free = Signal()
@@ -240,4 +287,8 @@ class RecvGate(wiring.Component):
                 m.d.sync += self.o.p.wqe[k].eq(Mux(lane_now, cur, Mux(got[k], held[k], 0)))
                 with m.If(hnorq[k]):
                     m.d.sync += [self.o.p.wqe[k].eq(0), self.o.p.wqe[k].norq.eq(1)]
+                with m.If(hshort[k]):
+                    m.d.sync += [self.o.p.wqe[k].eq(0), self.o.p.wqe[k].index.eq(pairs.o.p.cidx),
+                                 self.o.p.wqe[k].gen.eq(pairs.o.p.cgen), self.o.p.wqe[k].empty.eq(1),
+                                 self.o.p.wqe[k].cached.eq(1)]
         return m

@@ -567,7 +567,8 @@ class Responder(wiring.Component):
             # (an empty record did not move the numbering: aligned when unused and its own)
             aligned.eq(Mux(att.empty, ~used & att_eq, Mux(used, att_eq, att_eq1))),
             # (a QP without a receive queue: its numbers mean nothing, no sync at all)
-            correct.eq(rwr & ~att.norq & (att.gen == dyn.rq_gen) & ~aligned),
+            # (nor one the gate gave from its cache of empty records: it holds no number)
+            correct.eq(rwr & ~att.norq & ~att.cached & (att.gen == dyn.rq_gen) & ~aligned),
             new.dyn.rq_gen.eq(dyn.rq_gen ^ correct),
         ]
         sync = sig("sync", RecvSync(self.num_qps))

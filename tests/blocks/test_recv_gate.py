@@ -8,7 +8,10 @@ the output. Checked: the pairs leave in order and unchanged; every lane that con
 WQE gets the record consumed for it (valid, counter, generation, addresses, the running
 segment ends), other lanes none; one consume (``ok`` = 1, the answer's QP) per answer,
 whatever it says (the gate's takes are speculative: the responder decides). QPs created
-without a receive queue are never asked: their lanes get a record with ``norq``.
+without a receive queue are never asked: their lanes get a record with ``norq``. Some
+records are empty (none posted): a lane of that QP may then take the last empty record
+without a query (``cached``); a flood of SEND pairs to a QP with nothing posted goes two
+lanes a cycle (one query a cycle without the cache).
 
 RecvCqeWriter: random completions to two ring CQs and a collapsed one, the ``landed``
 strobes at random (before or after their completion), random AW/W ready. Checked: each
@@ -18,6 +21,8 @@ goes out each cycle.
 """
 import random
 from collections import deque
+
+import pytest
 
 from amaranth.sim import Simulator
 
@@ -29,6 +34,7 @@ from spec.formats import CQE_SIZE, CqeOp, Op
 NUM_QPS = 8
 MAX_SGE = 4
 NORQ = (6, 7)               # QPs created without a receive queue
+EMPTY = (2, 3)              # QPs whose records that are not valid are empty (nothing posted)
 OPS = [Op.SEND_ONLY, Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM,
        Op.WRITE_LAST_IMM, Op.SEND_ONLY_IMM, Op.WRITE_FIRST]
 
@@ -85,6 +91,7 @@ def test_recv_gate():
                 ctx.set(dut.wqe.p.qpn, q)
                 ctx.set(dut.wqe.p.index, index)
                 ctx.set(dut.wqe.p.valid, valid)
+                ctx.set(dut.wqe.p.empty, int(valid == 0 and q in EMPTY))
                 ctx.set(dut.wqe.p.gen, gen)
                 ctx.set(dut.wqe.p.nsge, len(segs))
                 for j in range(MAX_SGE):
@@ -121,6 +128,7 @@ def test_recv_gate():
                     lanes.append((o.pair.p[j].opcode, o.pair.p[j].dqpn, o.pair.p[j].psn, w.valid, w.index,
                                   [w.addr[s] for s in range(MAX_SGE)], [w.end[s] for s in range(MAX_SGE)], w.gen,
                                   w.norq))
+                    lanes[-1] += (w.empty, w.cached)
                 out.append(lanes)
             await ctx.tick()
             if len(out) == len(pairs):
@@ -133,6 +141,7 @@ def test_recv_gate():
     sim.run()
     assert len(out) == len(pairs)
     qs, hs = deque(queries), deque(handed)
+    empties_seen, cached = set(), [0]
     for lanes, got in zip(pairs, out):
         assert [(op, q, tag) for op, q, tag in lanes] == [g[:3] for g in got]
         for (op, q, _), g in zip(lanes, got):
@@ -144,9 +153,17 @@ def test_recv_gate():
                 assert g[3] == 0 and g[8] == 1
                 continue
             assert g[8] == 0
+            if g[10]:
+                # the QP's last empty record, given without a query: one handed on before
+                assert q in EMPTY and g[3] == 0 and g[9] == 1 and (q, g[4], g[7]) in empties_seen, g
+                cached[0] += 1
+                continue
             qq, avail = qs.popleft()
             hq, index, segs, valid, gen = hs.popleft()
             assert qq == q and hq == q and g[3] == valid and g[4] == index and g[7] == gen
+            assert g[9] == int(valid == 0 and q in EMPTY)
+            if g[9]:
+                empties_seen.add((q, index, gen))
             if valid:
                 run = 0
                 for s in range(MAX_SGE):
@@ -154,6 +171,7 @@ def test_recv_gate():
                     run += n
                     assert g[5][s] == a and g[6][s] == run
     assert not qs and not hs
+    assert cached[0] > 10, f"only {cached[0]} lanes took a cached empty record"
 
 
 def _cqe_fields(rnd, cqn):
@@ -235,3 +253,73 @@ def test_recv_cqe_writer():
     _writer_run(rnd, 120, fast=False)
     at = _writer_run(rnd, 60, fast=True)
     assert at[-1] - at[0] == len(at) - 1, f"not one CQE a cycle: {at[:10]}"
+
+
+@pytest.mark.parametrize("cache_age", [64, 0])
+def test_recv_gate_empty_flood(cache_age):
+    """200 pairs of SEND ONLYs to one QP with nothing posted, back to back, the stand-in
+    answering at once with empty records: with the cache every lane after the first few
+    takes the cached record and the pairs go one a cycle; without it (``cache_age`` 0)
+    one query a cycle, two cycles a pair."""
+    dut = RecvGate(num_qps=NUM_QPS, max_sge=MAX_SGE, depth=4, cache_age=cache_age)
+    n = 200
+    stats = {"queries": 0, "out": [], "cached": 0}
+
+    async def bench(ctx):
+        ctx.set(dut.create_valid, 1)
+        ctx.set(dut.create.qpn, 2)
+        ctx.set(dut.create.enable, 1)
+        await ctx.tick()
+        ctx.set(dut.create_valid, 0)
+        ctx.set(dut.o.ready, 1)
+        ctx.set(dut.query.ready, 1)
+        ctx.set(dut.consume.ready, 1)
+        ctx.set(dut.i.p.second, 1)
+        for j in range(2):
+            ctx.set(dut.i.p.p[j].opcode, Op.SEND_ONLY)
+            ctx.set(dut.i.p.p[j].dqpn, 2)
+        sent, answers, records = 0, deque(), deque()
+        for cycle in range(4 * n):
+            ctx.set(dut.i.valid, int(sent < n))
+            ctx.set(dut.answer.valid, int(bool(answers)))
+            ctx.set(dut.answer.p.qpn, 2)
+            ctx.set(dut.wqe.valid, int(bool(records)))
+            ctx.set(dut.wqe.p.qpn, 2)
+            ctx.set(dut.wqe.p.index, 7)
+            ctx.set(dut.wqe.p.gen, 1)
+            ctx.set(dut.wqe.p.empty, 1)
+            await ctx.delay(1e-12)
+            if ctx.get(dut.i.valid) and ctx.get(dut.i.ready):
+                sent += 1
+            if ctx.get(dut.query.valid):
+                stats["queries"] += 1
+                answers.append(1)
+            if ctx.get(dut.answer.valid) and ctx.get(dut.answer.ready):
+                answers.popleft()
+            if ctx.get(dut.consume.valid) and ctx.get(dut.consume.ready):
+                records.append(1)
+            if ctx.get(dut.wqe.valid) and ctx.get(dut.wqe.ready):
+                records.popleft()
+            if ctx.get(dut.o.valid):
+                o = ctx.get(dut.o.p)
+                for j in range(2):
+                    assert (o.wqe[j].valid, o.wqe[j].index, o.wqe[j].gen, o.wqe[j].empty) == (0, 7, 1, 1)
+                    stats["cached"] += o.wqe[j].cached
+                stats["out"].append(cycle)
+            await ctx.tick()
+            if len(stats["out"]) == n:
+                return
+
+    sim = Simulator(dut)
+    sim.add_clock(2e-9)
+    sim.add_testbench(bench)
+    sim.run()
+    out = stats["out"]
+    assert len(out) == n
+    took = out[-1] - out[0]
+    if cache_age:
+        assert took <= n + 10 and stats["queries"] < 40, f"{n} pairs in {took} cycles, {stats['queries']} queries"
+        assert stats["cached"] == 2 * n - stats["queries"]
+    else:
+        assert took >= 2 * n - 10 and stats["queries"] == 2 * n and stats["cached"] == 0, \
+            f"{n} pairs in {took} cycles, {stats['queries']} queries"
