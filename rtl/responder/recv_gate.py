@@ -185,14 +185,24 @@ class RecvGate(wiring.Component):
         c_index = Signal(16)
         c_gen = Signal()
         c_age = Signal(range(self.cache_age + 1))
+        c_asked = Signal()              # a lane of the QP asked again as the record aged
         st_short = Signal(2)            # the stage's lanes that take it (decided as the pair enters)
         st_cidx = Signal(16)
         st_cgen = Signal()
+        hit = Signal(2)
+        for k in range(2):
+            p = self.i.p.p[k]
+            m.d.comb += hit[k].eq(c_valid & (p.dqpn[:qb] == c_qpn) & is_rwr(p.opcode) & (p.opcode != FLUSH_NEXT)
+                                  & (self.i.p.second if k else 1))
+        # in its last 16 cycles the first lane of its QP asks the queue again (the others still
+        # take it), so that a new empty record comes before it ages out
+        renew = Signal()
+        m.d.comb += renew.eq((c_age < 16) & ~c_asked & (hit != 0))
         with m.If(accept):
-            m.d.sync += [pin.eq(self.i.p), st_valid.eq(1), st_cidx.eq(c_index), st_cgen.eq(c_gen)]
-            for k in range(2):
-                p = self.i.p.p[k]
-                m.d.sync += st_short[k].eq(c_valid & (p.dqpn[:qb] == c_qpn) & (p.opcode != FLUSH_NEXT))
+            m.d.sync += [pin.eq(self.i.p), st_valid.eq(1), st_cidx.eq(c_index), st_cgen.eq(c_gen),
+                         st_short.eq(Mux(renew, Mux(hit[0], Cat(0, hit[1]), 0), hit))]
+            with m.If(renew):
+                m.d.sync += c_asked.eq(1)
         with m.Elif(st_take):
             m.d.sync += st_valid.eq(0)
         wq = self.wqe
@@ -203,7 +213,7 @@ class RecvGate(wiring.Component):
         if self.cache_age:
             with m.If(wq.valid & wq.ready & wq.p.empty & ~wq.p.norq):
                 m.d.sync += [c_valid.eq(1), c_qpn.eq(wq.p.qpn), c_index.eq(wq.p.index), c_gen.eq(wq.p.gen),
-                             c_age.eq(self.cache_age - 1)]
+                             c_age.eq(self.cache_age - 1), c_asked.eq(0)]
             with m.Elif(wq.valid & wq.ready & (wq.p.qpn == c_qpn)):
                 m.d.sync += c_valid.eq(0)
             with m.If(self.create_valid & (self.create.qpn == c_qpn)):

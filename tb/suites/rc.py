@@ -270,18 +270,21 @@ async def small_frame_floods(dut):
     frames = [build_read_request(peers[4][0], peer_port(4), DST + 0x100, KEY_RO, 8, peers[4][0].start_psn)]
     frames.append(build_atomic_request(peers[5][0], peer_port(5), Op.FETCH_ADD, DST + 0x800, KEY_ATOMIC, 5, 0,
                                        peers[5][0].start_psn))
-    parts = {}
+    parts, answer_before = {}, {}
     for kind, sizes in FLOOD_SIZES:
         for n in list(sizes) + (FLOOD_LARGE if len(sizes) > 1 else []):
             if kind == "rnr_empty":
-                # one SEND first, alone: a QP not asked for a read round trip is not polled,
-                # so its first SEND waits for a read of the record (as the first SEND to a QP
-                # whose posts are not known does); the flood behind it is answered at once
+                # one SEND first, alone, and its RNR NAK awaited: a QP not asked for a read
+                # round trip is not polled, so its first SEND waits for a read of the record
+                # (as the first SEND to a QP whose posts are not known does); the flood
+                # behind it is answered from the polled record
                 parts[len(frames)] = f"rnr_prime:{n}"
+                answer_before[len(frames) + 1] = [(6, len(frames))]
                 frames += _flood_frames(peers, "rnr_prime", n, 1)
             parts[len(frames)] = f"{kind}:{n}"
             frames += _flood_frames(peers, kind, n, _flood_count(n, verilator))
-    await run_and_check(env, model, frames, image=image, parts=parts, settle=2000)
+    await run_and_check(env, model, frames, image=image, parts=parts, settle=2000,
+                        answer_before=answer_before)
     stalled = {k: v for k, v in env.part_stalls.items() if v}
     dut._log.info(f"{len(frames)} frames, MAC RX stalls {env.rx.stall_cycles}: {stalled}")
     assert env.rx.stall_cycles == 0, f"MAC RX waited {env.rx.stall_cycles} cycles: {stalled}"

@@ -34,7 +34,7 @@ from spec.formats import CQE_SIZE, CqeOp, Op
 NUM_QPS = 8
 MAX_SGE = 4
 NORQ = (6, 7)               # QPs created without a receive queue
-EMPTY = (2, 3)              # QPs whose records that are not valid are empty (nothing posted)
+EMPTY = (2, 3, 4)           # QPs whose records that are not valid are empty (nothing posted)
 OPS = [Op.SEND_ONLY, Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST, Op.WRITE_ONLY, Op.WRITE_ONLY_IMM,
        Op.WRITE_LAST_IMM, Op.SEND_ONLY_IMM, Op.WRITE_FIRST]
 
