@@ -105,9 +105,12 @@ class RecvQueue(wiring.Component):
       next consume gets), ``fetched`` and a generation bit ``gen``; ``committed`` (WQEs the
       responder used, from its ``sync`` records) is in a RAM of its own. The slots hold the
       WQEs ``committed .. fetched``; a slot is fetched again only once its WQE is committed.
-    * every consume (``ok`` = 1) hands on WQE number ``consumed`` (``index``, ``gen``) and
-      moves ``consumed`` on; ``valid`` = 1 iff that WQE is posted (below ``known``) and has a
-      slot (less than ``depth`` past ``committed``), else the record is a number only.
+    * every consume (``ok`` = 1) hands on WQE number ``consumed`` (``index``, ``gen``);
+      ``valid`` = 1 iff that WQE is posted (below ``known``) and has a slot (less than
+      ``depth`` past ``committed``), else the record is a number only. A posted WQE moves
+      ``consumed`` on; one not posted does not (``empty``: the responder RNR NAKs the packet
+      without a lookup when its committed count is ``index``, and sends no sync), so a flood
+      of SENDs to a QP with nothing posted needs no correction.
     * ``sync`` (the responder, per decided packet that held a number, in decision order):
       ``committed`` is written; ``correct`` moves ``consumed`` by ``committed - index - 1``
       (the packets handed on after the decided one, number ``index``, were given numbers off
@@ -117,16 +120,22 @@ class RecvQueue(wiring.Component):
       asked when the WQE a packet holds is not the one it must use); ``valid`` = 0 if it is
       not posted. Asked only while ``sync_idle``, so ``committed`` is up to date.
 
-    The query side counts ``known`` (the head last read) and ``answered`` (queries answered,
-    plus the corrections). **Rule**: a query is answered ``available`` iff the doorbell
-    record, read no earlier than the query, says WQE number ``answered`` is posted. When
+    The query side counts ``known`` (the head last read) and ``answered`` (queries answered
+    available, plus the corrections). **Rule**: a query is answered ``available`` iff the
+    doorbell record says WQE number ``answered`` is posted, read no earlier than the query
+    or, while the QP is *armed*, no earlier than two read round trips before it. When
     ``known`` is already beyond ``answered`` the answer is given at once (the producer only
-    moves its head forward, so a fresh read would say the same); otherwise the query waits
-    for a read of the record issued after it, and later queries wait behind it (answers stay
-    in query order), each with a background read of its own QP's record issued as it is
-    taken, so that the reads of a run of QPs whose posts are not known yet overlap. A QP
-    without a receive queue (``enable`` = 0, or never created) answers
-    0. The answer is a hint: what counts is the consume's ``valid``.
+    moves its head forward, so a fresh read would say the same); otherwise, unless armed,
+    the query waits for a read of the record issued after it, and later queries wait behind
+    it (answers stay in query order), each with a background read of its own QP's record
+    issued as it is taken, so that the reads of a run of QPs whose posts are not known yet
+    overlap. A query's own read that finds nothing posted arms the QP: its record is read
+    again, one read in flight, for as long as a query of the QP came while the last read
+    was out, and a query that finds nothing known meanwhile is answered at once (an RNR
+    NAK flood costs no read round trip a packet; a receive posted less than two round trips
+    before a packet may be missed: an RNR NAK the requester retries). A QP without a
+    receive queue (``enable`` = 0, or never created) answers 0. The answer is a hint: what
+    counts is the consume's record.
 
     Two pipelines own the per-QP state, each one RAM row per QP written by one stage, so
     that a query and a consume are taken in the same cycle:

@@ -17,7 +17,8 @@ from model.cqe import CqContext, parse_cqe
 from model.frames import Port, QpContext, build_message_frames
 from model.mr import MemoryRegion
 from model.responder import RcResponder
-from spec.formats import AETH, OFF_EXT, Access, Aeth, CqeOp, QpState, Syndrome, WqeOp, unpack
+from spec.formats import AETH, OFF_EXT, RNR_TIMER_NS, Access, Aeth, CqeOp, QpState, Syndrome, WqeOp, unpack
+from spec.params import CLOCK_PERIOD_NS
 from tb.env import PORT_IP, PORT_MAC, NicEnv, peer_ip, peer_mac
 from tb.rc_env import match_coalesced, peer_port
 
@@ -230,7 +231,11 @@ async def write_imm(dut):
 async def rnr_then_posted(dut):
     """No receive WQE posted: RNR NAK (the QP's timer code, the packet's PSN), the packet
     behind it the gap's PSN-sequence NAK; posted, the resend is accepted. A duplicate SEND
-    is ACKed and consumes no WQE (the next SEND takes the next WQE)."""
+    is ACKed and consumes no WQE (the next SEND takes the next WQE). The resend comes 10 us
+    after the post, IBTA's shortest RNR timer, as from a requester: the engine reads the
+    record of a QP it RNR NAKed again and again while SENDs come, and a receive posted
+    less than two reads before a SEND may be missed (an RNR NAK again; here the resend
+    right after the post was NAKed, where the model, reading at the packet, took it)."""
     r = await RecvEnv.start(dut, {1: 1024}, min_rnr_timer=7)
     first = r.message(1, WqeOp.SEND, _payload(40, 8), advance=False)
     second = build_message_frames(r.peers[1], peer_port(1), WqeOp.SEND, _payload(24, 9), r.psn[1] + 1)
@@ -239,6 +244,7 @@ async def rnr_then_posted(dut):
     nak = unpack(AETH, r.env.wire.frames[-2].data, OFF_EXT)
     assert nak["syndrome"] == Aeth.RNR_NAK | 7, nak
     r.qps[1].post_recv([(BUFS, 64)], [(BUFS + 0x100, 64)], [(BUFS + 0x200, 64)])
+    await ClockCycles(dut.clk, int(RNR_TIMER_NS[1] / CLOCK_PERIOD_NS))
     await r.exchange(first + second + first)          # the resend, then a duplicate of the first
     r.scatter([(BUFS, 64)], _payload(40, 8))
     r.scatter([(BUFS + 0x100, 64)], _payload(24, 9))
