@@ -15,6 +15,7 @@ from cocotb.triggers import ClockCycles, RisingEdge
 
 from rtl.build import PAIR_PARAMS, QUAD_PARAMS
 from spec import params as P
+from spec.formats import ETH_MIN_FRAME
 from tb.clock import CycleCounter
 from tb.env import NicEnv
 from model.network import BackToBack, Switch
@@ -36,6 +37,11 @@ class NicNetEnv:
     net : a ``model.network`` fabric (``BackToBack``, ``Switch``) with ``count`` ports.
     num_qps : int
         QPs per NIC of the build.
+    mac_pad : bool
+        The MACs pad what a NIC sends to Ethernet's 60 bytes (zeros behind the ICRC, as an
+        IEEE 802.3 MAC does): a frame shorter than that (a 0-byte SEND is 58 bytes; the
+        engine leaves the padding to its MAC) enters the fabric 60 bytes long. Default
+        off: the frames as the NIC sent them.
     **nic_kw
         Passed to every ``NicEnv`` (e.g. ``dma_latency``).
 
@@ -44,10 +50,11 @@ class NicNetEnv:
     nics : the ``NicEnv`` of each NIC.
     net : the fabric (its counters and fault log).
     """
-    def __init__(self, dut, count, net, *, num_qps, **nic_kw):
+    def __init__(self, dut, count, net, *, num_qps, mac_pad=False, **nic_kw):
         if not 2 <= count <= len(NIC_MACS):
             raise ValueError(f"count must be 2..{len(NIC_MACS)}, not {count!r}")
         self.dut = dut
+        self.mac_pad = mac_pad
         self.nics = [NicEnv(dut, prefix=f"n{i}_", port_mac=NIC_MACS[i], port_ip=NIC_IPS[i],
                             num_qps=num_qps, **nic_kw) for i in range(count)]
         self.net = net
@@ -79,9 +86,12 @@ class NicNetEnv:
                 while seen[i] < len(frames):
                     f = frames[seen[i]]
                     seen[i] += 1
+                    data = f.data
+                    if self.mac_pad and len(data) < ETH_MIN_FRAME:
+                        data += bytes(ETH_MIN_FRAME - len(data))
                     # the MAC holds a frame until its wire time has run: it has left by the
                     # cycle holding its last wire byte
-                    self.net.send(i, f.data, -(-f.end_bytes // BYTES_PER_CYCLE), end_bytes=f.end_bytes)
+                    self.net.send(i, data, -(-f.end_bytes // BYTES_PER_CYCLE), end_bytes=f.end_bytes)
             for j, nic in enumerate(self.nics):
                 for d in self.net.receive(j, now):
                     nic.rx.send(d.frame, cycle=max(d.cycle, now))
@@ -118,7 +128,7 @@ class NicPairEnv(NicNetEnv):
     seed : int
         Seed of the fault draws.
     **nic_kw
-        Passed to both ``NicEnv`` (e.g. ``dma_latency``).
+        Passed to ``NicNetEnv`` (``mac_pad``) and to both ``NicEnv`` (e.g. ``dma_latency``).
     """
     def __init__(self, dut, *, latency_cycles=100, faults=None, seed=0, **nic_kw):
         super().__init__(dut, 2, BackToBack(latency_cycles=latency_cycles, faults=faults, seed=seed),

@@ -12,7 +12,7 @@ from rtl.common import icrc_math
 from rtl.common.rx_beat import RxBeat, QUARTER, QUARTERS
 from spec.params import DATA_BYTES
 
-__all__ = ["IcrcChecker", "RESIDUE", "MIN_FRAME"]
+__all__ = ["IcrcChecker", "RESIDUE", "MIN_FRAME", "PAD_FRAME", "PAD_IP_LENGTHS"]
 
 BEAT = DATA_BYTES             # 128 bytes
 assert BEAT == QUARTER * QUARTERS
@@ -22,6 +22,20 @@ MIN_FRAME = F.OFF_BTH + F.BTH_LEN + F.ICRC_LEN
 # The checker's length test relies on it: a frame of one quarter is too short, one of
 # three or more long enough, one of two long enough from MIN_FRAME - 32 bytes in the second.
 assert QUARTER < MIN_FRAME <= 2 * QUARTER + 1
+
+# Ethernet padding: a frame of PAD_FRAME (60) bytes may carry a shorter IPv4 packet and
+# zero bytes up to the Ethernet minimum behind it (model.parse.parse_frame cuts the
+# frame at the IPv4 length). Only packets of MIN_FRAME (58) or 59 bytes can be checked,
+# so the IPv4 total lengths 44 and 45, with 2 and 1 pad bytes; shorter ones are too
+# short whatever the ICRC says (RxHeaderParser drops them as BAD_LENGTH).
+PAD_FRAME = F.ETH_MIN_FRAME
+PAD_IP_LENGTHS = {PAD_FRAME - F.OFF_IP - k: k for k in (1, 2)}     # {45: 1, 44: 2}
+IP_LEN_AT = F.OFF_IP + F.get_field(F.IPV4, "total_len")[0]        # frame bytes 16-17, big-endian
+# The checker's use of them: the IPv4 length lies in a frame's first quarter, a 60-byte
+# frame ends in its second with PAD_EBYTES bytes there, and its pad bytes are the last
+# one or two of those.
+PAD_EBYTES = PAD_FRAME - QUARTER
+assert IP_LEN_AT + 2 <= QUARTER < PAD_FRAME <= 2 * QUARTER and PAD_FRAME - max(PAD_IP_LENGTHS.values()) == MIN_FRAME
 
 
 def _register(msg):
@@ -77,6 +91,21 @@ class IcrcChecker(wiring.Component):
     or with a malformed ``ebytes`` (0 or over 32), or ending without a start, are
     reported not ok.
 
+    Ethernet padding (``model.parse.parse_frame``'s rule): a packet shorter than 60
+    bytes arrives padded to ``PAD_FRAME`` (60) bytes by the MAC, and the packet ends
+    where its IPv4 total length (frame bytes 16-17) says. A 60-byte frame whose IPv4
+    length is 44 or 45 (a packet of 58 or 59 bytes: a 0-byte SEND ONLY, or a 1-byte one
+    without the IBTA pad) is checked as that packet: its last 2 or 1 bytes are zeroed in
+    the message like the lanes past a frame's end, and the register is compared with the
+    residue advanced by those bytes as well, so ``icrc_ok`` is the verdict on the ICRC in
+    front of the padding, whatever the pad bytes hold (IEEE 802.3 pads with zeros; the
+    model ignores them, and so does this check). The IPv4 length is read in the frame's
+    first quarter (from quarter 3 of the last beat for a frame ending in quarter 0, kept
+    in a register). Every other frame, a 60-byte one with IPv4 length 46 included, is
+    checked on its last 4 bytes; a 60-byte frame with an IPv4 length under 44 too (a
+    packet too short for a BTH and an ICRC: the header parser drops it as BAD_LENGTH
+    before it looks at ``icrc_ok``).
+
     Members
     -------
     i : In(stream.Signature(RxBeat()))
@@ -110,6 +139,21 @@ class IcrcChecker(wiring.Component):
         def next_run(n):
             return Mux(n == 2, 2, n + 1)
 
+        # Ethernet padding: per quarter, the pad bytes a 60-byte frame starting there
+        # would carry by its IPv4 length (bit 0: one, tl 45; bit 1: two, tl 44); a frame
+        # ending in its second quarter takes them from the quarter before it, from
+        # quarter 3 of the last beat for quarter 0.
+        ip_len_of = {k: tl for tl, k in PAD_IP_LENGTHS.items()}     # pad bytes -> IPv4 length
+        pads = []
+        for q in range(QUARTERS):
+            d = beat.data[qbits * q:qbits * (q + 1)]
+            ip_len = Signal(16, name=f"ip_len{q}")
+            m.d.comb += ip_len.eq(Cat(d[8 * (IP_LEN_AT + 1):8 * (IP_LEN_AT + 2)], d[8 * IP_LEN_AT:8 * (IP_LEN_AT + 1)]))
+            pad = Signal(2, name=f"pad{q}")
+            m.d.comb += pad.eq(Cat(ip_len == ip_len_of[1], ip_len == ip_len_of[2]))
+            pads.append(pad)
+        pad_carry = Signal(2)   # quarter 3's pad bits, for a frame that ends in the next beat
+
         # Walk the quarters: the register, length and openness of the frame holding each.
         reg = Signal(32)
         m.d.comb += reg.eq(icrc_math.apply(a_cols, state, 32))
@@ -130,9 +174,20 @@ class IcrcChecker(wiring.Component):
                     m.d.comb += masked.eq((d & masks[1]) | fills[1])
                 with m.Default():
                     m.d.comb += masked.eq(d)
-            # Bytes past the frame's end are zeroed (they may hold anything).
+            # A 60-byte frame (ending in its second quarter with 28 bytes there) whose
+            # IPv4 length is 44 or 45: its last 2 or 1 bytes are Ethernet padding, not
+            # part of the message. cut[0]: lane 27 is padding, cut[1]: lane 26 too.
+            pad_first = pads[q - 1] if q else pad_carry
+            is_min = Signal(name=f"is_min{q}")
+            m.d.comb += is_min.eq((n == 1) & (ebytes == PAD_EBYTES))
+            cut = Signal(2, name=f"cut{q}")
+            m.d.comb += cut.eq(Cat(is_min & pad_first.any(), is_min & pad_first[1]))
+            # Bytes past the frame's end are zeroed (they may hold anything), and so are
+            # the pad bytes: their contents do not matter, as in parse_frame.
+            lane_cut = {PAD_EBYTES - 1: cut[0], PAD_EBYTES - 2: cut[1]}
             keep = Signal(qbits, name=f"keep{q}")
-            m.d.comb += keep.eq(Cat(*[(~eop | (ebytes > i)).replicate(8) for i in range(QUARTER)]))
+            m.d.comb += keep.eq(Cat(*[(~eop | ((ebytes > i) & ~lane_cut[i] if i in lane_cut else (ebytes > i))).replicate(8)
+                                      for i in range(QUARTER)]))
             msg = Signal(qbits, name=f"msg{q}")    # a signal: the products pick its bits one by one
             m.d.comb += msg.eq(masked & keep)
             product = Signal(32, name=f"product{q}")
@@ -148,6 +203,11 @@ class IcrcChecker(wiring.Component):
                 for e in range(1, QUARTER + 1):
                     with m.Case(e):
                         m.d.comb += expect.eq(_RESIDUE_AFTER_ZEROS[BEAT - QUARTER * q - e])
+            # a padded frame: its message ends 1 or 2 bytes before the quarter's data does
+            with m.If(cut[1]):
+                m.d.comb += expect.eq(_RESIDUE_AFTER_ZEROS[BEAT - QUARTER * q - (PAD_EBYTES - 2)])
+            with m.Elif(cut[0]):
+                m.d.comb += expect.eq(_RESIDUE_AFTER_ZEROS[BEAT - QUARTER * q - (PAD_EBYTES - 1)])
             # ebytes 1..32, and MIN_FRAME bytes: never in one quarter, always in three.
             well_formed = Signal(name=f"well_formed{q}")
             m.d.comb += well_formed.eq((ebytes != 0) & (ebytes <= QUARTER)
@@ -165,5 +225,5 @@ class IcrcChecker(wiring.Component):
         with m.If(self.i.valid & self.i.ready):
             m.d.sync += [self.o.valid.eq(1), self.o.p.eq(beat), self.o.p.icrc_ok.eq(ok),
                          # quarter 3's frame, meaningful only while it stays open
-                         is_open.eq(open_before), state.eq(reg), run.eq(before)]
+                         is_open.eq(open_before), state.eq(reg), run.eq(before), pad_carry.eq(pads[-1])]
         return m

@@ -981,6 +981,44 @@ fault_matrix.define_tests(globals(), _faulty, fault_matrix.SEED, "{kind} at {per
 
 
 @cocotb.test()
+async def rc_zero_byte_sends_padded(dut):
+    """0-byte SENDs from NIC 0 into NIC 1's receive queue through MACs that pad short frames
+    to Ethernet's 60 bytes (``mac_pad``): NIC 0 sends each as the golden model's 58-byte
+    frame (no Ethernet padding: that is its MAC's job), the cable carries 60 bytes, and
+    NIC 1 takes it by the ICRC in front of the padding: ACKed, a receive CQE with byte
+    count 0. Between them a 5-byte SEND (66 bytes) and a 0-byte SEND with immediate (62
+    bytes), not padded. NIC 0's frames and CQEs as the model's, NIC 1's receive CQEs as
+    plain numbers, the 5 bytes in place; no bad ICRC, nothing sent twice."""
+    env = await NicPairEnv(dut, latency_cycles=100, mac_pad=True).start()
+    a, b = env.nics
+    cq_a = await a.cq(0, 7)
+    rcq = await b.cq(2, 6)
+    qp_s, qp_r = await env.connect(0, 4, 1, 14, cq_a=cq_a, cq_b=rcq, pd=PD, timeout=3000,
+                                   b_kw=dict(recv=(6, 4), rcq=rcq))
+    qp_r.post_recv(*[[(RECV_BUFS + 0x100 * i, 0x40)] for i in range(4)])
+    addr = a.gpu.alloc(8, 128)
+    a.gpu.write(addr, b"hello")
+    qp_s.post_send()
+    qp_s.post_send(local_addr=addr, length=5)
+    qp_s.post_send()
+    qp_s.post_send(imm=0x0BADCAFE)
+    await qp_s.ring_rdma_core()
+    a.check(await a.drain(timeout_cycles=100_000))
+    assert [len(f) for f in a.wire.frames] == [58, 66, 58, 62]
+    assert [len(f) for f, _, _ in b.rx.sent] == [60, 66, 60, 62]
+    assert b.rx.sent[0][0] == a.wire.frames[0].data + bytes(2)
+    await b.wait_for(lambda: sum(cqn == 2 for cqn, *_ in b.cqe_writes()) >= 4, 20_000, "NIC 1's receive CQEs")
+    rcqes = [parse_cqe(raw) for cqn, _, raw, _ in b.cqe_writes() if cqn == 2]
+    got = [(c["qpn"], c["opcode"], c["byte_cnt"], c["imm"], c["wqe_counter"], c["syndrome"]) for c in rcqes]
+    assert got == [(14, CqeOp.RESP_SEND, 0, 0, 0, 0), (14, CqeOp.RESP_SEND, 5, 0, 1, 0),
+                   (14, CqeOp.RESP_SEND, 0, 0, 2, 0), (14, CqeOp.RESP_SEND_IMM, 0, 0x0BADCAFE, 3, 0)], got
+    assert b.mem.read(RECV_BUFS + 0x100, 5) == b"hello"
+    ca, cb = await a.ctl.read_counters(), await b.ctl.read_counters()
+    assert (cb["rx_accepted"], cb["rx_bad_icrc"], cb["rx_bad_length"]) == (4, 0, 0), cb
+    assert (ca["retransmits"], ca["timeouts"]) == (0, 0), ca
+
+
+@cocotb.test()
 async def rc_gather_resume(dut):
     """Go-back-N inside gather lists: two RDMA WRITEs from 4 and 2 pointer segments (an
     empty one, odd offsets, one across 4 KiB) at MTU 256, 3 and 4 packets. The first

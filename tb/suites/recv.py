@@ -14,10 +14,11 @@ import cocotb
 from cocotb.triggers import ClockCycles
 
 from model.cqe import CqContext, parse_cqe
-from model.frames import Port, QpContext, build_message_frames
+from model.frames import Port, QpContext, build_message_frames, build_rc_frame, build_write_frames
 from model.mr import MemoryRegion
 from model.responder import RcResponder
-from spec.formats import AETH, OFF_EXT, RNR_TIMER_NS, Access, Aeth, CqeOp, QpState, Syndrome, WqeOp, unpack
+from spec.formats import (AETH, ETH_MIN_FRAME, OFF_EXT, RNR_TIMER_NS, Access, Aeth, CqeOp, Op, QpState, Syndrome,
+                          WqeOp, unpack)
 from spec.params import CLOCK_PERIOD_NS
 from tb.env import PORT_IP, PORT_MAC, NicEnv, peer_ip, peer_mac
 from tb.rc_env import match_coalesced, peer_port
@@ -225,6 +226,58 @@ async def write_imm(dut):
     assert len(cqes) == 2
     _cqe_numbers(cqes[0], CqeOp.RESP_WR_IMM, 1, 0, 100, 0x01020304)
     _cqe_numbers(cqes[1], CqeOp.RESP_WR_IMM, 1, 1, 600, 0xA0B0C0D0)
+
+
+def _mac_padded(frame, pad=b""):
+    """``frame`` as a MAC hands it over: padded to Ethernet's 60 bytes (zeros, or ``pad``)."""
+    n = ETH_MIN_FRAME - len(frame)
+    assert n > 0
+    return frame + (pad or bytes(n))[:n]
+
+
+@cocotb.test()
+async def padded_short_frames(dut):
+    """Packets shorter than Ethernet's 60 bytes come padded to 60 by the MAC, the packet's
+    end where its IPv4 length says: a 0-byte SEND ONLY (58 bytes, what rxe sends for a
+    0-byte SEND) into a posted receive WQE: ACKed, a RESP_SEND CQE with byte count 0,
+    nothing written; the same with its ICRC wrong: dropped unanswered (rx_bad_icrc); a
+    1-byte SEND ONLY without the IBTA pad (59 bytes, its pad byte not zero): ACKed, the
+    byte in the next WQE's buffer; a two-packet WRITE (MTU 256) whose 1-byte LAST comes
+    without the IBTA pad (59 bytes padded to 60), then that LAST again (a duplicate,
+    re-ACKed): the 257 bytes land. ACKs and CQEs as the golden model's, which takes every one of these (and
+    drops the bad ICRC) by the same rule; the counters."""
+    r = await RecvEnv.start(dut, {1: 256})
+    r.qps[1].post_recv([(BUFS, 64)], [(BUFS + 0x100, 64)], [(BUFS + 0x200, 64)])
+    peer, port = r.peers[1], peer_port(1)
+    zero = r.message(1, WqeOp.SEND, b"")
+    assert len(zero) == 1 and len(zero[0]) == 58
+    bad = bytearray(_mac_padded(r.message(1, WqeOp.SEND, b"", advance=False)[0]))
+    bad[54] ^= 0x40                                      # the ICRC, in front of the padding
+    one = build_rc_frame(peer, port, Op.SEND_ONLY, r.psn[1], payload=b"\x5a", ackreq=True, pad=False)
+    assert len(one) == 59
+    r.psn[1] += 1
+    r.scatter([(BUFS + 0x100, 64)], b"\x5a")
+    data = _payload(257, 40)
+    write = build_write_frames(peer, port, DST + 0x300, KEY, data, r.psn[1], pad=False)
+    assert [len(f) for f in write] == [74 + 256, 59]
+    r.psn[1] += 2
+    frames = [_mac_padded(zero[0]), bytes(bad), _mac_padded(one, b"\xa5"), write[0], _mac_padded(write[1]),
+              _mac_padded(write[1])]
+    assert [len(f) for f in frames] == [60, 60, 60, 330, 60, 60]
+    res = await r.exchange(frames)
+    assert [(x.accepted, x.reason, x.response_kind) for x in res] == [
+        (True, None, "ack"), (False, "bad_icrc", None), (True, None, "ack"), (True, None, "ack"),
+        (True, None, "ack"), (False, "psn_duplicate", "ack")], [(x.accepted, x.reason, x.response_kind) for x in res]
+    # the NIC's ACKs are the model's (exchange): the two SENDs', the WRITE's two (ACK every
+    # packet), the duplicate's (may be merged with the one before it, AckCoalescer)
+    assert len(r.env.wire.frames) >= 4
+    assert r.env.mem.read(DST + 0x300, 257) == data
+    cqes = r.check()
+    assert len(cqes) == 2
+    _cqe_numbers(cqes[0], CqeOp.RESP_SEND, 1, 0, 0)
+    _cqe_numbers(cqes[1], CqeOp.RESP_SEND, 1, 1, 1)
+    c = await r.env.ctl.read_counters()
+    assert (c["rx_bad_icrc"], c["rx_bad_length"], c["rx_psn_duplicate"]) == (1, 0, 1), c
 
 
 @cocotb.test()

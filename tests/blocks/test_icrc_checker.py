@@ -10,9 +10,9 @@ from amaranth.hdl import Elaboratable, Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
-from model.frames import Port, QpContext, build_packet, build_write_frames
-from model.icrc import icrc
-from model.parse import build_response
+from model.frames import Port, QpContext, build_packet, build_rc_frame, build_write_frames
+from model.icrc import icrc, ipv4_checksum
+from model.parse import build_response, parse_frame
 from rtl.common import icrc_math
 from rtl.port.icrc_checker import MIN_FRAME, RESIDUE, IcrcChecker
 from rtl.port.rx_adapter import MacRxAdapter
@@ -21,6 +21,10 @@ from tb.rx_quarters import BEAT, QUARTER, QUARTERS, pack
 
 MASKED = {o + i for o, w in F.ICRC_MASKED for i in range(w)}
 QMASK = (1 << QUARTER) - 1
+# Ethernet padding (model.parse.parse_frame): a frame of 60 bytes may carry a shorter IPv4
+# packet; those of 58 and 59 bytes (IPv4 lengths 44 and 45) are long enough to be checked.
+PAD_FRAME = F.ETH_MIN_FRAME
+PAD_IP_LENGTHS = (MIN_FRAME - F.OFF_IP, MIN_FRAME + 1 - F.OFF_IP)
 
 
 class _Rx(Elaboratable):
@@ -181,7 +185,23 @@ def _place(items):
     return pairs, starts
 
 
+def _ip_len(f):
+    return int.from_bytes(f[F.OFF_IP + 2:F.OFF_IP + 4], "big")
+
+
+def _packet(f):
+    """The bytes the ICRC check covers: a 60-byte frame whose IPv4 length says 44 or 45
+    (a 58- or 59-byte packet) ends where that length says, behind it Ethernet padding
+    of any content (as parse_frame cuts it); every other frame is checked whole (a
+    shorter IPv4 length makes parse_frame drop a 60-byte frame as bad_length before its
+    ICRC matters)."""
+    if len(f) == PAD_FRAME and _ip_len(f) in PAD_IP_LENGTHS:
+        return f[:F.OFF_IP + _ip_len(f)]
+    return f
+
+
 def _expected_ok(f):
+    f = _packet(f)
     return len(f) >= MIN_FRAME and f[-4:] == icrc(f[:-4])
 
 
@@ -405,3 +425,138 @@ def test_icrc_checker(mode):
         assert stats["cycles"] == len(beats) + 1        # one beat per cycle, one register
     else:
         assert stats["not_ready"] > 0
+
+
+def _padded_frames(rnd):
+    """(frame, kind, start quarter or None) triples around Ethernet padding: 58- and
+    59-byte packets (a 0-byte SEND ONLY and WRITE MIDDLE; a 1-byte SEND ONLY and WRITE
+    LAST without the IBTA pad) padded to 60 bytes with zeros or with other bytes, with a
+    right ICRC, a wrong one, a bit flipped; 60-byte frames whose last 4 bytes are the
+    ICRC of the 56 before them although their IPv4 length says 58 (not ok), unpadded
+    60-byte frames (IPv4 length 46) right, with a wrong ICRC and with the ICRC of their
+    first 54 bytes in front of the last two (not ok); a 60-byte frame with IPv4 length
+    43 (checked whole); each from every quarter and back to back with ACKs and each
+    other."""
+    qp = QpContext(qpn=3, remote_qpn=0x1234, dmac=0x020000000002, dip=0x0A000002, mtu=1024)
+    port = Port(smac=0x020000000001, sip=0x0A000001)
+
+    def psn():
+        return rnd.randrange(1 << 24)
+
+    def packet(n):
+        """A real packet of ``n`` (58 or 59) bytes, no IBTA pad."""
+        op = rnd.choice([F.Op.SEND_ONLY, F.Op.WRITE_MIDDLE if n == MIN_FRAME else F.Op.WRITE_LAST])
+        f = build_rc_frame(qp, port, op, psn(), b"", rnd.randbytes(n - MIN_FRAME), pad=False)
+        assert len(f) == n and _ip_len(f) == n - F.OFF_IP
+        return f
+
+    def pad(f, zeros=True):
+        return f + (bytes(PAD_FRAME - len(f)) if zeros else rnd.randbytes(PAD_FRAME - len(f)))
+
+    def tail_icrc(n):
+        """A padded frame whose last 4 bytes are the ICRC of the 56 bytes before them."""
+        f = bytearray(pad(packet(n)))
+        f[-4:] = _icrc_unchecked(bytes(f[:-4]))
+        return bytes(f)
+
+    def exact():
+        """An unpadded 60-byte frame: WRITE MIDDLE with 2 payload bytes (IPv4 length 46)."""
+        return build_packet(qp, port, F.Op.WRITE_MIDDLE, psn(), rnd.randbytes(2), pad=False)
+
+    def exact_early_icrc():
+        """Unpadded 60 bytes whose bytes 54..57 are the ICRC of the 54 bytes before."""
+        f = bytearray(exact())
+        f[54:58] = _icrc_unchecked(bytes(f[:54]))
+        return bytes(f)
+
+    def ip_len_43():
+        """60 bytes, IPv4 length 43 (a 57-byte packet: too short), a right ICRC over all 60."""
+        f = bytearray(exact()[:-4])
+        f[F.OFF_IP + 2:F.OFF_IP + 4] = (43).to_bytes(2, "big")
+        f[F.OFF_IP + 10:F.OFF_IP + 12] = bytes(2)
+        f[F.OFF_IP + 10:F.OFF_IP + 12] = ipv4_checksum(bytes(f[F.OFF_IP:F.OFF_UDP])).to_bytes(2, "big")
+        return bytes(f) + _icrc_unchecked(bytes(f))
+
+    def corrupt_icrc(f):
+        """The packet's ICRC (in front of the padding) changed."""
+        f = bytearray(f)
+        end = len(_packet(bytes(f)))
+        f[end - 4:end] = bytes(a ^ b for a, b in zip(f[end - 4:end], rnd.randrange(1, 1 << 32).to_bytes(4, "little")))
+        return bytes(f)
+
+    def flip(f):
+        """A bit of the BTH, payload or ICRC flipped (the IPv4 and UDP headers have checks
+        of their own in front of the ICRC's)."""
+        f = bytearray(f)
+        end = len(_packet(bytes(f)))
+        pos = rnd.choice([i for i in range(F.OFF_BTH, end) if i not in MASKED])
+        f[pos] ^= 1 << rnd.randrange(8)
+        return bytes(f)
+
+    makers = {
+        "pad_zero": lambda n: pad(packet(n)),
+        "pad_bytes": lambda n: pad(packet(n), zeros=False),         # what the pad holds does not matter
+        "pad_icrc": lambda n: corrupt_icrc(pad(packet(n), zeros=rnd.random() < 0.5)),
+        "pad_bit": lambda n: flip(pad(packet(n), zeros=rnd.random() < 0.5)),
+        "pad_tail_icrc": tail_icrc,
+        "exact": lambda n: exact(),
+        "exact_icrc": lambda n: corrupt_icrc(exact()),
+        "exact_early_icrc": lambda n: exact_early_icrc(),
+        "ip_len_43": lambda n: ip_len_43(),
+    }
+    items = []
+    for kind, make in makers.items():
+        for n in (MIN_FRAME, MIN_FRAME + 1):
+            for s in range(QUARTERS):
+                items.append((make(n), kind, s))
+                items.append((make(n), kind, None))          # behind whatever came before
+    # ACKs (62 bytes) between them: a padded frame and an ACK ending in one beat
+    for _ in range(24):
+        items.append((build_response(qp, port, psn(), 0, psn()), "ack", None))
+    rnd.shuffle(items)
+    return items
+
+
+@pytest.mark.parametrize("mode", ["stalls", "full_rate"])
+def test_padded_60_byte_frames(mode):
+    """60-byte frames that carry a 58- or 59-byte packet and Ethernet padding (a 0-byte
+    SEND ONLY from rxe; a peer without the IBTA pad): the verdict is on the ICRC in front
+    of the padding, whatever the pad bytes hold, as parse_frame checks it; a wrong ICRC
+    there is refused, and so is a right CRC in the last 4 bytes; unpadded 60-byte frames
+    are checked on their last 4 bytes. From every quarter (from quarter 3 across two
+    beats), two ends in a beat, with stalls and at full rate."""
+    rnd = random.Random(60 if mode == "stalls" else 59)
+    pairs, starts = _place(_padded_frames(rnd))
+    frames = [f for f, _ in pairs]
+    want = {"pad_zero": 1, "pad_bytes": 1, "pad_icrc": 0, "pad_bit": 0, "pad_tail_icrc": 0,
+            "exact": 1, "exact_icrc": 0, "exact_early_icrc": 0, "ip_len_43": 1, "ack": 1, "none": 1}
+    opcodes = {F.Op.SEND_ONLY, F.Op.WRITE_MIDDLE, F.Op.WRITE_LAST, F.Op.ACK}
+    for f, kind in pairs:
+        assert _expected_ok(f) == want[kind], kind
+        # the model's own verdict: every frame here has right headers, so the ICRC decides,
+        # except the too-short packet behind padding (a length drop before the ICRC)
+        _, reason = parse_frame(f, opcodes)
+        assert reason == ("bad_length" if kind == "ip_len_43" else None if want[kind] else "bad_icrc"), (kind, reason)
+    # every kind from every quarter; padded ones from quarter 3 run into the next beat
+    assert {(k, s) for (f, k), s in zip(pairs, starts) if len(f) == PAD_FRAME} \
+        == {(k, s) for k in want if k not in ("ack", "none") for s in range(QUARTERS)}
+    beats = _mac_beats(frames, rnd)
+    k = 0
+    two = set()
+    for b in beats:
+        mine = [pairs[k + j][1] for j in range(bin(b["eop"]).count("1"))]
+        k += len(mine)
+        if len(mine) == 2:
+            two |= set(mine)
+    assert {"pad_zero", "pad_bytes", "pad_icrc", "pad_tail_icrc", "ack"} <= two
+
+    p_gap, p_stall = (0.25, 0.3) if mode == "stalls" else (0.0, 0.0)
+    out, _ = _run(beats, p_gap, p_stall, rnd)
+    verdicts = [o["icrc_ok"] >> q & 1 for o in out for q in range(QUARTERS) if o["eop"] >> q & 1]
+    assert len(verdicts) == len(frames)
+    wrong = {}                       # kind -> [(frame, IPv4 length, start quarter)] with a wrong verdict
+    for k, ((f, kind), s, got) in enumerate(zip(pairs, starts, verdicts)):
+        if got != want[kind]:
+            wrong.setdefault(kind, []).append((k, _ip_len(f), s))
+    assert not wrong, "wrong verdicts (frame, IPv4 length, start quarter): " + "; ".join(
+        f"{kind} ({sum(k == kind for _, k in pairs)} frames): {v}" for kind, v in sorted(wrong.items()))
