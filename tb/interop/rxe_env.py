@@ -169,6 +169,8 @@ class RxeLink:
             per direction from 0 over RoCE frames, dropped ones included) or a callable
             (direction, index, frame) -> bool (see the module's doc).
         track_psn: work out what rxe owes from its PSN model (default: when ``drop`` is given).
+        rnr_resends: an RNR NAK from the engine owes rxe's resend (on its RNR timer, in its
+            own time: the clock holds until it comes).
 
     Members:
         log: [(cycle, 'tx'|'rx', frame)] every frame both ways ('tx': engine -> guest).
@@ -178,7 +180,7 @@ class RxeLink:
         seen: {'tx': n, 'rx': n} RoCE frames seen per direction, dropped ones included.
     """
 
-    def __init__(self, env, bridge, name, mtus, drop=None, track_psn=None):
+    def __init__(self, env, bridge, name, mtus, drop=None, track_psn=None, rnr_resends=False):
         self.env, self.bridge, self.mtus = env, bridge, dict(mtus)
         d = out_dir()
         self.pcap = CyclePcap(d / f"{name}.pcap")
@@ -197,6 +199,7 @@ class RxeLink:
         self._req = {}                       # rxe requester per engine QPN: [request PSNs it sent], last NAK
         self._dpcap = CyclePcap(d / f"{name}.dropped.pcap") if drop is not None else None
         self.owed = 0
+        self.rnr_resends = rnr_resends
         self.unexpected = 0
         self.missing = 0
         self.dropped_non_roce = 0
@@ -224,6 +227,9 @@ class RxeLink:
             mtu = self.mtus.get(self._local_qpn(b["dqpn"]), 1024)
             return max(1, -(-length // mtu))
         if op in (Op.FETCH_ADD, Op.COMPARE_SWAP):
+            return 1
+        if op == Op.ACK and self.rnr_resends \
+                and unpack(AETH, frame, OFF_EXT)["syndrome"] >> 5 == Aeth.KIND_RNR:
             return 1
         if op in (Op.ACK, Op.ATOMIC_ACK) or Op.READ_RESP_FIRST <= op <= Op.READ_RESP_ONLY:
             return 0
