@@ -11,13 +11,14 @@ TEST    ?=
 LINT_WAIVE := -Wno-WIDTHEXPAND -Wno-WIDTHTRUNC -Wno-PROCASSINIT -Wno-CASEINCOMPLETE -Wno-VARHIDDEN \
               -Wno-DECLFILENAME -Wno-UNUSEDSIGNAL -Wno-UNUSEDPARAM
 
-.PHONY: help setup test test-fast sim waves bench seeds interop faults fuzz verilog lint synth timing clean
+.PHONY: help setup test test-fast sim waves profile bench seeds interop faults fuzz verilog lint synth timing clean
 
 help:
 	@echo "make setup     install everything (Debian packages, Verilator >= 5.036, .venv)"
 	@echo "make test      full regression on Icarus and Verilator"
 	@echo "make sim       default end-to-end scenario (SIM=icarus|verilator), summary + build/sim/wire.pcap"
 	@echo "make waves     the same (or TEST=<cocotb test>) with FST waveforms"
+	@echo "make profile   the default scenario profiled: where the wall time goes (simulator, interface, each model)"
 	@echo "make bench     throughput and latency figures of the engine"
 	@echo "make seeds     IBGDA against IBRC on the RTL: the published table rerun (QUICK=1 a subset,"
 	@echo "               SCHEDULER=tcp://host:8786 a Dask cluster), build/seeds/"
@@ -41,6 +42,9 @@ test: $(PY)
 
 sim: $(PY)
 	$(PY) -m scripts.run_sim $(if $(SIM),--sim $(SIM))
+
+profile: $(PY)
+	$(PY) -m scripts.run_profile $(if $(SIM),--sim $(SIM))
 
 waves: $(PY)
 	$(PY) -m scripts.run_sim --waves $(if $(SIM),--sim $(SIM)) $(if $(TEST),--test $(TEST))

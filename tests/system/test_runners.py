@@ -23,3 +23,30 @@ def test_a_failed_test_raises(tmp_path):
         run("verilator", "tb.selftest.points", None, test_dir=tmp_path,
             extra_env={"SELFTEST_POINTS": '[{"name": "p0", "ok": false}]', "SELFTEST_OUT": str(tmp_path)})
     assert e.value.failed == ["selftest_000"]
+
+
+def test_profile_split(tmp_path):
+    """`make profile`'s split (scripts/run_profile.py): own time grouped by where the code
+    lives, and the wall time no Python ran in given to the simulator."""
+    import cProfile
+    from scripts.run_profile import split
+    from model.memory import SparseMemory
+    from tb.rx_quarters import pack
+
+    prof = cProfile.Profile()
+    prof.enable()
+    mem = SparseMemory()
+    for k in range(300):
+        mem.write(0x1000 + 8 * k, bytes(8))
+        pack([bytes(60 + k % 50), bytes(100)])
+    prof.disable()
+    prof.dump_stats(tmp_path / "p.pstat")
+    groups, total = split(tmp_path / "p.pstat", wall=total_wall(prof) + 5.0)
+    assert groups.get("tb/rx_quarters.py", 0) > 0 and groups.get("golden model (model/)", 0) > 0, groups
+    assert abs(groups["simulator and its C interface (no Python running)"] - 5.0 - (total_wall(prof) - total)) < 1e-6
+    assert abs(sum(groups.values()) - (total_wall(prof) + 5.0)) < 1e-6
+
+
+def total_wall(prof):
+    import pstats
+    return pstats.Stats(prof).total_tt

@@ -15,6 +15,7 @@ def test_default_scenario(sim):
     run(sim, "tb.suites.scenario", "default_scenario", extra_env={"IBGDA_SIM_OUT": str(out)}, test_dir=out / "run")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["messages"] == 80 and summary["cqes"] == 48
+    assert summary["sim_cycles"] > summary["cycles"] and summary["simulator"].lower().startswith(sim[:4])
     pcap = out / "wire.pcap"
 
     tshark = shutil.which("tshark")
