@@ -44,7 +44,7 @@ sim: $(PY)
 	$(PY) -m scripts.run_sim $(if $(SIM),--sim $(SIM))
 
 profile: $(PY)
-	$(PY) -m scripts.run_profile $(if $(SIM),--sim $(SIM))
+	$(PY) -m scripts.run_profile $(if $(SIM),--sim $(SIM)) $(if $(WHAT),--what $(WHAT))
 
 waves: $(PY)
 	$(PY) -m scripts.run_sim --waves $(if $(SIM),--sim $(SIM)) $(if $(TEST),--test $(TEST))

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from rtl.build import PAIR_TOP_NAME, TOP_NAME
 from spec import params as P
 from scripts.run_sim import default_sim
-from scripts.tasks import client_for, map_tasks, run_suite
+from scripts.tasks import client_for, map_tasks, print_speed, run_suite
 from tb.runner import SIMULATORS, build
 
 # 64..190 B: frames of 138..264 bytes, the sizes a one-frame-per-beat bus cannot carry at wire rate
@@ -264,6 +264,7 @@ def main():
                   f"{r['messages_per_s'] / 1e6:>8.1f} {(r['steady_frames_per_s'] or 0) / 1e6:>7.1f} "
                   f"{r['wire_limit_per_s'] / 1e6:>10.1f}")
     plots(recs, out)
+    print_speed(recs + lats + shares + rxs + atomics + pairs + reads + two_sided)
     print(f"\nresults: {out / 'results.json'}; plots and one pcap per point beside it")
     (out / "failed.json").write_text(json.dumps(failed, indent=1))
     if failed:

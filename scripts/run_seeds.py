@@ -171,6 +171,8 @@ def main():
         raise SystemExit(1)
     (out / "records.json").write_text(json.dumps({"quick": args.quick, "records": recs}, indent=1))
     res = report(recs, out, quick=args.quick)
+    from scripts.tasks import print_speed
+    print_speed(recs)
     over = [c["what"] for c in (res["model"]["checks"] or []) if not c["ok"]]
     if over:
         print(f"seeds: FAILED: the cluster model is off by more than 5% at {len(over)} of "

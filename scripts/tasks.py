@@ -66,3 +66,15 @@ def map_tasks(client, fn, args, labels, say=print):
         got[i] = fut.result()
         say(f"[{n}/{len(args)}] {labels[i]} ({time.time() - t0:.0f} s)")
     return [got[i] for i in range(len(args))]
+
+
+def print_speed(recs, say=print):
+    """The simulation's speed at each point (``sim_speed`` of ``tb.suites.point_tests``): a
+    table, slowest first (issue 47's measure: a benchmark figure, not a check)."""
+    rows = [(r.get("point", "?"), r["sim_speed"]) for r in recs if isinstance(r, dict) and r.get("sim_speed")]
+    if not rows:
+        return
+    say(f"\nsimulation speed per point (engine cycles per wall second, {rows[0][1]['simulator']}):")
+    say(f"{'point':<48} {'cycles':>9} {'wall s':>7} {'cycles/s':>9}")
+    for name, sp in sorted(rows, key=lambda r: r[1]["cycles_per_s"]):
+        say(f"{name[:48]:<48} {sp['cycles']:>9.0f} {sp['wall_s']:>7.1f} {sp['cycles_per_s']:>9.0f}")

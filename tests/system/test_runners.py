@@ -14,6 +14,9 @@ POINTS = [{"name": "p0", "ok": True}, {"name": "p1", "ok": False}, {"name": "p2"
 def test_a_failed_point_is_named():
     res = run_suite("verilator", "tb.selftest.points", TOP_NAME, "SELFTEST_POINTS", POINTS, "SELFTEST_OUT")
     assert sorted(res["files"]) == ["p0.json", "p2.json"]
+    import json
+    speed = json.loads(res["files"]["p0.json"])["sim_speed"]      # each point's own 10 ns: 5 cycles
+    assert speed["cycles"] == 5 and speed["wall_s"] > 0, speed
     assert [(f["test"], f["point"]) for f in res["failed"]] == [("tb.selftest.points.selftest_001", POINTS[1])]
     assert any("deliberately failing" in line for line in res["failed"][0]["why"]), res["failed"][0]["why"]
 
