@@ -89,4 +89,8 @@ def test_seeds_dask_equals_serial():
                       silence_logs=40) as cluster, Client(cluster) as client:
         assert len(client.scheduler_info()["workers"]) == 2
         dist = run_all(pts, client=client, say=lambda *_: None)
-    assert json.dumps(dist, sort_keys=True) == json.dumps(serial, sort_keys=True)
+    # (each record's ``sim_speed`` is the run's wall time, not a result: left out)
+    def results(recs):
+        return json.dumps([{k: v for k, v in r.items() if k != "sim_speed"} for r in recs], sort_keys=True)
+    assert all("sim_speed" in r for r in serial + dist)
+    assert results(dist) == results(serial)
