@@ -9,8 +9,9 @@ of 4 nodes) with cocotb's Python profiler on, then splits the test's wall time i
 - the simulator interface, Python side: the calls that read and write signals (cocotb's
   handles and the simulator module's getters and setters, the logic-value conversions);
 - the cocotb scheduler (triggers, tasks);
-- each Python model of the testbench (by file: `tb/memory.py`, `tb/wire.py`, ...) and the
-  golden model (`model/`), by the time spent in their own code (cProfile's tottime).
+- each Python model of the testbench (by file: `tb/memory.py`, `tb/wire.py`, ...), the
+  golden model (`model/`), scapy and the AXI libraries, by the time spent in their own
+  code (cProfile's tottime).
 
 A profile, not a test: cProfile slows the Python side (the split is its shares of a slower
 run; the speed line is that run's), and figures move with the machine's load. The table
@@ -49,6 +50,8 @@ GROUPS = [
     ("simulator interface (Python side)", lambda f: "/cocotb/handle.py" in f or "/cocotb/types/" in f
      or f.startswith("~") and "cocotb.simulator" in f),
     ("cocotb scheduler", lambda f: "/cocotb/" in f or "/cocotb_tools/" in f),
+    ("scapy (frames built and checked)", lambda f: "/scapy/" in f),
+    ("cocotbext-axi, cocotb-bus (AXI masters, streams)", lambda f: "/cocotbext/" in f or "/cocotb_bus/" in f),
     ("golden model (model/)", lambda f: "/model/" in f and str(ROOT) in f),
     ("spec/", lambda f: "/spec/" in f and str(ROOT) in f),
 ]
@@ -108,7 +111,7 @@ def main():
         wall, cycles = speed["wall_s"], speed["cycles"]
     groups, py_total = split(pstat, wall)
     rows = sorted(groups.items(), key=lambda kv: -kv[1])
-    print(f"\n{cycles} cycles in {wall:.1f} s wall: {cycles / wall:.0f} cycles/s on {sim} (profiler on); "
+    print(f"\n{cycles:.0f} cycles in {wall:.1f} s wall: {cycles / wall:.0f} cycles/s on {sim} (profiler on); "
           f"Python {py_total:.1f} s of it")
     print(f"{'where':58s} {'s':>8s} {'share':>7s} {'us/cycle':>9s}")
     for name, sec in rows:
