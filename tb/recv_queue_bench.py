@@ -543,12 +543,7 @@ async def post_seen_by_later_query(dut):
     round trip without queries the poll stops and a query waits for a read again. One WQE
     posted: the next query finds it and it is used, the one after is RNR; three posted:
     three available, then RNR; a recreate on the old doorbell record starts from 0."""
-    e = (await start(dut, 3))["a"]
-    e.axi.latency = lambda: 150
-    counter = [0]
-    ring = e.new_ring(2, 6)
-    e.create(3, ring)
-    await run_cycles([e], counter, 10)
+    e, counter, ring = await _one_qp(dut, 3, 150, 3, 2, 6)
 
     async def ask(q):
         n = len(e.answers)
@@ -594,11 +589,7 @@ async def rnr_flood_answered_at_once(dut):
     lookup, no correction); a WQE posted midway is found within two read round trips and
     used, the queries after it RNR again. Before the poll every such query waited for a read
     of its own (about 150 cycles each)."""
-    e = (await start(dut, 5))["a"]
-    e.axi.latency = lambda: 150
-    counter = [0]
-    e.create(4, e.new_ring(3, 5))
-    await run_cycles([e], counter, 10)
+    e, counter, _ = await _one_qp(dut, 5, 150, 4, 3, 5)
     n = 400
     e.query_q.extend([4] * n)
     assert await run_cycles([e], counter, 200, until=lambda: len(e.answers) >= 1)
@@ -618,6 +609,18 @@ async def rnr_flood_answered_at_once(dut):
     assert took <= n + 20, f"{n - 1} queries answered in {took} cycles: not one a cycle"
     assert len(hits) == 1 and hits[0] - posted_at <= 2 * 150 + 60, f"post at {posted_at}, found at {hits}"
     assert e.rings[4].used == 1 and e.lookups == 0 and e.corrections == 0 and e.empties == n - 1
+
+
+async def _one_qp(dut, seed, latency, qpn, log_size, log_stride):
+    """Instance ``a`` (``seed``, ``latency`` cycles a read) with QP ``qpn`` created on a ring
+    of ``1 << log_size`` WQEs of ``1 << log_stride`` bytes, 10 cycles on: (env, counter, ring)."""
+    e = (await start(dut, seed))["a"]
+    e.axi.latency = lambda: latency
+    counter = [0]
+    ring = e.new_ring(log_size, log_stride)
+    e.create(qpn, ring)
+    await run_cycles([e], counter, 10)
+    return e, counter, ring
 
 
 async def _rings_posted(e, counter, posts):
@@ -757,11 +760,7 @@ async def throughput(dut):
 async def counter_wrap(dut):
     """One QP, a 32-WQE ring of 16-byte WQEs, 66,000 WQEs posted in batches, queried and
     consumed: the 16-bit counters (and the doorbell record's head) wrap past 2^16."""
-    e = (await start(dut, 9))["a"]
-    e.axi.latency = lambda: 6
-    counter = [0]
-    e.create(2, e.new_ring(5, 4))
-    await run_cycles([e], counter, 10)
+    e, counter, _ = await _one_qp(dut, 9, 6, 2, 5, 4)
     total = 66_000
     r = None
     while True:

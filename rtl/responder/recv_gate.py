@@ -221,7 +221,7 @@ class RecvGate(wiring.Component):
 
         # ---- in: one query a cycle (lane 0, then lane 1), the pair queued with the last ----
         rwr = [is_rwr(pin.p[0].opcode), pin.second & is_rwr(pin.p[1].opcode)]
-        short = [rwr[k] & rps[k].data & st_short[k] for k in range(2)]
+        short = [rps[k].data & st_short[k] for k in range(2)]     # (st_short: a lane that consumes one)
         need = [rwr[k] & rps[k].data & ~st_short[k] for k in range(2)]
         half = Signal()                 # lane 0's query went out; lane 1's is next
         lane1 = Signal()
