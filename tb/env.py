@@ -9,7 +9,7 @@ counters, and the cycle of each doorbell-to-wire and doorbell-to-CQE event.
 import logging
 
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import RisingEdge
 
 from model.cqe import CqContext
 from model.cycle_model import isolated_write
@@ -18,7 +18,7 @@ from model.frames import Port, QpContext
 from spec import params as P
 from spec.formats import (BTH, CQE_SIZE, CTRL_SEG, MAX_WQEBBS, OFF_BTH, mtu_code, unpack, CQE64, doorbell_limit, read_field,
                           QpModify, QpState, qp_modify_action)
-from tb.clock import CycleCounter
+from tb.clock import ClockCycles, CycleCounter
 from tb.control import NicControl
 from tb.gpu import GpuModel
 from tb.memory import DmaMemory

@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 
 import cocotb
-from cocotb.triggers import ClockCycles, Lock, RisingEdge
+from cocotb.triggers import Lock, RisingEdge
 from cocotbext.axi import AxiMasterWrite, AxiWriteBus
 
 from spec.formats import (ATOMIC_FORMS, ATOMIC_SEG, CQE64, CQE_SIZE, CTRL_SEG, DATA_SEG, DS_UNIT, FENCE_FENCE, FM_CE_SE_CQ_UPDATE, INLINE_FLAG,
@@ -20,7 +20,7 @@ from spec.params import DB_DATA_BYTES
 from model.frames import build_data_wqe, read_gather
 from model.recv_queue import RecvPoster, RecvQueue
 
-from .clock import CycleCounter
+from .clock import ClockCycles, CycleCounter
 from .memory import sig_high
 
 HEAP_BASE = 0x1_0000_0000

@@ -11,13 +11,13 @@ switch model), or back to back at the 400G wire rate.
 from collections import deque
 
 import cocotb
-from cocotb.triggers import RisingEdge
+from cocotb.triggers import Event, First, RisingEdge
 from cocotbext.axi import AxiStreamBus
 
 from spec.params import DATA_BYTES, RX_MAX_FRAME, WIRE_BYTES_PER_CYCLE, wire_bytes
 
-from .clock import CycleCounter
-from .memory import sig_high
+from .clock import ClockCycles, CycleCounter
+from .memory import IDLE_FOREVER, IDLE_MIN, sig_high
 from .rx_quarters import QuarterPacker
 
 BYTES_PER_CYCLE = int(WIRE_BYTES_PER_CYCLE)
@@ -53,6 +53,7 @@ class MacRx400G:
         self._packer = QuarterPacker()
         self._open = deque()            # [frame, first beat cycle] of frames started, not ended
         self._beat = None               # (beat on the bus, frames starting in it)
+        self._queued = Event()          # a frame was queued (wakes the idle model)
         self.bus.tvalid.value = 0
         self._task = cocotb.start_soon(self._run())
 
@@ -70,6 +71,7 @@ class MacRx400G:
             self.wire_end = start + wire_bytes(len(frame))
             cycle = -(-self.wire_end // BYTES_PER_CYCLE)
         self.queue.append((frame, cycle))
+        self._queued.set()
 
     @property
     def idle(self):
@@ -78,8 +80,11 @@ class MacRx400G:
     async def _run(self):
         edge = RisingEdge(self.clk)
         bus = self.bus
+        at_edge = False
         while True:
-            await edge
+            if not at_edge:
+                await edge
+            at_edge = False
             now = self.counter.now
             c = now - 1
             if self.rst is not None and sig_high(self.rst):
@@ -107,6 +112,7 @@ class MacRx400G:
             beat = self._packer.beat(peek, pop)
             if beat is None:
                 bus.tvalid.value = 0
+                at_edge = await self._sleep(now)
                 continue
             bus.tdata.value = beat.data
             bus.tkeep.value = beat.keep
@@ -114,3 +120,27 @@ class MacRx400G:
             bus.tuser.value = beat.user
             bus.tvalid.value = 1
             self._beat = (beat, started)
+
+    async def _sleep(self, now):
+        """With no beat on the bus and none to build: sleep until a frame is queued, the
+        queued one's ready edge, or the reset, instead of waking at every edge. True when
+        it woke at an edge still to be handled. (A frame queued while asleep is looked at
+        from the next edge on, as it was when this ran at every edge before the sender.)"""
+        if self._packer.busy or (self.rst is not None and sig_high(self.rst)):
+            return False
+        due = self.queue[0][1] if self.queue else IDLE_FOREVER
+        if due - now < IDLE_MIN:
+            return False
+        self._queued.clear()
+        watch = [self._queued.wait()] + ([RisingEdge(self.rst)] if self.rst is not None else [])
+        timed = None
+        if due != IDLE_FOREVER:
+            timed = cocotb.start_soon(ClockCycles(self.clk, due - now))
+            watch.append(timed)
+        await First(*watch)
+        if timed is None:
+            return False
+        if not timed.done():
+            timed.cancel()
+            return False
+        return True

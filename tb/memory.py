@@ -9,17 +9,19 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import cocotb
-from cocotb.triggers import RisingEdge
+from cocotb.triggers import First, RisingEdge
 from cocotbext.axi import AxiBus, AxiReadBus, AxiWriteBus
 
 from model.memory import PAGE, SparseMemory
 from spec.params import DATA_BYTES, DMA_BYTES_PER_CYCLE, DMA_READ_LATENCY_CYCLES
 
-from .clock import CycleCounter
+from .clock import ClockCycles, CycleCounter
 
 AXI_BURST_INCR = 1
 AXI_MAX_ID = 16          # 4-bit ids (interfaces.md)
 AXI_MAX_LEN = 255        # arlen/awlen: beats - 1
+IDLE_MIN = 4             # a model sleeps through idle stretches of at least this many edges
+IDLE_FOREVER = float("inf")
 
 
 class AxiProtocolError(Exception):
@@ -27,17 +29,18 @@ class AxiProtocolError(Exception):
 
 
 def sig_uint(sig):
-    """Integer value of a signal; X/Z bits read as 0 (slow path only then)."""
-    v = sig.value
+    """Integer value of a signal; X/Z bits read as 0. Read as the simulator's bit string
+    (cocotb's ``.value`` builds a LogicArray from the same string: most of a read's cost)."""
+    v = sig._handle.get_signal_val_binstr()
     try:
-        return int(v)
+        return int(v, 2)
     except ValueError:
-        return int(str(v).lower().replace("x", "0").replace("z", "0"), 2)
+        return int(v.lower().replace("x", "0").replace("z", "0"), 2)
 
 
 def sig_high(sig):
     """True when a 1-bit signal is 1 (X/Z count as low)."""
-    return sig.value == 1
+    return sig._handle.get_signal_val_binstr() == "1"
 
 
 @dataclass
@@ -215,12 +218,20 @@ class DmaMemory:
 
     async def _run(self):
         edge = RisingEdge(self.clk)
+        last = None                     # the edge (``now``) handled last
+        at_edge = False                 # woken at an edge already (a timed sleep's end)
         while True:
-            await edge
+            if not at_edge:
+                await edge
             now = self.counter.now
+            if last is not None and now - last > 1:
+                for p in self.ports:        # the read credit the slept cycles earned
+                    p.credit = min(p.credit + (now - last - 1) * self.read_bytes_per_cycle, self.bus_bytes)
+            last = now
             c = now - 1                 # cycle the sampled values belong to
             if self.rst is not None and sig_high(self.rst):
                 self._reset()
+                at_edge = False
                 continue
             for p in self.ports:
                 p.step(c, now)
@@ -228,6 +239,43 @@ class DmaMemory:
                 p.step(c)
             for p in self.write_ports:      # after every AW of cycle c was checked against it
                 p.retire()
+            at_edge = await self._sleep(now)
+
+    async def _sleep(self, now):
+        """When no channel has work before edge ``now + IDLE_MIN``, wait for a valid to
+        rise, the reset, or the edge of the next due R beat or B, instead of waking at
+        every edge: the same handshakes, Python woken per burst. Returns True when it
+        woke at an edge that is still to be handled, False when at none (or not asleep)."""
+        due = IDLE_FOREVER
+        watch = []
+        for p in self.ports:
+            if p.r_on or sig_high(p.ar.arvalid):
+                return False
+            if p.rq:
+                due = min(due, p.rq[0].ready_cycle)
+            watch.append(p.ar.arvalid)
+        for p in self.write_ports:
+            if p.b_on or sig_high(p.aw.awvalid) or sig_high(p.w.wvalid):
+                return False
+            if p.bq:
+                due = min(due, p.bq[0][1])
+            watch += [p.aw.awvalid, p.w.wvalid]
+        if due - now < IDLE_MIN:
+            return False
+        if self.rst is not None:
+            watch.append(self.rst)
+        triggers = [RisingEdge(s) for s in watch]
+        timed = None
+        if due != IDLE_FOREVER:
+            timed = cocotb.start_soon(ClockCycles(self.clk, due - now))
+            triggers.append(timed)
+        await First(*triggers)
+        if timed is None:
+            return False
+        if not timed.done():
+            timed.cancel()
+            return False
+        return True
 
 
 class _WritePort:

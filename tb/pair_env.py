@@ -11,12 +11,12 @@ fabric delivers them.
 """
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import RisingEdge
 
 from rtl.build import PAIR_PARAMS, QUAD_PARAMS
 from spec import params as P
 from spec.formats import ETH_MIN_FRAME
-from tb.clock import CycleCounter
+from tb.clock import ClockCycles, CycleCounter
 from tb.env import NicEnv
 from model.network import BackToBack, Switch
 from tb.wire import BYTES_PER_CYCLE

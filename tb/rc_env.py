@@ -4,7 +4,6 @@ frame-by-frame, byte-by-byte and counter check against ``RcResponder``. Shared b
 receive suites (tb/suites/rc.py) and the receive benchmark (tb/suites/bench.py)."""
 from collections import Counter
 
-from cocotb.triggers import ClockCycles
 
 from model.cqe import CqContext
 from model.frames import Port, QpContext, build_write_frames
@@ -14,6 +13,7 @@ from model.responder import RcResponder
 from spec import params as P
 from spec.formats import DROP_REASONS, OFF_BTH, Access, Op
 from tb.env import NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
+from .clock import ClockCycles
 
 
 PD = 7

@@ -32,10 +32,11 @@ import random
 from collections import deque
 
 import cocotb
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import RisingEdge
 from cocotb.clock import Clock
 
 from spec import formats as F
+from .clock import ClockCycles
 from rtl.common.stream import Pair
 from rtl.responder.recv_queue import (RecvConsume, RecvCreate, RecvQuery, RecvWqe, RecvSge, RecvAnswer, RecvSync,
                                       RecvLookup)

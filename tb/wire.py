@@ -17,13 +17,13 @@ import struct
 from dataclasses import dataclass
 
 import cocotb
-from cocotb.triggers import ClockCycles, Event, First, RisingEdge
+from cocotb.triggers import Event, First, RisingEdge
 from cocotbext.axi import AxiStreamBus
 
 from spec.params import DATA_BYTES, SEGMENT_BYTES as SEGMENT, WIRE_BYTES_PER_CYCLE, WIRE_GBPS, wire_bytes
 
-from .clock import CycleCounter
-from .memory import sig_high, sig_uint
+from .clock import ClockCycles, CycleCounter
+from .memory import IDLE_MIN, sig_high, sig_uint
 
 BYTES_PER_CYCLE = int(WIRE_BYTES_PER_CYCLE)
 NS_PER_BYTE = 8 / WIRE_GBPS              # 0.02 ns at 400 Gb/s
@@ -133,8 +133,11 @@ class Wire400G:
         edge = RisingEdge(self.clk)
         bus = self.bus
         full = (1 << self.bus_bytes) - 1
+        at_edge = False
         while True:
-            await edge
+            if not at_edge:
+                await edge
+            at_edge = False
             now = self.counter.now
             c = now - 1
             if self.rst is not None and sig_high(self.rst):
@@ -180,6 +183,32 @@ class Wire400G:
             # leaves the wire by the end of c. A frame's first beat thus waits for the
             # wire; later beats of a frame that started at lane 0 always pass.
             self._drive_ready(int(self.prev_end <= BYTES_PER_CYCLE * (now + 1)))
+            at_edge = await self._sleep(now)
+
+    async def _sleep(self, now):
+        """Sleep through edges at which nothing can happen: ``tready`` high and ``tvalid``
+        low (until ``tvalid`` rises), or ``tready`` low (until the edge that raises it; no
+        beat passes meanwhile). True when it woke at an edge still to be handled."""
+        if self.rst is not None and sig_high(self.rst):
+            return False
+        if self._ready:
+            if sig_high(self.bus.tvalid):
+                return False
+            watch = [RisingEdge(self.bus.tvalid)] + ([RisingEdge(self.rst)] if self.rst is not None else [])
+            await First(*watch)
+            return False
+        due = -(-self.prev_end // BYTES_PER_CYCLE) - 1     # the first edge driving tready high
+        if due - now < IDLE_MIN:
+            return False
+        timed = cocotb.start_soon(ClockCycles(self.clk, due - now))
+        if self.rst is None:
+            await timed
+            return True
+        await First(timed, RisingEdge(self.rst))
+        if not timed.done():
+            timed.cancel()
+            return False
+        return True
 
     def _end(self, c):
         # A frame whose beats stalled (tvalid low inside it) leaves no earlier than its
@@ -214,7 +243,10 @@ class Wire400G:
                 raise TimeoutError(f"wire: waited {timeout_cycles} cycles for {n} frames, "
                                    f"got {len(self.frames)}")
             self._event.clear()
-            await First(self._event.wait(), ClockCycles(self.clk, left))
+            timer = cocotb.start_soon(ClockCycles(self.clk, left))
+            await First(self._event.wait(), timer)
+            if not timer.done():
+                timer.cancel()
         return self.frames[:n]
 
     # ---- statistics -----------------------------------------------------------------

@@ -52,12 +52,13 @@ import time
 from pathlib import Path
 
 import cocotb
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import RisingEdge
 
 from spec.formats import AETH, BTH, OFF_BTH, OFF_EXT, RETH, Aeth, Op, unpack
 from spec.params import CLOCK_PERIOD_NS
 from tb.interop.bridge import UdpBridge, is_roce
 from tb.interop.guest import GuestError, RxeGuest
+from tb.clock import ClockCycles
 
 # the engine's port and the guest, on one /24
 ENGINE_MAC, ENGINE_IP = "02:00:00:00:00:01", "10.0.0.1"

@@ -11,13 +11,13 @@ from pathlib import Path
 import cocotb
 import pytest
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, Combine, RisingEdge
+from cocotb.triggers import Combine, RisingEdge
 from cocotbext.axi import AxiLiteBus, AxiLiteRam, AxiMasterWrite, AxiRamWrite, AxiWriteBus
 from cocotbext.axi.sparse_memory import SparseMemory as AxiSparseMemory
 
 from spec.formats import CQE64, CTRL_SEG, DATA_SEG, RADDR_SEG, CqeOp, WqeOp, pack, unpack
 from spec.params import NUM_CQS, NUM_QPS, wire_bytes
-from tb.clock import CycleCounter
+from tb.clock import ClockCycles, CycleCounter
 from spec.csr import ADDR, CHECK_COUNTERS, ID_VALUE, REQ_COUNTERS, RX_COUNTERS, TX_COUNTERS
 from tb.control import NicControl
 from tb.gpu import GpuModel, be32

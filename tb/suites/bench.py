@@ -13,12 +13,12 @@ import os
 from pathlib import Path
 
 import cocotb
-from cocotb.triggers import ClockCycles
 
 from spec import params as P
 from spec.formats import BTH, OFF_BTH, read_field
 from tb.env import NicEnv
 from tb.suites import point_tests
+from tb.clock import ClockCycles
 
 INLINE_MAX = 28        # what fits one WQEBB (ctrl 16 + raddr 16 + 4 + 28 = 64 B); NVSHMEM inlines only tiny puts
 OUT = Path(os.environ.get("IBGDA_BENCH_OUT", "build/bench"))

@@ -35,7 +35,6 @@ from types import SimpleNamespace
 from pathlib import Path
 
 import cocotb
-from cocotb.triggers import ClockCycles
 
 from model.cqe import CqContext
 from model.frames import Port, QpContext, build_nop_wqe, build_write_frames, ip_bytes, mac_bytes
@@ -51,6 +50,7 @@ from spec import params as P
 from spec.formats import Aeth, Op, QpState, WqeOp
 from tb.env import ENGINE_VERBS, NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
 from tb.rc_env import DST, KEY, KEY_ATOMIC, KEY_PD, KEY_RO, PD, REGION_LEN, REGIONS, match_coalesced, not_roce
+from tb.clock import ClockCycles
 
 NEVER = 1 << 31
 

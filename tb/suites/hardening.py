@@ -6,7 +6,6 @@ Every forged frame here is a case that changed QP state before the checks existe
 good responses mixed in still complete the work exactly as ``RcRequester`` does.
 """
 import cocotb
-from cocotb.triggers import ClockCycles
 
 from model.cqe import CqContext
 from model.frames import Port, QpContext, build_write_frames
@@ -16,6 +15,7 @@ from model.responder import RcResponder
 from spec.formats import Aeth, QpState, RESPONSE_DROP_NAMES, Syndrome
 from tb.env import NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
 from tb.rc_env import DST, KEY, PD, REGIONS
+from tb.clock import ClockCycles
 
 NEVER = 1 << 31          # ACK timeout (cycles / ns): no timer fires in these tests
 

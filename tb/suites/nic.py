@@ -1,10 +1,10 @@
 """System regressions of the transmit engine (cocotb), each held to the golden model."""
 import cocotb
-from cocotb.triggers import ClockCycles
 
 from spec.formats import BTH, INLINE_FLAG, OFF_BTH, CqeOp, Syndrome, WqeOp, QpState, read_field
 from spec import params as P
 from tb.env import NicEnv
+from tb.clock import ClockCycles
 
 
 async def env_with(dut, nqps=1, *, cq_depth=6, sq_depth=8, mtu=4096, collapsed=False, shared_cq=False, **kw):

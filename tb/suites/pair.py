@@ -12,7 +12,6 @@ also sends atomics to NIC 0 beside the WRITEs, each applied exactly once.
 import random
 
 import cocotb
-from cocotb.triggers import ClockCycles
 
 from model.cqe import CqContext, parse_cqe
 from model.frames import Port, QpContext
@@ -27,6 +26,7 @@ from tb.suites import fault_matrix
 from model.network import FaultSpec
 from tb.env import ENGINE_VERBS
 from tb.pair_env import NIC_IPS, NIC_MACS, NicPairEnv
+from tb.clock import ClockCycles
 
 PD = 3
 KEY = (0x05 << 8) | 0x77

@@ -8,7 +8,7 @@ the bytes in GPU memory and the receive counters must equal its.
 """
 import random
 
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import RisingEdge
 
 import cocotb
 
@@ -19,6 +19,7 @@ from tb.env import PORT_IP, PORT_MAC
 from model.memory import SparseMemory
 from model.read_atomic import build_atomic_request, build_read_request
 from tb.rc_env import DST, KEY, KEY_ATOMIC, KEY_RO, match_coalesced, peer_port, traffic, responder_env, run_and_check, not_roce
+from tb.clock import ClockCycles
 
 @cocotb.test()
 async def responder_writes_with_faults(dut):

@@ -11,7 +11,6 @@ WQE counter, owner), and the scattered bytes in GPU memory against the scatter w
 here from the segments (not from the model).
 """
 import cocotb
-from cocotb.triggers import ClockCycles
 
 from model.cqe import CqContext, parse_cqe
 from model.frames import Port, QpContext, build_message_frames, build_rc_frame, build_write_frames
@@ -22,6 +21,7 @@ from spec.formats import (AETH, ETH_MIN_FRAME, OFF_EXT, RNR_TIMER_NS, Access, Ae
 from spec.params import CLOCK_PERIOD_NS
 from tb.env import PORT_IP, PORT_MAC, NicEnv, peer_ip, peer_mac
 from tb.rc_env import match_coalesced, peer_port
+from tb.clock import ClockCycles
 
 PD = 5
 DST = 0x2000_0000                    # WRITE with immediate lands here

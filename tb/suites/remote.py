@@ -11,7 +11,7 @@ import random
 import zlib
 
 import cocotb
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import RisingEdge
 
 from model.cqe import CqContext
 from model.frames import Port, QpContext
@@ -21,6 +21,7 @@ from model.requester import RcRequester
 from model.responder import RcResponder
 from spec.formats import Access, Op, WqeOp, unpack, BTH, OFF_BTH
 from tb.env import NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
+from tb.clock import ClockCycles
 
 PD = 3
 REMOTE = 0x4000_0000                 # the peers' memory region

@@ -15,7 +15,6 @@ as the model's, and the receive counters add up to what the switch delivered.
 import random
 
 import cocotb
-from cocotb.triggers import ClockCycles
 
 from model.frames import Port, QpContext
 from model.mr import MemoryRegion
@@ -23,6 +22,7 @@ from model.responder import RcResponder
 from spec.formats import OFF_BTH, Access, Op
 from model.network import FaultSpec
 from tb.pair_env import NIC_IPS, NIC_MACS, NicSwitchEnv
+from tb.clock import ClockCycles
 
 PD = 5
 KEY = (0x09 << 8) | 0x31

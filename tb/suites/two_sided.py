@@ -12,7 +12,7 @@ CQEs' fields), so the model cannot agree with itself.
 import random
 
 import cocotb
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import RisingEdge
 
 from model.cqe import CqContext
 from model.frames import Port, QpContext
@@ -27,6 +27,7 @@ from spec.formats import AETH, BTH, OFF_BTH, OFF_EXT, RNR_TIMER_NS, Access, Aeth
 from tb.env import ENGINE_VERBS, NicEnv, PORT_IP, PORT_MAC, peer_ip, peer_mac
 from tb.suites import fault_matrix
 from tb.wire import BYTES_PER_CYCLE
+from tb.clock import ClockCycles
 
 PD = 3
 REMOTE = 0x4000_0000                 # the peers' memory region (WRITE with immediate lands here)
