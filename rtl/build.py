@@ -3,7 +3,8 @@ import re
 import sys
 from pathlib import Path
 
-from amaranth.back import verilog
+from amaranth._toolchain.yosys import find_yosys
+from amaranth.back import rtlil
 
 from .top import IbgdaNic
 
@@ -22,19 +23,56 @@ _PORT = re.compile(r"^\s*(input|output)\s+(\[\d+:0\]\s+)?(\w+);$", re.M)
 
 ENGINE_NAME = "ibgda_nic_engine"
 
+# Yosys turns Amaranth's RTLIL into Verilog, in two flavours from the one RTLIL:
+# - ``""``: what Amaranth's own ``verilog.convert`` writes (``build/verilog``, lint,
+#   Icarus, waveforms): each register's next value an ``always @*`` process that ends
+#   ``if (rst) next = init``;
+# - ``"_sdff"``, for Verilator's models: with those processes every register's logic
+#   depends on the ``rst`` input, and Verilator re-evaluates all logic that depends on a
+#   top-level input at every evaluation of the model (three or more a simulated cycle).
+#   Here the processes become multiplexers and ``opt_dff`` moves each synchronous reset
+#   into its flip-flop (``always @(posedge clk) if (rst) q <= init; else q <= d;``): the
+#   same logic (yosys's equivalence-preserving passes), the reset out of the next-state
+#   logic. (The opt_clean before it removes the named wire between the reset multiplexer
+#   and the flip-flop, which hides the pattern from opt_dff.) Icarus cannot read it: it
+#   takes the functions yosys writes for parallel multiplexers for system functions.
+FLAVOURS = {
+    "": ("proc -nomux -norom", "memory_collect", "write_verilog -norename"),
+    "_sdff": ("proc -norom", "opt_clean", "opt_dff -nodffe", "opt_clean", "memory_collect",
+              "write_verilog -norename"),
+}
+
+
+def to_verilog(elaboratable, name):
+    """The Verilog of ``elaboratable`` as module ``name``: ``{flavour: text}`` (see
+    ``FLAVOURS``), elaborated once."""
+    text = rtlil.convert(elaboratable, name=name, emit_src=False)
+    yosys = find_yosys(lambda ver: ver >= (0, 40))
+    return {flavour: yosys.run(["-q", "-"], "\n".join([f"read_rtlil <<rtlil\n{text}\nrtlil", *script]),
+                               ignore_warnings=True)      # (Amaranth's convert ignores them too)
+            for flavour, script in FLAVOURS.items()}
+
+
+def flavour_path(path, flavour):
+    """``path`` (``<name>.v``) of flavour ``flavour``: ``<name><flavour>.v``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}{flavour}{path.suffix}")
+
 
 def engine_verilog(engine_cache=None, **params):
-    """The Verilog of one engine, module ``ENGINE_NAME``, for the array tops;
-    ``engine_cache``: a file holding it for these parameters and sources (written when
-    missing; the caller keys and locks it), so the pair and the quad elaborate it once."""
-    if engine_cache is not None and Path(engine_cache).exists():
-        return Path(engine_cache).read_text()
-    text = verilog.convert(IbgdaNic(**params), name=ENGINE_NAME, emit_src=False)
+    """The Verilog of one engine, module ``ENGINE_NAME``, for the array tops
+    (``{flavour: text}``); ``engine_cache``: a file holding it for these parameters and
+    sources (with one sibling per flavour; written when missing; the caller keys and
+    locks it), so the pair and the quad elaborate it once."""
+    if engine_cache is not None and all(flavour_path(engine_cache, f).exists() for f in FLAVOURS):
+        return {f: flavour_path(engine_cache, f).read_text() for f in FLAVOURS}
+    texts = to_verilog(IbgdaNic(**params), ENGINE_NAME)
     if engine_cache is not None:
-        tmp = Path(f"{engine_cache}.tmp")
-        tmp.write_text(text)
-        tmp.replace(engine_cache)
-    return text
+        for f, text in texts.items():
+            tmp = Path(f"{flavour_path(engine_cache, f)}.tmp")
+            tmp.write_text(text)
+            tmp.replace(flavour_path(engine_cache, f))
+    return texts
 
 
 def array_verilog(name, count, *, engine_cache=None, **params):
@@ -48,8 +86,12 @@ def array_verilog(name, count, *, engine_cache=None, **params):
     """
     if not isinstance(count, int) or count < 2:
         raise ValueError(f"count must be an integer >= 2, not {count!r}")
+    return {f: _array_of(name, count, text) for f, text in engine_verilog(engine_cache, **params).items()}
+
+
+def _array_of(name, count, text):
+    """``text`` (the engine's Verilog) with the array top ``name`` of ``count`` engines."""
     engine = ENGINE_NAME
-    text = engine_verilog(engine_cache, **params)
     start = text.index(f"module {engine}(")
     header = text[start:text.index("endmodule", start)]
     # Verilator (with --hierarchical, as tb/runner.py builds these tops) verilates and
@@ -77,11 +119,12 @@ def array_verilog(name, count, *, engine_cache=None, **params):
 
 def generate(outdir="build/verilog", *, top=TOP_NAME, engine_cache=None, **params):
     """Write the Verilog of ``top`` (``ibgda_nic``: one engine; ``ibgda_nic_pair``: two;
-    ``ibgda_nic_quad``: four; ``engine_cache``: see :func:`engine_verilog`)."""
+    ``ibgda_nic_quad``: four; ``engine_cache``: see :func:`engine_verilog`), one file per
+    flavour (``FLAVOURS``); returns the path of the first, ``<outdir>/<top>.v``."""
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     if top == TOP_NAME:
-        text = verilog.convert(IbgdaNic(**params), name=top, emit_src=False)
+        text = to_verilog(IbgdaNic(**params), top)
     elif top == PAIR_TOP_NAME:
         text = array_verilog(top, 2, engine_cache=engine_cache, **(PAIR_PARAMS | params))
     elif top == QUAD_TOP_NAME:
@@ -89,10 +132,11 @@ def generate(outdir="build/verilog", *, top=TOP_NAME, engine_cache=None, **param
         text = array_verilog(top, p.pop("count"), engine_cache=engine_cache, **p)
     else:
         raise ValueError(f"unknown top level {top!r}; use {TOP_NAME!r}, {PAIR_TOP_NAME!r} or {QUAD_TOP_NAME!r}")
-    path = out / f"{top}.v"
-    if not path.exists() or path.read_text() != text:      # keep the mtime: simulators rebuild on change
-        path.write_text(text)
-    return path
+    for flavour, t in text.items():
+        path = flavour_path(out / f"{top}.v", flavour)
+        if not path.exists() or path.read_text() != t:      # keep the mtime: simulators rebuild on change
+            path.write_text(t)
+    return out / f"{top}.v"
 
 
 if __name__ == "__main__":

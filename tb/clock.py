@@ -10,20 +10,30 @@ at that edge is on the bus during cycle ``k + 1``.
 
 import cocotb
 from cocotb.simtime import get_sim_time
-from cocotb.triggers import RisingEdge, Timer
+from cocotb.triggers import First, RisingEdge, Timer
 from cocotb.utils import get_sim_steps
 
 from spec.params import CLOCK_PERIOD_NS
 
 
+IDLE_MIN = 4                # a model sleeps after this many idle edges, for this many at least
+IDLE_FOREVER = float("inf")
+
+
 class CycleCounter:
-    """Counts rising edges of a clock; ``now`` is the current cycle number.
+    """Counts rising edges of a clock; ``now`` is the current cycle number; steps the
+    per-cycle models attached to it (:class:`EdgeModel`).
 
     Parameters:
         clk: clock signal handle (e.g. ``dut.clk``).
         period_ns: clock period, used so that ``now`` is exact even when read
             at a rising edge before this counter's own coroutine has run
             (coroutines woken by the same edge run in no guaranteed order).
+
+    The models are stepped by one coroutine at every edge, in the order they were
+    attached, as their own coroutines ran when each woke at every edge: started before
+    any test's, they run first at an edge, so a frame or burst a test looks at in that
+    edge is already recorded. A model asleep costs a comparison at an edge.
     """
 
     def __init__(self, clk, period_ns=CLOCK_PERIOD_NS):
@@ -32,13 +42,39 @@ class CycleCounter:
         self.clk = clk
         self.period_steps = get_sim_steps(period_ns, "ns")
         self._t0 = None          # sim time (steps) of edge 0
+        self._models = []
         self._task = cocotb.start_soon(self._run())
 
+    def attach(self, model):
+        """Step ``model`` (an :class:`EdgeModel`) at every edge it is awake at, from the
+        next edge on."""
+        self._models.append(model)
+        if self._task.done():
+            self._task = cocotb.start_soon(self._dispatch())
+
     async def _run(self):
-        # Only edge 0's time is needed: ``now`` follows from sim time, so the counter
-        # does not wake Python at every edge.
         await RisingEdge(self.clk)
         self._t0 = get_sim_time("step")
+        if self._models:
+            self._step()
+            await self._dispatch()
+
+    async def _dispatch(self):
+        # One coroutine wakes at every edge while models are attached (it stays first in
+        # line at each edge; a model's own coroutine, woken inside an edge, would be
+        # resumed at the next one after the tests' coroutines): the models asleep are
+        # skipped, the others stepped.
+        edge = RisingEdge(self.clk)
+        while True:
+            await edge
+            self._step()
+
+    def _step(self):
+        now = self.now
+        for m in self._models:
+            if m._due is None or m._woken or now >= m._due:
+                m._wake_up()
+                m.edge(now)
 
     @property
     def now(self):
@@ -48,10 +84,57 @@ class CycleCounter:
         # Derived from time: race-free at an edge.
         return (get_sim_time("step") - self._t0) // self.period_steps
 
-    def stop(self):
-        """Stop counting (``now`` keeps working from sim time)."""
-        self._task.cancel()
 
+class EdgeModel:
+    """A testbench model stepped at clock edges by a :class:`CycleCounter`: ``edge(now)``
+    handles edge ``now`` (samples the handshakes of cycle ``now - 1``, drives cycle
+    ``now``). After an edge it may call :meth:`may_sleep`: it is then not stepped again
+    before edge ``due`` unless one of ``watch`` rises or :meth:`wake` is called (a frame
+    queued); then it is stepped from the next edge on. Stepping a model at an edge it
+    could have slept through is always right; sleeping is only allowed while nothing
+    can happen at its ports."""
+
+    def _attach(self, counter):
+        self._due = None            # None: step at every edge; else the edge to wake at
+        self._woken = False
+        self._watcher = None
+        self._idle_edges = 0
+        self._counter = counter
+        counter.attach(self)
+
+    def may_sleep(self, now, due=IDLE_FOREVER, watch=()):
+        """Edge ``now`` found nothing to do and nothing due before edge ``due``: after
+        ``IDLE_MIN`` such edges in a row, sleep until ``due`` or a rise of ``watch``."""
+        if due - now < IDLE_MIN:
+            self._idle_edges = 0
+            return
+        self._idle_edges += 1
+        if self._idle_edges >= IDLE_MIN:
+            self._due = due
+            if watch:
+                self._watcher = cocotb.start_soon(self._watch(watch))
+
+    def stay_awake(self):
+        """The edge handled had work: the idle count starts again."""
+        self._idle_edges = 0
+
+    async def _watch(self, signals):
+        await First(*(RisingEdge(s) for s in signals))
+        self.wake()
+
+    def wake(self):
+        """Step from the next edge on (called while asleep: a rise, a frame queued)."""
+        if self._due is not None:
+            self._woken = True
+
+    def _wake_up(self):
+        self._due = None
+        self._woken = False
+        self._idle_edges = 0
+        if self._watcher is not None:
+            if not self._watcher.done():
+                self._watcher.cancel()
+            self._watcher = None
 
 
 async def ClockCycles(clk, n, period_ns=CLOCK_PERIOD_NS):

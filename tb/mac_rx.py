@@ -11,19 +11,18 @@ switch model), or back to back at the 400G wire rate.
 from collections import deque
 
 import cocotb
-from cocotb.triggers import Event, First, RisingEdge
 from cocotbext.axi import AxiStreamBus
 
 from spec.params import DATA_BYTES, RX_MAX_FRAME, WIRE_BYTES_PER_CYCLE, wire_bytes
 
-from .clock import ClockCycles, CycleCounter
-from .memory import IDLE_FOREVER, IDLE_MIN, sig_high
+from .clock import IDLE_FOREVER, CycleCounter, EdgeModel
+from .memory import sig_high
 from .rx_quarters import QuarterPacker
 
 BYTES_PER_CYCLE = int(WIRE_BYTES_PER_CYCLE)
 
 
-class MacRx400G:
+class MacRx400G(EdgeModel):
     """Drives the MAC RX stream from a queue of frames.
 
     Parameters:
@@ -53,9 +52,9 @@ class MacRx400G:
         self._packer = QuarterPacker()
         self._open = deque()            # [frame, first beat cycle] of frames started, not ended
         self._beat = None               # (beat on the bus, frames starting in it)
-        self._queued = Event()          # a frame was queued (wakes the idle model)
+        self._tvalid = False
         self.bus.tvalid.value = 0
-        self._task = cocotb.start_soon(self._run())
+        self._attach(self.counter)
 
     def send(self, frame, cycle=None):
         """Queue ``frame`` (bytes, Ethernet header through ICRC, no FCS).
@@ -71,76 +70,54 @@ class MacRx400G:
             self.wire_end = start + wire_bytes(len(frame))
             cycle = -(-self.wire_end // BYTES_PER_CYCLE)
         self.queue.append((frame, cycle))
-        self._queued.set()
+        self.wake()
 
     @property
     def idle(self):
         return not self.queue and not self._packer.busy and self._beat is None
 
-    async def _run(self):
-        edge = RisingEdge(self.clk)
+    def edge(self, now):
+        """Edge ``now``: see whether cycle ``now - 1``'s beat was taken, drive cycle ``now``'s."""
         bus = self.bus
-        at_edge = False
-        while True:
-            if not at_edge:
-                await edge
-            at_edge = False
-            now = self.counter.now
-            c = now - 1
-            if self.rst is not None and sig_high(self.rst):
+        c = now - 1
+        if self.rst is not None and sig_high(self.rst):
+            bus.tvalid.value = 0
+            self._tvalid = False
+            self._beat = None
+            return self.stay_awake()
+        if self._beat is not None:
+            if not sig_high(bus.tready):
+                self.stall_cycles += 1
+                return self.stay_awake()
+            beat, started = self._beat
+            self._beat = None
+            self._open.extend([f, c] for f in started)
+            for _ in beat.ended:
+                frame, first = self._open.popleft()
+                self.sent.append((frame, first, c))
+        started = []
+
+        def peek():
+            return self.queue[0][0] if self.queue and self.queue[0][1] <= now else None
+
+        def pop():
+            started.append(self.queue.popleft()[0])
+
+        beat = self._packer.beat(peek, pop)
+        if beat is None:
+            if self._tvalid:
                 bus.tvalid.value = 0
-                self._beat = None
-                continue
-            if self._beat is not None:
-                if not sig_high(bus.tready):
-                    self.stall_cycles += 1
-                    continue
-                beat, started = self._beat
-                self._beat = None
-                self._open.extend([f, c] for f in started)
-                for _ in beat.ended:
-                    frame, first = self._open.popleft()
-                    self.sent.append((frame, first, c))
-            started = []
-
-            def peek():
-                return self.queue[0][0] if self.queue and self.queue[0][1] <= now else None
-
-            def pop():
-                started.append(self.queue.popleft()[0])
-
-            beat = self._packer.beat(peek, pop)
-            if beat is None:
-                bus.tvalid.value = 0
-                at_edge = await self._sleep(now)
-                continue
-            bus.tdata.value = beat.data
-            bus.tkeep.value = beat.keep
-            bus.tlast.value = beat.last
-            bus.tuser.value = beat.user
-            bus.tvalid.value = 1
-            self._beat = (beat, started)
-
-    async def _sleep(self, now):
-        """With no beat on the bus and none to build: sleep until a frame is queued, the
-        queued one's ready edge, or the reset, instead of waking at every edge. True when
-        it woke at an edge still to be handled. (A frame queued while asleep is looked at
-        from the next edge on, as it was when this ran at every edge before the sender.)"""
-        if self._packer.busy or (self.rst is not None and sig_high(self.rst)):
-            return False
-        due = self.queue[0][1] if self.queue else IDLE_FOREVER
-        if due - now < IDLE_MIN:
-            return False
-        self._queued.clear()
-        watch = [self._queued.wait()] + ([RisingEdge(self.rst)] if self.rst is not None else [])
-        timed = None
-        if due != IDLE_FOREVER:
-            timed = cocotb.start_soon(ClockCycles(self.clk, due - now))
-            watch.append(timed)
-        await First(*watch)
-        if timed is None:
-            return False
-        if not timed.done():
-            timed.cancel()
-            return False
-        return True
+                self._tvalid = False
+            # asleep until a frame is queued (send wakes it), the queued one's edge, or the reset
+            if self._packer.busy:
+                return self.stay_awake()
+            return self.may_sleep(now, self.queue[0][1] if self.queue else IDLE_FOREVER,
+                                  [self.rst] if self.rst is not None else [])
+        bus.tdata.value = beat.data
+        bus.tkeep.value = beat.keep
+        bus.tlast.value = beat.last
+        bus.tuser.value = beat.user
+        bus.tvalid.value = 1
+        self._tvalid = True
+        self._beat = (beat, started)
+        self.stay_awake()

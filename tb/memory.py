@@ -9,19 +9,16 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import cocotb
-from cocotb.triggers import First, RisingEdge
 from cocotbext.axi import AxiBus, AxiReadBus, AxiWriteBus
 
 from model.memory import PAGE, SparseMemory
 from spec.params import DATA_BYTES, DMA_BYTES_PER_CYCLE, DMA_READ_LATENCY_CYCLES
 
-from .clock import ClockCycles, CycleCounter
+from .clock import IDLE_FOREVER, CycleCounter, EdgeModel
 
 AXI_BURST_INCR = 1
 AXI_MAX_ID = 16          # 4-bit ids (interfaces.md)
 AXI_MAX_LEN = 255        # arlen/awlen: beats - 1
-IDLE_MIN = 4             # a model sleeps through idle stretches of at least this many edges
-IDLE_FOREVER = float("inf")
 
 
 class AxiProtocolError(Exception):
@@ -96,7 +93,7 @@ class _Burst:
         return self.beat == self.rec.beats - 1
 
 
-class DmaMemory:
+class DmaMemory(EdgeModel):
     """AXI4 slave model of GPU memory.
 
     Parameters:
@@ -164,7 +161,8 @@ class DmaMemory:
         self.stored = []                # (addr, n) of every run of bytes a write stored (its strobes)
         self.protocol_errors = 0
         self.crossings_4k = 0           # bursts crossing a 4 KiB boundary (AXI violation, not fatal)
-        self._task = cocotb.start_soon(self._run())
+        self._last_edge = None          # the edge handled last
+        self._attach(self.counter)
 
     # ---- backing store ---------------------------------------------------------
     def write(self, addr, data):
@@ -216,66 +214,46 @@ class DmaMemory:
         for p in self.write_ports:
             p.reset()
 
-    async def _run(self):
-        edge = RisingEdge(self.clk)
-        last = None                     # the edge (``now``) handled last
-        at_edge = False                 # woken at an edge already (a timed sleep's end)
-        while True:
-            if not at_edge:
-                await edge
-            now = self.counter.now
-            if last is not None and now - last > 1:
-                for p in self.ports:        # the read credit the slept cycles earned
-                    p.credit = min(p.credit + (now - last - 1) * self.read_bytes_per_cycle, self.bus_bytes)
-            last = now
-            c = now - 1                 # cycle the sampled values belong to
-            if self.rst is not None and sig_high(self.rst):
-                self._reset()
-                at_edge = False
-                continue
-            for p in self.ports:
-                p.step(c, now)
-            for p in self.write_ports:
-                p.step(c)
-            for p in self.write_ports:      # after every AW of cycle c was checked against it
-                p.retire()
-            at_edge = await self._sleep(now)
+    def edge(self, now):
+        """Edge ``now``: sample cycle ``now - 1``'s handshakes, drive cycle ``now``."""
+        last = self._last_edge
+        if last is not None and now - last > 1:
+            for p in self.ports:            # the read credit the slept edges earned
+                p.credit = min(p.credit + (now - last - 1) * self.read_bytes_per_cycle, self.bus_bytes)
+        self._last_edge = now
+        c = now - 1                     # cycle the sampled values belong to
+        if self.rst is not None and sig_high(self.rst):
+            self._reset()
+            self.stay_awake()
+            return
+        for p in self.ports:
+            p.step(c, now)
+        for p in self.write_ports:
+            p.step(c)
+        for p in self.write_ports:      # after every AW of cycle c was checked against it
+            p.retire()
+        self._sleep(now)
 
-    async def _sleep(self, now):
-        """When no channel has work before edge ``now + IDLE_MIN``, wait for a valid to
-        rise, the reset, or the edge of the next due R beat or B, instead of waking at
-        every edge: the same handshakes, Python woken per burst. Returns True when it
-        woke at an edge that is still to be handled, False when at none (or not asleep)."""
+    def _sleep(self, now):
+        """With no valid high and no R beat or B driven, sleep until a valid rises, the
+        reset, or the edge of the next due R beat or B (:class:`~tb.clock.EdgeModel`)."""
         due = IDLE_FOREVER
         watch = []
         for p in self.ports:
             if p.r_on or sig_high(p.ar.arvalid):
-                return False
+                return self.stay_awake()
             if p.rq:
                 due = min(due, p.rq[0].ready_cycle)
             watch.append(p.ar.arvalid)
         for p in self.write_ports:
             if p.b_on or sig_high(p.aw.awvalid) or sig_high(p.w.wvalid):
-                return False
+                return self.stay_awake()
             if p.bq:
                 due = min(due, p.bq[0][1])
             watch += [p.aw.awvalid, p.w.wvalid]
-        if due - now < IDLE_MIN:
-            return False
         if self.rst is not None:
             watch.append(self.rst)
-        triggers = [RisingEdge(s) for s in watch]
-        timed = None
-        if due != IDLE_FOREVER:
-            timed = cocotb.start_soon(ClockCycles(self.clk, due - now))
-            triggers.append(timed)
-        await First(*triggers)
-        if timed is None:
-            return False
-        if not timed.done():
-            timed.cancel()
-            return False
-        return True
+        self.may_sleep(now, due, watch)
 
 
 class _WritePort:

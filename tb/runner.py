@@ -12,7 +12,7 @@ from pathlib import Path
 
 from cocotb_tools.runner import get_runner
 
-from rtl.build import generate, TOP_NAME
+from rtl.build import FLAVOURS, TOP_NAME, flavour_path, generate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,21 +152,52 @@ def compact_zero_init(text):
     return _ZERO_INIT.sub(loop, text)
 
 
-def sim_source(verilog, sim):
+_TOP_PORT = re.compile(r"^\s*(input|output)\s+(\[\d+:0\]\s+)?(\w+);$", re.M)
+
+
+def inputs_as_regs(text, top):
+    """The same Verilog with module ``top`` renamed ``<top>_core`` and a new ``top`` around
+    it whose only input is ``clk``: every other input of the core is a ``reg`` of the new
+    top (same name, same width, 0 at start), every output a ``wire``; the testbench
+    reaches them by the same names. Verilator re-evaluates at every evaluation all logic
+    that depends on a top-level input (it cannot tell which input changed), three or more
+    times a simulated cycle; logic that depends on a variable only the testbench writes is
+    evaluated when that variable changed. (About 1.5 times the cycles a second of the
+    engine's model with the testbench idle; the logic is the engine's, unchanged.)"""
+    start = text.index(f"module {top}(")
+    header = text[start:text.index("endmodule", start)]
+    ports = [(d, (w or "").strip(), p) for d, w, p in _TOP_PORT.findall(header)]
+    if "clk" not in {p for _, _, p in ports}:
+        raise RuntimeError(f"module {top} has no clk port")
+    out = [text[:start] + text[start:].replace(f"module {top}(", f"module {top}_core(", 1),
+           f"\nmodule {top}(clk);", "  input clk;"]
+    for d, w, p in ports:
+        if p != "clk":
+            out.append(f"  {'reg' if d == 'input' else 'wire'} {w + ' ' if w else ''}{p}{' = 0' if d == 'input' else ''};")
+    out.append(f"  {top}_core core ({', '.join(f'.{p}({p})' for _, _, p in ports)});")
+    out.append("endmodule\n")
+    return "\n".join(out)
+
+
+def sim_source(verilog, sim, *, top=None):
     """The Verilog ``sim`` compiles: the generated file with compact memory zeroing
-    (:func:`compact_zero_init`), and for Icarus single drivers, masked parities and the
-    start-up kick. Written next to the generated file; rewritten only when that file or
-    these rules changed (every test's build check comes here: the rewrites take most of a
-    second)."""
+    (:func:`compact_zero_init`); for Icarus single drivers, masked parities and the
+    start-up kick; for Verilator with ``top`` given, the inputs of ``top`` as registers
+    (:func:`inputs_as_regs`; waveform builds leave ``top`` out, so that the dump keeps the
+    design's own hierarchy). Written next to the generated file; rewritten only when that
+    file or these rules changed (every test's build check comes here: the rewrites take
+    most of a second)."""
     source = verilog.read_bytes()
-    key = hashlib.sha256(source + sim.encode() + Path(__file__).read_bytes()).hexdigest()
-    out = verilog.with_name(f"{verilog.stem}_{sim}.v")
+    key = hashlib.sha256(source + sim.encode() + repr(top).encode() + Path(__file__).read_bytes()).hexdigest()
+    out = verilog.with_name(f"{verilog.stem}_{sim}{'_regs' if top and sim == 'verilator' else ''}.v")
     stamp = out.with_name(out.name + ".key")
     if out.exists() and stamp.exists() and stamp.read_text() == key:
         return out
     text = compact_zero_init(source.decode())
     if sim == "icarus":
         text = icarus_kick(icarus_parity(icarus_single_drivers(text)))
+    elif top is not None:
+        text = inputs_as_regs(text, top)
     if not out.exists() or out.read_text() != text:      # keep the mtime: simulators rebuild on change
         out.write_text(text)
     stamp.write_text(key)
@@ -354,11 +385,68 @@ def generated_verilog(top):
                                     f"generate({str(outdir)!r}, top={top!r}, engine_cache={str(cache) if cache else None!r})"],
                                    cwd=ROOT, check=True)
             for old in engines.glob("*.v"):
-                if old != cache and cache is not None:
+                if cache is not None and old not in {flavour_path(cache, f) for f in FLAVOURS}:
                     old.unlink(missing_ok=True)
             stamp.write_text(digest)
     return verilog
 
+
+
+_TOOL_VERSIONS = {}
+
+
+def tool_version(sim):
+    """What a compiled model depends on besides its Verilog and flags: the simulator's
+    version and cocotb's (its main loop is compiled into a Verilator model)."""
+    if sim not in _TOOL_VERSIONS:
+        import cocotb
+        cmd = [str(find_verilator().bin / "verilator"), "--version"] if sim == "verilator" else ["iverilog", "-V"]
+        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(find_verilator().env() if sim == "verilator" else {})})
+        _TOOL_VERSIONS[sim] = f"{out.stdout.splitlines()[0] if out.stdout else out.returncode} cocotb {cocotb.__version__}"
+    return _TOOL_VERSIONS[sim]
+
+
+def cocotb_libs():
+    """LD_LIBRARY_PATH for a Verilator model: this environment's cocotb libraries before
+    the path the model was linked with (a model from the cache may come from another
+    clone; its RUNPATH names that clone's)."""
+    import cocotb_tools.config
+    return os.pathsep.join(filter(None, [str(cocotb_tools.config.libs_dir), os.environ.get("LD_LIBRARY_PATH")]))
+
+
+MODEL_CACHE = VERILATOR_CACHE / "models"
+MODEL_CACHE_KEEP = 16          # compiled models kept (the newest used); each a few MB
+
+
+def model_cache_get(key, target):
+    """Copy the compiled model ``key`` (see :func:`build`: the hash of the Verilog, the
+    build flags and the tool) from the machine's model cache to ``target``, so that a
+    second clone, or a ``make clean``, does not compile it again. False when not cached."""
+    cached = MODEL_CACHE / key / target.name
+    if not cached.exists():
+        return False
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    shutil.copy2(cached, tmp)
+    tmp.replace(target)
+    os.utime(cached.parent)             # the newest used are kept
+    return True
+
+
+def model_cache_put(key, target):
+    """Keep the model just compiled to ``target`` in the cache (written under a temporary
+    name and renamed, so a reader never sees half a file), and drop all but the
+    ``MODEL_CACHE_KEEP`` most recently used."""
+    try:
+        entry = MODEL_CACHE / key
+        entry.mkdir(parents=True, exist_ok=True)
+        tmp = entry / f".{target.name}.{os.getpid()}"
+        shutil.copy2(target, tmp)
+        tmp.replace(entry / target.name)
+        entries = sorted((d for d in MODEL_CACHE.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+        for old in entries[:-MODEL_CACHE_KEEP]:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:              # a cache that cannot be written costs time, not results
+        announce(f"the model cache {MODEL_CACHE} was not written: {exc}")
 
 
 def announce(msg):
@@ -375,7 +463,12 @@ def build(sim, *, waves=False, top=TOP_NAME, say=announce):
     bdir.mkdir(parents=True, exist_ok=True)
     with open(bdir.parent / f".{bdir.name}.lock", "w") as lock:   # pytest-xdist workers build once
         fcntl.flock(lock, fcntl.LOCK_EX)
-        verilog = sim_source(generated_verilog(top), sim)
+        # Verilator's models are of the flavour with each reset in its flip-flop and the
+        # inputs as registers (rtl/build.py, inputs_as_regs); waveforms show the design as
+        # make verilog writes it
+        verilog = generated_verilog(top)
+        fast = sim == "verilator" and not waves
+        verilog = sim_source(flavour_path(verilog, "_sdff") if fast else verilog, sim, top=top if fast else None)
         runner = get_runner(sim)
         args = []
         if sim == "verilator":
@@ -394,32 +487,30 @@ def build(sim, *, waves=False, top=TOP_NAME, say=announce):
             # (a quarter of the regression was these compiles), the same simulation
             if OPT_FAST not in os.environ.get("MAKEFLAGS", ""):
                 os.environ["MAKEFLAGS"] = f"{os.environ.get('MAKEFLAGS', '')} {OPT_FAST}".strip()
-        key = hashlib.sha256(verilog.read_bytes() + repr((sim, args, OPT_FAST, str(find_verilator()) if sim == "verilator"
-                                                           else shutil.which("iverilog"))).encode()).hexdigest()
+        # the key names nothing of this clone (paths), so another clone's model is found by it
+        flags = [a if a != str(bdir / "ports.vlt") else (bdir / "ports.vlt").read_text() for a in args]
+        key = hashlib.sha256(verilog.read_bytes() + repr((sim, top, flags, OPT_FAST, tool_version(sim))).encode()).hexdigest()
         stamp, log = bdir / ".build-hash", bdir / "build.log"
         target = bdir / (top if sim == "verilator" else "sim.vvp")
         if not (stamp.exists() and stamp.read_text() == key and target.exists()):
             what = f"{'Verilator' if sim == 'verilator' else 'Icarus'} model of {top}{' with waves' if waves else ''}"
-            say(f"building the {what} (log: {log.relative_to(ROOT)}) ...")
-            t0 = time.monotonic()
             stamp.unlink(missing_ok=True)
-            try:
-                runner.build(sources=[verilog], hdl_toplevel=top, build_dir=bdir, build_args=args,
-                             timescale=("1ns", "1ps"), waves=waves, always=True, log_file=log)
-            except RuntimeError:
-                tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else []
-                raise RuntimeError(f"building the {what} failed; the end of {log}:\n" + "\n".join(tail)) from None
+            if model_cache_get(key, target):
+                say(f"took the {what} from the model cache ({MODEL_CACHE}), its sources unchanged")
+            else:
+                say(f"building the {what} (log: {log.relative_to(ROOT)}) ...")
+                t0 = time.monotonic()
+                try:
+                    runner.build(sources=[verilog], hdl_toplevel=top, build_dir=bdir, build_args=args,
+                                 timescale=("1ns", "1ps"), waves=waves, always=True, log_file=log)
+                except RuntimeError:
+                    tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else []
+                    raise RuntimeError(f"building the {what} failed; the end of {log}:\n" + "\n".join(tail)) from None
+                model_cache_put(key, target)
+                say(f"built the {what} in {time.monotonic() - t0:.0f} s")
             stamp.write_text(key)
-            say(f"built the {what} in {time.monotonic() - t0:.0f} s")
-        else:
-            # up to date: the runner still needs its build call (it keeps the sources and
-            # settings for test()); Icarus sees sim.vvp newer than the source, Verilator
-            # that nothing changed, and make has nothing to do
-            quiet = runner.log.level
-            runner.log.setLevel("ERROR")        # not its "Skipping compilation" warning
-            runner.build(sources=[verilog], hdl_toplevel=top, build_dir=bdir, build_args=args,
-                         timescale=("1ns", "1ps"), waves=waves, always=False, log_file=bdir / "recheck.log")
-            runner.log.setLevel(quiet)
+        # (no runner.build call for a model that is up to date: ``run`` tells the runner the
+        # language it would have read from the sources; Verilator would verilate again)
     return runner, bdir
 
 
@@ -450,13 +541,15 @@ def run(sim, module, testcase=None, *, waves=False, extra_env=None, test_dir=Non
     only under pytest), so every script that runs simulations fails with them."""
     runner, bdir = build(sim, waves=waves, top=top)
     env = dict(extra_env or {})
+    if sim == "verilator":
+        env.setdefault("LD_LIBRARY_PATH", cocotb_libs())
     test_dir = Path(test_dir) if test_dir else bdir / "runs" / (testcase or module.rsplit(".", 1)[-1])
     test_dir.mkdir(parents=True, exist_ok=True)
     # a file of this run's own (runs of one test in parallel share test_dir): none left
     # by an earlier run can be read as this one's
     results = test_dir / f"results-{os.getpid()}-{time.monotonic_ns()}.xml"
     try:
-        out = runner.test(hdl_toplevel=top, test_module=module, testcase=testcase, build_dir=bdir,
+        out = runner.test(hdl_toplevel=top, hdl_toplevel_lang="verilog", test_module=module, testcase=testcase, build_dir=bdir,
                           test_dir=test_dir, waves=waves, extra_env=env, log_file=log_file, results_xml=results)
     except SystemExit:
         out = results       # (under pytest cocotb's runner exits when a test failed: the file says which)

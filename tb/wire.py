@@ -22,8 +22,8 @@ from cocotbext.axi import AxiStreamBus
 
 from spec.params import DATA_BYTES, SEGMENT_BYTES as SEGMENT, WIRE_BYTES_PER_CYCLE, WIRE_GBPS, wire_bytes
 
-from .clock import ClockCycles, CycleCounter
-from .memory import IDLE_MIN, sig_high, sig_uint
+from .clock import ClockCycles, CycleCounter, EdgeModel
+from .memory import sig_high, sig_uint
 
 BYTES_PER_CYCLE = int(WIRE_BYTES_PER_CYCLE)
 NS_PER_BYTE = 8 / WIRE_GBPS              # 0.02 ns at 400 Gb/s
@@ -78,7 +78,7 @@ def write_pcap(path, frames):
             f.write(fr.data)
 
 
-class Wire400G:
+class Wire400G(EdgeModel):
     """Drives ``tready`` of the MAC TX stream by the 400G wire rule and records frames.
 
     Parameters:
@@ -116,7 +116,7 @@ class Wire400G:
         self._event = Event()
         self._ready = 0
         self.bus.tready.value = 0
-        self._task = cocotb.start_soon(self._run())
+        self._attach(self.counter)
 
     def _error(self, msg):
         self.protocol_errors += 1
@@ -129,86 +129,62 @@ class Wire400G:
             self.bus.tready.value = v
             self._ready = v
 
-    async def _run(self):
-        edge = RisingEdge(self.clk)
+    def edge(self, now):
+        """Edge ``now``: take cycle ``now - 1``'s beat, drive ``tready`` for cycle ``now``."""
         bus = self.bus
         full = (1 << self.bus_bytes) - 1
-        at_edge = False
-        while True:
-            if not at_edge:
-                await edge
-            at_edge = False
-            now = self.counter.now
-            c = now - 1
-            if self.rst is not None and sig_high(self.rst):
-                self._cur = None
-                self._drive_ready(0)
-                continue
-            if self._ready and sig_high(bus.tvalid):
-                keep = sig_uint(self._tkeep) if self._tkeep is not None else full
-                last = sig_high(bus.tlast)
-                user = sig_uint(self._tuser) if self._tuser is not None else 0
-                second, both = bool(user & 1), bool(user & 2)
-                raw = sig_uint(bus.tdata).to_bytes(self.bus_bytes, "little")
-                hi = keep >> SEGMENT
-                if both and not second:
-                    self._error(f"tuser {user:#x}: bit 1 (frame at lane 64 ends here) without bit 0 (cycle {c})")
-                    both = False
-                if second:
-                    # the current frame ends in lanes 0..63, the next starts at lane 64
-                    lo = keep & ((1 << SEGMENT) - 1)
-                    hi_ok = (hi != 0 and not hi & (hi + 1)) if both else hi == (1 << SEGMENT) - 1
-                    if not last or not hi_ok or lo == 0 or lo & (lo + 1):
-                        self._error(f"tuser {user:#x} beat: tlast {last}, tkeep {keep:#x} is not "
-                                    f"(lanes 0..n-1 of 64) + lanes 64..{'64+m-1' if both else '127'} (cycle {c})")
-                    keep = lo
-                elif not last and keep != full:
-                    self._error(f"tkeep {keep:#x} not all ones on a non-last beat (cycle {c})")
-                elif keep == 0 or keep & (keep + 1):
-                    self._error(f"tkeep {keep:#x} on the last beat is not contiguous from lane 0 (cycle {c})")
-                data = raw[:keep.bit_length()]
-                if self._cur is None:
-                    self._begin(c)
-                    self._cur = bytearray(data)
-                else:
-                    self._cur += data
-                if last:
-                    self._end(c)
-                if second:
-                    self._begin(c)
-                    self._cur = bytearray(raw[SEGMENT:SEGMENT + hi.bit_length()] if both else raw[SEGMENT:])
-                    if both:
-                        self._end(c)
-            # Back-pressure: a beat goes in cycle c only when the last frame that ended
-            # leaves the wire by the end of c. A frame's first beat thus waits for the
-            # wire; later beats of a frame that started at lane 0 always pass.
-            self._drive_ready(int(self.prev_end <= BYTES_PER_CYCLE * (now + 1)))
-            at_edge = await self._sleep(now)
-
-    async def _sleep(self, now):
-        """Sleep through edges at which nothing can happen: ``tready`` high and ``tvalid``
-        low (until ``tvalid`` rises), or ``tready`` low (until the edge that raises it; no
-        beat passes meanwhile). True when it woke at an edge still to be handled."""
+        c = now - 1
         if self.rst is not None and sig_high(self.rst):
-            return False
+            self._cur = None
+            self._drive_ready(0)
+            self.stay_awake()
+            return
+        if self._ready and sig_high(bus.tvalid):
+            keep = sig_uint(self._tkeep) if self._tkeep is not None else full
+            last = sig_high(bus.tlast)
+            user = sig_uint(self._tuser) if self._tuser is not None else 0
+            second, both = bool(user & 1), bool(user & 2)
+            raw = sig_uint(bus.tdata).to_bytes(self.bus_bytes, "little")
+            hi = keep >> SEGMENT
+            if both and not second:
+                self._error(f"tuser {user:#x}: bit 1 (frame at lane 64 ends here) without bit 0 (cycle {c})")
+                both = False
+            if second:
+                # the current frame ends in lanes 0..63, the next starts at lane 64
+                lo = keep & ((1 << SEGMENT) - 1)
+                hi_ok = (hi != 0 and not hi & (hi + 1)) if both else hi == (1 << SEGMENT) - 1
+                if not last or not hi_ok or lo == 0 or lo & (lo + 1):
+                    self._error(f"tuser {user:#x} beat: tlast {last}, tkeep {keep:#x} is not "
+                                f"(lanes 0..n-1 of 64) + lanes 64..{'64+m-1' if both else '127'} (cycle {c})")
+                keep = lo
+            elif not last and keep != full:
+                self._error(f"tkeep {keep:#x} not all ones on a non-last beat (cycle {c})")
+            elif keep == 0 or keep & (keep + 1):
+                self._error(f"tkeep {keep:#x} on the last beat is not contiguous from lane 0 (cycle {c})")
+            data = raw[:keep.bit_length()]
+            if self._cur is None:
+                self._begin(c)
+                self._cur = bytearray(data)
+            else:
+                self._cur += data
+            if last:
+                self._end(c)
+            if second:
+                self._begin(c)
+                self._cur = bytearray(raw[SEGMENT:SEGMENT + hi.bit_length()] if both else raw[SEGMENT:])
+                if both:
+                    self._end(c)
+        # Back-pressure: a beat goes in cycle c only when the last frame that ended
+        # leaves the wire by the end of c. A frame's first beat thus waits for the
+        # wire; later beats of a frame that started at lane 0 always pass.
+        self._drive_ready(int(self.prev_end <= BYTES_PER_CYCLE * (now + 1)))
+        # Asleep while nothing can pass: tready high and tvalid low (until tvalid rises),
+        # or tready low (until the edge that raises it: no beat passes meanwhile).
         if self._ready:
-            if sig_high(self.bus.tvalid):
-                return False
-            watch = [RisingEdge(self.bus.tvalid)] + ([RisingEdge(self.rst)] if self.rst is not None else [])
-            await First(*watch)
-            return False
-        due = -(-self.prev_end // BYTES_PER_CYCLE) - 1     # the first edge driving tready high
-        if due - now < IDLE_MIN:
-            return False
-        timed = cocotb.start_soon(ClockCycles(self.clk, due - now))
-        if self.rst is None:
-            await timed
-            return True
-        await First(timed, RisingEdge(self.rst))
-        if not timed.done():
-            timed.cancel()
-            return False
-        return True
+            if sig_high(bus.tvalid):
+                return self.stay_awake()
+            return self.may_sleep(now, watch=[bus.tvalid] + ([self.rst] if self.rst is not None else []))
+        self.may_sleep(now, -(-self.prev_end // BYTES_PER_CYCLE) - 1, [self.rst] if self.rst is not None else [])
 
     def _end(self, c):
         # A frame whose beats stalled (tvalid low inside it) leaves no earlier than its

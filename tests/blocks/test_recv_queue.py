@@ -17,6 +17,7 @@ from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 
+from rtl.build import flavour_path, to_verilog
 from rtl.responder.recv_queue import RecvQueue
 from tb.runner import ROOT, require, sim_source
 
@@ -25,7 +26,7 @@ CONFIGS = {"a": dict(num_qps=8, max_sge=4, depth=32, pool=128, max_reads=512),
            "b": dict(num_qps=8, max_sge=4, depth=0, pool=32, max_reads=512)}
 TESTS = ["random_traffic", "post_seen_by_later_query", "rnr_flood_answered_at_once", "fresh_qps_overlap", "reset_mid_life", "throughput", "counter_wrap"]
 VERILATOR_ONLY = {"counter_wrap"}
-SOURCES = ["rtl/responder/recv_queue.py", "rtl/common/axi.py", "rtl/common/stream.py", "rtl/common/contexts.py",
+SOURCES = ["rtl/build.py", "rtl/responder/recv_queue.py", "rtl/common/axi.py", "rtl/common/stream.py", "rtl/common/contexts.py",
            "spec/formats.py", "spec/params.py", "tests/blocks/test_recv_queue.py"]
 
 
@@ -42,7 +43,9 @@ class RecvQueuePair(wiring.Component):
         return m
 
 
-def _verilog():
+def _verilog(sim):
+    """The pair's Verilog for ``sim`` (rtl/build.py's flavours: Verilator's with each reset
+    in its flip-flop)."""
     out = ROOT / "build" / "rtl" / TOP
     out.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256(b"".join((ROOT / s).read_bytes() for s in SOURCES)).hexdigest()
@@ -50,10 +53,10 @@ def _verilog():
     with open(out / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (path.exists() and stamp.exists() and stamp.read_text() == digest):
-            from amaranth.back import verilog
-            path.write_text(verilog.convert(RecvQueuePair(), name=TOP))
+            for flavour, text in to_verilog(RecvQueuePair(), TOP).items():
+                flavour_path(path, flavour).write_text(text)
             stamp.write_text(digest)
-    return path
+    return flavour_path(path, "_sdff") if sim == "verilator" else path
 
 
 def _build(sim):
@@ -63,7 +66,7 @@ def _build(sim):
     bdir.mkdir(parents=True, exist_ok=True)
     with open(bdir.parent / f".{bdir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        source = sim_source(_verilog(), sim)
+        source = sim_source(_verilog(sim), sim, top=TOP if sim == "verilator" else None)
         args = (["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O1", "--x-assign", "fast", "--x-initial", "fast"]
                 if sim == "verilator" else [])
         key = hashlib.sha256(source.read_bytes() + repr((sim, args)).encode()).hexdigest()

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from rtl.build import TOP_NAME
-from tb.runner import build, build_dir
+from tb.runner import build, build_dir, cocotb_libs
 
 
 def _run_suite(module, run_dir, xml, log):
@@ -18,8 +18,8 @@ def _run_suite(module, run_dir, xml, log):
     for old in [xml, log, *run_dir.glob("*.pcap"), *run_dir.glob("*.log")]:
         old.unlink(missing_ok=True)            # nothing of an earlier run is taken for this one's
     try:
-        runner.test(hdl_toplevel=TOP_NAME, test_module=f"tb.suites.{module}", build_dir=bdir, test_dir=run_dir,
-                    extra_env={"IBGDA_INTEROP_OUT": str(run_dir)}, results_xml=str(xml), log_file=log)
+        runner.test(hdl_toplevel=TOP_NAME, hdl_toplevel_lang="verilog", test_module=f"tb.suites.{module}", build_dir=bdir, test_dir=run_dir,
+                    extra_env={"IBGDA_INTEROP_OUT": str(run_dir), "LD_LIBRARY_PATH": cocotb_libs()}, results_xml=str(xml), log_file=log)
     except SystemExit:
         pass                                   # (failures: reported test by test below)
 
