@@ -67,6 +67,13 @@ async def default_scenario(dut):
     OUT.mkdir(parents=True, exist_ok=True)
     env.wire.write_pcap(OUT / "wire.pcap")
     (OUT / "summary.json").write_text(json.dumps(summary, indent=2))
+    # every handshake the models recorded, with its cycles (test_scenario compares a run
+    # whose models never sleep with one whose models do)
+    (OUT / "handshakes.json").write_text(json.dumps({
+        "reads": [(r.id, r.addr, r.length, r.start_cycle, r.end_cycle) for r in env.mem.reads],
+        "writes": [(w.port, w.id, w.addr, w.length, w.start_cycle, w.end_cycle) for w in env.mem.writes],
+        "frames": [(f.data.hex(), f.first_cycle, f.last_cycle, f.start_bytes, f.end_bytes) for f in env.wire.frames],
+        "doorbells": [(d.qpn, d.cycle) for d in env.gpu.doorbells]}))
     text = _format(summary)
     (OUT / "summary.txt").write_text(text)
     dut._log.info("\n%s", text)
