@@ -146,7 +146,7 @@ class EdgeModel:
 
 async def ClockCycles(clk, n, period_ns=CLOCK_PERIOD_NS):
     """Wait for ``n`` rising edges of ``clk``, as cocotb's ``ClockCycles`` does, but with
-    Python woken twice, not ``n`` times: at the first edge, then half a period before the
+    Python woken three times, not ``n``: at the first edge, then half a period before the
     last (a timer), then at the last. ``clk`` must run at ``period_ns`` (the engine's
     clock); the time at the last edge is checked, so a clock of another period fails
     here instead of shifting a test's cycles."""
