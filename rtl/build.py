@@ -6,17 +6,18 @@ from pathlib import Path
 from amaranth._toolchain.yosys import find_yosys
 from amaranth.back import rtlil
 
+from spec.params import ARRAY_NUM_QPS, QUAD_COUNT
+
 from .top import IbgdaNic
 
 TOP_NAME = "ibgda_nic"
 PAIR_TOP_NAME = "ibgda_nic_pair"
-# Two engines for the system tests of NICs talking to each other; fewer QPs than the
-# default build keep the RAMs (and the simulators' memory) small, the logic is the same;
-# 128, so that make bench's READ point has its 64 QPs (QPN 1..64).
-PAIR_PARAMS = {"num_qps": 128}
+# Two engines for the system tests of NICs talking to each other, of fewer QPs than the
+# default build (spec.params.ARRAY_NUM_QPS says why).
+PAIR_PARAMS = {"num_qps": ARRAY_NUM_QPS}
 QUAD_TOP_NAME = "ibgda_nic_quad"
 # Four engines through a switch model (all-to-all): the pair's engine, elaborated once for both.
-QUAD_PARAMS = {"count": 4, **PAIR_PARAMS}
+QUAD_PARAMS = {"count": QUAD_COUNT, **PAIR_PARAMS}
 
 _PORT = re.compile(r"^\s*(input|output)\s+(\[\d+:0\]\s+)?(\w+);$", re.M)
 

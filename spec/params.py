@@ -36,6 +36,12 @@ RECV_POOL = 4096                   # receive WQEs on chip, shared by the QPs (16
 RECV_EMPTY_CACHE_AGE = 64          # cycles the receive gate serves a QP's packets from its last empty record
 RECV_MAX_READS = 512
 NUM_QPS = 1024                     # QP contexts in RAM (issue 3: 1024 and more)
+# The array tops of the system tests (rtl/build.py): two engines (the pair) and four
+# through a switch (the quad), each of ARRAY_NUM_QPS QPs: fewer than the default build keep
+# the simulators' RAMs small (the logic is the same); 128, so that make bench's READ point
+# has its 64 QPs (QPN 1..64).
+ARRAY_NUM_QPS = 128
+QUAD_COUNT = 4
 NUM_CQS = NUM_QPS                  # one collapsed CQ per QP, as NVSHMEM creates them (issue 16)
 DEFAULT_MTU = 4096
 # Engine build defaults (rtl/top.py) that the cycle model must know too.

@@ -6,7 +6,10 @@ doorbells on ``s_axi_db``) and checks a run against the golden model: every fram
 (bytes, parsed by scapy with checksum and ICRC recomputed), every CQE, the
 counters, and the cycle of each doorbell-to-wire and doorbell-to-CQE event.
 """
+import json
 import logging
+import os
+from pathlib import Path
 
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
@@ -31,15 +34,24 @@ from tb.wire import Wire400G
 # segments per WQE.
 ENGINE_VERBS = dict(two_sided=True, max_gather=P.REQUESTER_GATHER)
 
-from amaranth.lib import wiring
-from rtl.top import IbgdaNic
 
 PORT_MAC = 0x02_00_00_00_00_01
 PORT_IP = 0xC0A8_0001            # 192.168.0.1
 
 
-def _input_ports():
-    return [n for n, m in IbgdaNic().signature.members.items() if m.flow == wiring.In]
+def _input_ports(prefix=""):
+    """The engine's inputs but its clock and reset, by name (without ``prefix``). Read
+    from the list tb/runner.py writes beside the model (``IBGDA_INPUTS``): the engine's
+    signature would cost each simulation the import of Amaranth and rtl/ (half a second
+    of every test)."""
+    path = os.environ.get("IBGDA_INPUTS")
+    if path:
+        names = json.loads(Path(path).read_text())
+    else:
+        from amaranth.lib import wiring
+        from rtl.top import IbgdaNic
+        names = [n for n, m in IbgdaNic().signature.members.items() if m.flow == wiring.In]
+    return [n[len(prefix):] for n in names if n.startswith(prefix) and n[len(prefix):] not in ("clk", "rst")]
 
 
 def peer_mac(qpn):
@@ -79,7 +91,7 @@ class NicEnv:
     def attach(self, counter):
         """Attach the models to this NIC's ports (the clock runs, reset is asserted)."""
         dut, pre = self.dut, self.prefix
-        for name in _input_ports():          # no X into the design before the models drive
+        for name in _input_ports(pre):       # no X into the design before the models drive
             getattr(dut, pre + name).value = 0
         for name in ("s_axil", "s_axi_db", "m_axi", "m_axi_wqe", "m_axi_rx", "m_axis_tx", "s_axis_rx"):
             logging.getLogger(f"cocotb.{dut._name}.{pre}{name}").setLevel(logging.WARNING)

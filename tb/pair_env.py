@@ -13,7 +13,6 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
-from rtl.build import PAIR_PARAMS, QUAD_PARAMS
 from spec import params as P
 from spec.formats import ETH_MIN_FRAME
 from tb.clock import ClockCycles, CycleCounter
@@ -132,7 +131,7 @@ class NicPairEnv(NicNetEnv):
     """
     def __init__(self, dut, *, latency_cycles=100, faults=None, seed=0, **nic_kw):
         super().__init__(dut, 2, BackToBack(latency_cycles=latency_cycles, faults=faults, seed=seed),
-                         num_qps=PAIR_PARAMS["num_qps"], **nic_kw)
+                         num_qps=P.ARRAY_NUM_QPS, **nic_kw)
 
 
 class NicSwitchEnv(NicNetEnv):
@@ -151,7 +150,7 @@ class NicSwitchEnv(NicNetEnv):
     """
     def __init__(self, dut, *, latency_cycles=50, link_latency_cycles=20, queue_bytes=256 * 1024, faults=None,
                  seed=0, **nic_kw):
-        count = QUAD_PARAMS["count"]
+        count = P.QUAD_COUNT
         net = Switch({NIC_MACS[i]: i for i in range(count)}, count, latency_cycles=latency_cycles,
                      queue_bytes=queue_bytes, link_latency_cycles=link_latency_cycles, faults=faults, seed=seed)
-        super().__init__(dut, count, net, num_qps=QUAD_PARAMS["num_qps"], **nic_kw)
+        super().__init__(dut, count, net, num_qps=P.ARRAY_NUM_QPS, **nic_kw)

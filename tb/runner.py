@@ -1,6 +1,7 @@
 """Build the engine once per simulator and run cocotb modules against it."""
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -511,6 +512,12 @@ def build(sim, *, waves=False, top=TOP_NAME, say=announce):
             stamp.write_text(key)
         # (no runner.build call for a model that is up to date: ``run`` tells the runner the
         # language it would have read from the sources; Verilator would verilate again)
+        inputs = bdir / "inputs.json"
+        if not inputs.exists() or inputs.stat().st_mtime < stamp.stat().st_mtime:
+            text = generated_verilog(top).read_text()
+            start = text.index(f"module {top}(")
+            header = text[start:text.index("endmodule", start)]
+            inputs.write_text(json.dumps([p for d, _, p in _TOP_PORT.findall(header) if d == "input"]))
     return runner, bdir
 
 
@@ -543,6 +550,7 @@ def run(sim, module, testcase=None, *, waves=False, extra_env=None, test_dir=Non
     env = dict(extra_env or {})
     if sim == "verilator":
         env.setdefault("LD_LIBRARY_PATH", cocotb_libs())
+    env.setdefault("IBGDA_INPUTS", str(bdir / "inputs.json"))   # the engine's inputs (tb/env.py)
     test_dir = Path(test_dir) if test_dir else bdir / "runs" / (testcase or module.rsplit(".", 1)[-1])
     test_dir.mkdir(parents=True, exist_ok=True)
     # a file of this run's own (runs of one test in parallel share test_dir): none left

@@ -19,7 +19,8 @@ def _run_suite(module, run_dir, xml, log):
         old.unlink(missing_ok=True)            # nothing of an earlier run is taken for this one's
     try:
         runner.test(hdl_toplevel=TOP_NAME, hdl_toplevel_lang="verilog", test_module=f"tb.suites.{module}", build_dir=bdir, test_dir=run_dir,
-                    extra_env={"IBGDA_INTEROP_OUT": str(run_dir), "LD_LIBRARY_PATH": cocotb_libs()}, results_xml=str(xml), log_file=log)
+                    extra_env={"IBGDA_INTEROP_OUT": str(run_dir), "LD_LIBRARY_PATH": cocotb_libs(),
+                               "IBGDA_INPUTS": str(bdir / "inputs.json")}, results_xml=str(xml), log_file=log)
     except SystemExit:
         pass                                   # (failures: reported test by test below)
 
