@@ -1017,8 +1017,10 @@ class RecvQueue(wiring.Component):
         with m.If(walking):
             m.d.comb += [q_rd.addr.eq(walk), f_rd.addr.eq(walk), f_rd.en.eq(1)]
             with m.If(walk != 0):
-                q_kept, f_kept = Signal(QRow), Signal(FRow)
-                m.d.comb += [q_kept.epoch.eq(q_rd.data.epoch), f_kept.epoch.eq(f_rd.data.epoch),
-                             q_wr.en.eq(1), q_wr.addr.eq(walk_prev), q_wr.data.eq(q_kept),
-                             f_wr.en.eq(1), f_wr.addr.eq(walk_prev), f_wr.data.eq(f_kept)]
+                # each row written whole, 0 but its epoch (a row signal with its epoch alone
+                # assigned leaves the other bits undriven in the Verilog, not 0)
+                m.d.comb += [q_wr.en.eq(1), q_wr.addr.eq(walk_prev), q_wr.data.eq(0),
+                             q_wr.data.epoch.eq(q_rd.data.epoch),
+                             f_wr.en.eq(1), f_wr.addr.eq(walk_prev), f_wr.data.eq(0),
+                             f_wr.data.epoch.eq(f_rd.data.epoch)]
         return m
