@@ -22,6 +22,14 @@ QUAD_PARAMS = {"count": QUAD_COUNT, **PAIR_PARAMS}
 _PORT = re.compile(r"^\s*(input|output)\s+(\[\d+:0\]\s+)?(\w+);$", re.M)
 
 
+def module_ports(text, name):
+    """The ports of module ``name`` in Verilog ``text`` as Yosys writes them:
+    ``[(direction, width such as "[7:0]" or "", name)]`` in declaration order."""
+    start = text.index(f"module {name}(")
+    header = text[start:text.index("endmodule", start)]
+    return [(d, (w or "").strip(), p) for d, w, p in _PORT.findall(header)]
+
+
 ENGINE_NAME = "ibgda_nic_engine"
 
 # Yosys turns Amaranth's RTLIL into Verilog, in two flavours from the one RTLIL:
@@ -94,14 +102,13 @@ def _array_of(name, count, text):
     """``text`` (the engine's Verilog) with the array top ``name`` of ``count`` engines."""
     engine = ENGINE_NAME
     start = text.index(f"module {engine}(")
-    header = text[start:text.index("endmodule", start)]
+    ports = module_ports(text, engine)
     # Verilator (with --hierarchical, as tb/runner.py builds these tops) verilates and
     # compiles a hier_block once, however often it is instantiated; without it the engine's
     # code would be generated once per instance (four times the C++ for the quad: a
     # 7-minute build instead of under 2). Other tools ignore the comment.
     body = text.index(");\n", start) + 3
     text = text[:body] + "  /*verilator hier_block*/\n" + text[body:]
-    ports = [(d, (w or "").strip(), p) for d, w, p in _PORT.findall(header)]
     shared = {"clk", "rst"}
     if not shared <= {p for _, _, p in ports}:
         raise RuntimeError(f"module {engine} has no clk/rst ports")

@@ -10,7 +10,6 @@ switch model), or back to back at the 400G wire rate.
 """
 from collections import deque
 
-import cocotb
 from cocotbext.axi import AxiStreamBus
 
 from spec.params import DATA_BYTES, RX_MAX_FRAME, WIRE_BYTES_PER_CYCLE, wire_bytes

@@ -8,7 +8,6 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-import cocotb
 from cocotbext.axi import AxiBus, AxiReadBus, AxiWriteBus
 
 from model.memory import PAGE, SparseMemory
@@ -235,18 +234,19 @@ class DmaMemory(EdgeModel):
         self._sleep(now)
 
     def _sleep(self, now):
-        """With no valid high and no R beat or B driven, sleep until a valid rises, the
-        reset, or the edge of the next due R beat or B (:class:`~tb.clock.EdgeModel`)."""
+        """With no valid high at this edge (as the ports' steps sampled them) and no R beat
+        or B driven, sleep until a valid rises, the reset, or the edge of the next due R
+        beat or B (:class:`~tb.clock.EdgeModel`)."""
         due = IDLE_FOREVER
         watch = []
         for p in self.ports:
-            if p.r_on or sig_high(p.ar.arvalid):
+            if p.r_on or p.ar_seen:
                 return self.stay_awake()
             if p.rq:
                 due = min(due, p.rq[0].ready_cycle)
             watch.append(p.ar.arvalid)
         for p in self.write_ports:
-            if p.b_on or sig_high(p.aw.awvalid) or sig_high(p.w.wvalid):
+            if p.b_on or p.aw_seen or p.w_seen:
                 return self.stay_awake()
             if p.bq:
                 due = min(due, p.bq[0][1])
@@ -296,7 +296,8 @@ class _WritePort:
                 done.data = o.mem.read(done.addr, done.length)
             self.b_taken = True
             b_free = True
-        if sig_high(aw.awvalid):
+        self.aw_seen = sig_high(aw.awvalid)
+        if self.aw_seen:
             rec = o._new_access("write", sig_uint(aw.awid), sig_uint(aw.awaddr), sig_uint(aw.awlen),
                                 sig_uint(aw.awsize), sig_uint(aw.awburst), c)
             rec.port = self.prefix
@@ -311,7 +312,8 @@ class _WritePort:
             o.writes.append(rec)
             self.awq.append(_Burst(rec))
             self.in_flight.append(rec)
-        if sig_high(w.wvalid):
+        self.w_seen = sig_high(w.wvalid)
+        if self.w_seen:
             strb = sig_uint(self.wstrb) if self.wstrb is not None else full
             data = sig_uint(w.wdata) if strb else 0
             self.wq.append((data, strb, sig_high(w.wlast), c))
@@ -421,7 +423,8 @@ class _ReadPort:
             else:
                 bst.beat += 1
             r_free = True
-        if sig_high(ar.arvalid):
+        self.ar_seen = sig_high(ar.arvalid)
+        if self.ar_seen:
             rec = o._new_access("read", sig_uint(ar.arid), sig_uint(ar.araddr), sig_uint(ar.arlen),
                                 sig_uint(ar.arsize), sig_uint(ar.arburst), c)
             o.reads.append(rec)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cocotb_tools.runner import get_runner
 
-from rtl.build import FLAVOURS, TOP_NAME, flavour_path, generate
+from rtl.build import FLAVOURS, TOP_NAME, flavour_path, generate, module_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,9 +153,6 @@ def compact_zero_init(text):
     return _ZERO_INIT.sub(loop, text)
 
 
-_TOP_PORT = re.compile(r"^\s*(input|output)\s+(\[\d+:0\]\s+)?(\w+);$", re.M)
-
-
 def inputs_as_regs(text, top):
     """The same Verilog with module ``top`` renamed ``<top>_core`` and a new ``top`` around
     it whose only input is ``clk``: every other input of the core is a ``reg`` of the new
@@ -166,8 +163,7 @@ def inputs_as_regs(text, top):
     evaluated when that variable changed. (About 1.5 times the cycles a second of the
     engine's model with the testbench idle; the logic is the engine's, unchanged.)"""
     start = text.index(f"module {top}(")
-    header = text[start:text.index("endmodule", start)]
-    ports = [(d, (w or "").strip(), p) for d, w, p in _TOP_PORT.findall(header)]
+    ports = module_ports(text, top)
     if "clk" not in {p for _, _, p in ports}:
         raise RuntimeError(f"module {top} has no clk port")
     out = [text[:start] + text[start:].replace(f"module {top}(", f"module {top}_core(", 1),
@@ -514,10 +510,8 @@ def build(sim, *, waves=False, top=TOP_NAME, say=announce):
         # language it would have read from the sources; Verilator would verilate again)
         inputs = bdir / "inputs.json"
         if not inputs.exists() or inputs.stat().st_mtime < stamp.stat().st_mtime:
-            text = generated_verilog(top).read_text()
-            start = text.index(f"module {top}(")
-            header = text[start:text.index("endmodule", start)]
-            inputs.write_text(json.dumps([p for d, _, p in _TOP_PORT.findall(header) if d == "input"]))
+            ports = module_ports(generated_verilog(top).read_text(), top)
+            inputs.write_text(json.dumps([p for d, _, p in ports if d == "input"]))
     return runner, bdir
 
 

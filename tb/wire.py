@@ -139,7 +139,8 @@ class Wire400G(EdgeModel):
             self._drive_ready(0)
             self.stay_awake()
             return
-        if self._ready and sig_high(bus.tvalid):
+        valid = sig_high(bus.tvalid)
+        if self._ready and valid:
             keep = sig_uint(self._tkeep) if self._tkeep is not None else full
             last = sig_high(bus.tlast)
             user = sig_uint(self._tuser) if self._tuser is not None else 0
@@ -181,7 +182,7 @@ class Wire400G(EdgeModel):
         # Asleep while nothing can pass: tready high and tvalid low (until tvalid rises),
         # or tready low (until the edge that raises it: no beat passes meanwhile).
         if self._ready:
-            if sig_high(bus.tvalid):
+            if valid:
                 return self.stay_awake()
             return self.may_sleep(now, watch=[bus.tvalid] + ([self.rst] if self.rst is not None else []))
         self.may_sleep(now, -(-self.prev_end // BYTES_PER_CYCLE) - 1, [self.rst] if self.rst is not None else [])
